@@ -1,0 +1,118 @@
+"""Cluster topology: levels gcd ⊂ gpu ⊂ node ⊂ world, rank <-> coordinates, link levels.
+
+Ranks are node-major: ``rank = ((node * gpus_per_node) + gpu) * gcds_per_gpu + gcd``. The topology
+is read from the config and the launcher's variables, never from ``torch.cuda.device_count()``
+(under ``srun --gpus-per-task=1`` every task sees a single device).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from .config import ConfigError, TopologyConfig
+
+LEVELS = ("intra_gpu", "intra_node", "inter_node")
+
+
+@dataclass(frozen=True)
+class Topology:
+    world_size: int
+    gcds_per_gpu: int
+    gpus_per_node: int
+
+    def __post_init__(self):
+        for name in ("world_size", "gcds_per_gpu", "gpus_per_node"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"topology.{name} must be >= 1, got {getattr(self, name)}")
+        if self.world_size % self.ranks_per_node:
+            raise ConfigError(
+                f"world size {self.world_size} is not a multiple of ranks per node "
+                f"{self.ranks_per_node} (topology.gpus_per_node={self.gpus_per_node} x "
+                f"topology.gcds_per_gpu={self.gcds_per_gpu}); valid gpus_per_node here: "
+                f"{_divisors_str(self.world_size, self.gcds_per_gpu)}"
+            )
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.gcds_per_gpu * self.gpus_per_node
+
+    @property
+    def num_nodes(self) -> int:
+        return self.world_size // self.ranks_per_node
+
+    @property
+    def num_gpus(self) -> int:
+        return self.world_size // self.gcds_per_gpu
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(node, gpu within node, gcd within gpu) of ``rank``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside world of {self.world_size}")
+        gcd = rank % self.gcds_per_gpu
+        gpu = (rank // self.gcds_per_gpu) % self.gpus_per_node
+        node = rank // self.ranks_per_node
+        return node, gpu, gcd
+
+    def rank_of(self, node: int, gpu: int, gcd: int) -> int:
+        return (node * self.gpus_per_node + gpu) * self.gcds_per_gpu + gcd
+
+    def level(self, ranks: Sequence[int]) -> str:
+        """The widest link level a group spans: intra_gpu, intra_node or inter_node."""
+        nodes = {r // self.ranks_per_node for r in ranks}
+        if len(nodes) > 1:
+            return "inter_node"
+        gpus = {r // self.gcds_per_gpu for r in ranks}
+        return "intra_gpu" if len(gpus) == 1 else "intra_node"
+
+    def describe(self) -> str:
+        return (
+            f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s) x {self.gcds_per_gpu} GCD(s) "
+            f"= {self.world_size} ranks"
+        )
+
+
+def _divisors_str(world: int, gcds: int) -> str:
+    ds = [g for g in range(1, world // gcds + 1) if world % (g * gcds) == 0]
+    return ", ".join(map(str, ds)) if ds else "none (gcds_per_gpu does not divide the world size)"
+
+
+def launcher_env(env: Optional[Mapping[str, str]] = None) -> dict:
+    """Rank, world size, local rank and local world size from torchrun or Slurm variables."""
+    env = os.environ if env is None else env
+
+    def first(*names, default=None):
+        for n in names:
+            if env.get(n) not in (None, ""):
+                return int(str(env[n]).split("(")[0].split(",")[0])
+        return default
+
+    world = first("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", default=1)
+    rank = first("RANK", "SLURM_PROCID", default=0)
+    local_rank = first("LOCAL_RANK", "SLURM_LOCALID", default=0)
+    local_world = first("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", default=None)
+    if local_world is None and env.get("SLURM_NNODES"):
+        local_world = world // max(1, int(env["SLURM_NNODES"]))
+    return {"world_size": world, "rank": rank, "local_rank": local_rank, "local_world_size": local_world}
+
+
+def topology_from_config(
+    cfg: TopologyConfig, world_size: int, local_world_size: Optional[int] = None
+) -> Topology:
+    """Build the topology; ``gpus_per_node`` defaults to the launcher's ranks per node."""
+    gcds = cfg.gcds_per_gpu
+    if world_size % gcds:
+        raise ConfigError(
+            f"topology.gcds_per_gpu={gcds} does not divide the world size {world_size}; "
+            f"valid: a divisor of {world_size}"
+        )
+    gpus = cfg.gpus_per_node
+    if gpus is None:
+        per_node = local_world_size or world_size
+        if per_node % gcds:
+            raise ConfigError(
+                f"topology.gcds_per_gpu={gcds} does not divide the {per_node} ranks per node; "
+                f"set topology.gpus_per_node explicitly"
+            )
+        gpus = per_node // gcds
+    return Topology(world_size=world_size, gcds_per_gpu=gcds, gpus_per_node=gpus)

@@ -1,0 +1,188 @@
+"""Sharding plans: the presets of DESIGN §4 as sharding factors, validated against a topology.
+
+A plan gives the number of ranks each model state is split over: ``weight_factor`` (primary fp16/
+bf16 weight shards), ``grad_factor`` (fp32 gradient shards), ``optimizer_factor`` (fp32 master +
+Adam moments), plus an optional secondary (hpZ) weight copy over ``secondary_degree`` ranks and
+the bit widths used on the wire. Groups are blocks of consecutive ranks, so with node-major
+ranks a factor of ``gcds_per_gpu`` is the GCD pair, ``ranks_per_node`` the node and the world
+size the whole machine. The dependency rule (AMSP; ZeRO-topo §V) is ``w | g | os | world``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from ..config import ConfigError, ZeroOptimizationBlock, ZeroTopoConfig
+from ..topology import Topology
+
+PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig", "paro_nig")
+
+
+@dataclass(frozen=True)
+class Plan:
+    preset: str
+    weight_factor: int
+    grad_factor: int
+    optimizer_factor: int
+    secondary_degree: Optional[int] = None
+    weight_bits: int = 16
+    secondary_bits: int = 16
+    grad_bits: int = 16
+    quant_block_size: int = 2048
+    grad_quant_block_size: int = 512
+    inter_node_reduce: str = "allreduce"
+    prefetch: bool = True
+
+    @property
+    def factors(self) -> tuple[int, int, int]:
+        return self.weight_factor, self.grad_factor, self.optimizer_factor
+
+    def describe(self) -> str:
+        sec = f", secondary {self.secondary_degree} @ int{self.secondary_bits}" if self.secondary_degree else ""
+        return (
+            f"{self.preset}: weights/{self.weight_factor} (gather int{self.weight_bits}){sec}, "
+            f"grads/{self.grad_factor} (reduce int{self.grad_bits}), optimizer/{self.optimizer_factor}, "
+            f"cross-replica {self.inter_node_reduce}"
+        )
+
+
+def preset_factors(preset: str, topo: Topology) -> dict:
+    """Factors and bits of a named preset on ``topo`` (before user overrides)."""
+    W, P, G = topo.world_size, topo.ranks_per_node, topo.gcds_per_gpu
+    table = {
+        "ddp": dict(weight_factor=1, grad_factor=1, optimizer_factor=1),
+        "zero1": dict(weight_factor=1, grad_factor=1, optimizer_factor=W),
+        "zero2": dict(weight_factor=1, grad_factor=W, optimizer_factor=W),
+        "zero3": dict(weight_factor=W, grad_factor=W, optimizer_factor=W),
+        "zeropp": dict(
+            weight_factor=W, grad_factor=W, optimizer_factor=W, secondary_degree=P,
+            weight_bits=8, secondary_bits=8, grad_bits=4,
+        ),
+        "mics": dict(weight_factor=P, grad_factor=P, optimizer_factor=P),
+        "topo": dict(
+            weight_factor=G, grad_factor=P, optimizer_factor=W, secondary_degree=G,
+            weight_bits=8, secondary_bits=8, grad_bits=4,
+        ),
+        "paro_iig": dict(weight_factor=P, grad_factor=P, optimizer_factor=W),
+        "paro_nig": dict(weight_factor=1, grad_factor=P, optimizer_factor=W),
+    }
+    if preset not in table:
+        raise ConfigError(f"zero_topo.preset '{preset}' is unknown; valid: {', '.join(PRESETS)}")
+    return table[preset]
+
+
+def deepspeed_preset(z: ZeroOptimizationBlock, topo: Topology) -> tuple[str, dict]:
+    """Map DeepSpeed's ``zero_optimization`` block onto a preset plus overrides."""
+    if z.stage not in (0, 1, 2, 3):
+        raise ConfigError(f"zero_optimization.stage {z.stage} is not valid; use 0, 1, 2 or 3")
+    if z.stage < 3:
+        if z.zero_quantized_weights or z.zero_hpz_partition_size > 1:
+            raise ConfigError(
+                f"zero_optimization: quantized weights / hpZ need stage 3, got stage {z.stage}"
+            )
+        return ("ddp", "zero1", "zero2")[z.stage], {}
+    if z.mics_shard_size > 0:
+        return "mics", dict(weight_factor=z.mics_shard_size, grad_factor=z.mics_shard_size,
+                            optimizer_factor=z.mics_shard_size)
+    over: dict = {}
+    if z.zero_hpz_partition_size > 1:
+        over["secondary_degree"] = z.zero_hpz_partition_size
+        over["secondary_bits"] = 8 if z.zero_quantized_weights else 16
+    if z.zero_quantized_weights:
+        over["weight_bits"] = 8
+    if z.zero_quantized_gradients:
+        over["grad_bits"] = 4
+    quantized = z.zero_quantized_weights and z.zero_quantized_gradients
+    preset = "zeropp" if quantized and z.zero_hpz_partition_size == topo.ranks_per_node else "zero3"
+    if preset == "zeropp":
+        over = {}
+    return preset, over
+
+
+def _legal_factors(topo: Topology) -> list[int]:
+    """Factors that make blocks of consecutive ranks aligned with the hierarchy."""
+    P, W = topo.ranks_per_node, topo.world_size
+    inside = [f for f in range(1, P + 1) if P % f == 0]
+    across = [P * k for k in range(2, topo.num_nodes + 1) if topo.num_nodes % k == 0]
+    return inside + [f for f in across if f <= W]
+
+
+def resolve_plan(z: ZeroTopoConfig, topo: Topology, ds: Optional[ZeroOptimizationBlock] = None) -> Plan:
+    """Preset + overrides -> validated Plan; raises ConfigError naming the offending factor."""
+    preset = z.preset
+    extra: dict = {}
+    if ds is not None and z.preset == "ddp":
+        preset, extra = deepspeed_preset(ds, topo)
+    base = dict(secondary_degree=None, weight_bits=16, secondary_bits=16, grad_bits=16)
+    base.update(preset_factors(preset, topo))
+    base.update(extra)
+    for key in ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree",
+                "weight_bits", "secondary_bits", "grad_bits"):
+        val = getattr(z, key)
+        if val is not None:
+            base[key] = val if not (key == "secondary_degree" and val == 0) else None
+    if base["secondary_degree"] is not None and z.secondary_bits is None and base["secondary_bits"] == 16:
+        base["secondary_bits"] = base["weight_bits"]
+    plan = Plan(
+        preset=preset,
+        quant_block_size=z.quant_block_size,
+        grad_quant_block_size=z.grad_quant_block_size,
+        inter_node_reduce=z.inter_node_reduce,
+        prefetch=z.prefetch,
+        **base,
+    )
+    validate_plan(plan, topo)
+    return plan
+
+
+def validate_plan(plan: Plan, topo: Topology) -> None:
+    W = topo.world_size
+    legal = _legal_factors(topo)
+    legal_s = ", ".join(map(str, legal))
+    for name in ("weight_factor", "grad_factor", "optimizer_factor"):
+        f = getattr(plan, name)
+        if f not in legal:
+            raise ConfigError(
+                f"zero_topo.{name}={f} does not fit the topology ({topo.describe()}); "
+                f"legal values: {legal_s}"
+            )
+    w, g, o = plan.factors
+    if g % w:
+        raise ConfigError(
+            f"zero_topo.grad_factor={g} breaks the dependency rule: it must be a multiple of "
+            f"weight_factor={w} (weights ⊆ gradients); legal: {', '.join(str(f) for f in legal if f % w == 0)}"
+        )
+    if o % g:
+        raise ConfigError(
+            f"zero_topo.optimizer_factor={o} breaks the dependency rule: it must be a multiple of "
+            f"grad_factor={g} (gradients ⊆ optimizer states); legal: {', '.join(str(f) for f in legal if f % g == 0)}"
+        )
+    s = plan.secondary_degree
+    if s is not None:
+        if s not in legal:
+            raise ConfigError(
+                f"zero_topo.secondary_degree={s} does not fit the topology ({topo.describe()}); "
+                f"legal values: {legal_s}"
+            )
+    for name, allowed in (("weight_bits", (16, 8)), ("secondary_bits", (16, 8)), ("grad_bits", (16, 8, 4))):
+        if getattr(plan, name) not in allowed:
+            raise ConfigError(
+                f"zero_topo.{name}={getattr(plan, name)} is not valid; use one of {', '.join(map(str, allowed))}"
+            )
+    for name in ("quant_block_size", "grad_quant_block_size"):
+        b = getattr(plan, name)
+        if b < 64 or b > 8192 or b & (b - 1):
+            raise ConfigError(f"zero_topo.{name}={b} is not valid; use a power of two in [64, 8192]")
+    if plan.inter_node_reduce not in ("allreduce", "reduce_scatter"):
+        raise ConfigError(
+            f"zero_topo.inter_node_reduce='{plan.inter_node_reduce}' is not valid; use allreduce or reduce_scatter"
+        )
+    if plan.inter_node_reduce == "reduce_scatter" and g < W and o != W:
+        raise ConfigError(
+            f"zero_topo.inter_node_reduce=reduce_scatter needs optimizer_factor equal to the world size "
+            f"{W} (got {o}); use allreduce"
+        )
+
+
+def with_overrides(plan: Plan, **kw) -> Plan:
+    return replace(plan, **kw)
