@@ -1,0 +1,312 @@
+"""ZeroTopoEngine: wraps a plain model from outside and runs one sharding plan.
+
+Usage (what training.py does)::
+
+    engine = ZeroTopoEngine(model, model.shard_units(), plan, comm, precision="bf16", ...)
+    for micro_batch in step:
+        loss = loss_fn(engine.module(x), y) / accumulation
+        engine.backward(loss)
+    stats = engine.step(lr)          # combine, clip, AdamW on shards, publish, invalidate
+
+Forward: a pre-hook gathers a unit (prefetching the next one), a post-hook frees it and arms a
+hook on its output that gathers it again -- from the secondary copy -- when backward reaches it.
+Backward: once every parameter of a unit has its gradient, the unit's gradient is reduced
+asynchronously into the fp32 gradient shard; all reductions are waited for at the end of
+``backward``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from . import layout as L
+from .comm import Comm
+from .optimizer import ShardedAdamW
+from .plan import Plan
+from .scaler import LossScaler
+from .unit import ShardedUnit, UnitGroups
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+class ZeroTopoEngine:
+    def __init__(self, model: nn.Module, units: Sequence[nn.Module], plan: Plan, comm: Comm, *,
+                 precision: str = "fp32", lr: float = 1e-3, betas=(0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0, grad_clip: float = 0.0, fp16_cfg=None,
+                 grad_comm_dtype: Optional[str] = None, kernel_backend: Optional[str] = None,
+                 max_in_flight: int = 2):
+        self.module = model
+        self.plan = plan
+        self.comm = comm
+        self.topo = comm.topo
+        self.precision = precision
+        self.dtype = DTYPES[precision]
+        self.grad_clip = grad_clip
+        self.max_in_flight = max_in_flight
+        self.in_backward = False
+        self.micro_batches = 0
+        wire = DTYPES[grad_comm_dtype] if grad_comm_dtype else self.dtype
+        kernel_backend = None if kernel_backend in (None, "auto") else kernel_backend
+        groups = self._make_groups()
+        align = L.alignment(self.topo.world_size, self._block_sizes())
+        seen: dict[int, str] = {}
+        self.units: list[ShardedUnit] = []
+        for i, mod in enumerate(units):
+            params = [(n, p) for n, p in mod.named_parameters() if p.requires_grad]
+            for n, p in params:
+                if id(p) in seen:
+                    raise ValueError(
+                        f"parameter '{n}' is shared with '{seen[id(p)]}' (tied weights); zero_topo shards "
+                        f"each unit separately: set no_weight_tying: true"
+                    )
+                seen[id(p)] = n
+            if params:
+                self.units.append(ShardedUnit(i, mod, params, plan, comm, groups, self.dtype, align, wire,
+                                              kernel_backend))
+        leftovers = [n for n, p in model.named_parameters() if id(p) not in seen and p.requires_grad]
+        if leftovers:
+            raise ValueError(f"parameters outside every unit: {', '.join(leftovers[:5])}")
+        self.groups = groups
+        self.optimizer = ShardedAdamW([u.master_init for u in self.units],
+                                      [u.decay_ranges() for u in self.units],
+                                      lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        for u in self.units:
+            del u.master_init
+        self.scaler = LossScaler(fp16_cfg) if precision == "fp16" else None
+        self._hooks = []
+        self._install_hooks()
+
+    # ---------------------------------------------------------------------------- setup
+    def _block_sizes(self) -> list[int]:
+        p = self.plan
+        out = []
+        if p.weight_bits < 16 or (p.secondary_degree and p.secondary_bits < 16):
+            out.append(p.quant_block_size)
+        if p.grad_bits < 16:
+            out.append(p.grad_quant_block_size)
+        return out or [16]
+
+    def _make_groups(self) -> UnitGroups:
+        W, P = self.topo.world_size, self.topo.ranks_per_node
+        w, g, o = self.plan.factors
+        c = self.comm
+        s = self.plan.secondary_degree
+        # every rank creates every group in the same order
+        weight = c.partition(L.blocks(W, w))
+        secondary = c.partition(L.blocks(W, s)) if s else None
+        grad = c.partition(L.blocks(W, g))
+        node = c.partition(L.blocks(W, P))
+        peers = c.partition(L.two_hop_peer_groups(W, g, P)) if g > P else None
+        replicas = c.partition(L.strided(W, g))
+        optim = c.partition(L.blocks(W, o))
+        post = c.partition(L.post_gather_groups(W, w, o))
+        world = c.partition([list(range(W))])
+        return UnitGroups(weight, secondary, grad, node, peers, replicas, optim, post, world)
+
+    def _install_hooks(self):
+        order = self.units
+        for pos, u in enumerate(order):
+            nxt = order[pos + 1] if pos + 1 < len(order) else None
+            prev = order[pos - 1] if pos > 0 else None
+            self._hooks.append(u.module.register_forward_pre_hook(self._pre_forward(u, nxt)))
+            self._hooks.append(u.module.register_forward_hook(self._post_forward(u, prev, pos == len(order) - 1)))
+            for s in u.specs:
+                self._hooks.append(s.param.register_post_accumulate_grad_hook(self._grad_ready(u)))
+
+    def _pre_forward(self, u: ShardedUnit, nxt: Optional[ShardedUnit]):
+        def hook(module, args):
+            if self.in_backward:  # activation recompute: weights are already there
+                if not u.gathered:
+                    u.start_gather(backward=True)
+                    u.finish_gather()
+                return
+            u.start_gather(backward=False)
+            u.finish_gather()
+            if nxt is not None and self.plan.prefetch:
+                nxt.start_gather(backward=False)
+        return hook
+
+    def _post_forward(self, u: ShardedUnit, prev: Optional[ShardedUnit], last: bool):
+        def hook(module, args, output):
+            if self.in_backward:
+                return output
+            training = torch.is_grad_enabled()
+            if not (training and last):  # keep the last unit: backward starts with it
+                u.free_full()
+            if training:
+                self._arm_backward(u, prev, output)
+            return output
+        return hook
+
+    def _arm_backward(self, u: ShardedUnit, prev: Optional[ShardedUnit], output):
+        tensors = [t for t in _tensors(output) if t.requires_grad]
+        fired = {"done": False}
+
+        def pre_backward(grad):
+            if not fired["done"]:
+                fired["done"] = True
+                u.start_gather(backward=True)
+                u.finish_gather()
+                if prev is not None and self.plan.prefetch:
+                    prev.start_gather(backward=True)
+            return grad
+
+        for t in tensors:
+            t.register_hook(pre_backward)
+
+    def _grad_ready(self, u: ShardedUnit):
+        def hook(param):
+            u.grads_ready += 1
+            if u.grads_ready == len(u.specs):
+                self._reduce_unit(u)
+        return hook
+
+    def _reduce_unit(self, u: ShardedUnit):
+        if u.reduced_this_backward:
+            return
+        u.reduced_this_backward = True
+        u.start_reduce(self._grad_scale)
+        u.free_full()
+        pending = [x for x in self.units if x.reduce_handles]
+        while len(pending) > self.max_in_flight:
+            pending.pop(0).wait_reduce()
+
+    # ---------------------------------------------------------------------------- training API
+    def __call__(self, *args, **kw):
+        return self.module(*args, **kw)
+
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.scaler.scale if self.scaler else 1.0
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch; gradients end up reduced in the fp32 shards."""
+        self._grad_scale = 1.0 / self.topo.world_size
+        for u in self.units:
+            u.grads_ready = 0
+            u.reduced_this_backward = False
+        self.in_backward = True
+        try:
+            (loss * self.loss_scale if self.scaler else loss).backward()
+            for u in reversed(self.units):  # units whose parameters got no gradient at all
+                if not u.reduced_this_backward:
+                    self._reduce_unit(u)
+            for u in self.units:
+                u.wait_reduce()
+        finally:
+            self.in_backward = False
+            for u in self.units:
+                if u.gather_handle is not None:  # a prefetch nobody consumed
+                    u.finish_gather()
+                u.free_full()
+        self.micro_batches += 1
+
+    @torch.no_grad()
+    def step(self, lr: Optional[float] = None) -> dict:
+        """Combine gradients across replicas, clip, update the optimizer shards, publish."""
+        grads = [u.combine_replicas() for u in self.units]
+        optim_grp = self.groups.optim
+        world = self.groups.world
+        local_sq = torch.zeros(1, dtype=torch.float64, device=grads[0].device)
+        for g in grads:
+            local_sq += g.double().pow(2).sum()
+        finite = torch.isfinite(local_sq).to(torch.float64)
+        # one scalar all-reduce carries both the squared norm and the overflow flag
+        packed = torch.cat([local_sq.nan_to_num(0.0, 0.0, 0.0), 1.0 - finite])
+        self.comm.all_reduce(packed, optim_grp, control=True)
+        bad = torch.tensor([packed[1].item()], dtype=torch.float64)
+        self.comm.all_reduce(bad, world, op=torch.distributed.ReduceOp.MAX, control=True)
+        overflow = bad.item() > 0
+        scale = self.loss_scale
+        stats = {"loss_scale": scale, "skipped": False, "grad_norm": float("nan")}
+        self.micro_batches = 0
+        if overflow:
+            for u in self.units:
+                u.grad_acc.zero_()
+            stats["skipped"] = True
+            stats["nonfinite"] = True
+            if self.scaler:
+                self.scaler.update(overflow=True)
+                stats["loss_scale"] = self.scaler.scale
+            return stats
+        norm = math.sqrt(packed[0].item()) / scale
+        stats["grad_norm"] = norm
+        coef = 1.0 / scale
+        if self.grad_clip and norm > self.grad_clip:
+            coef *= self.grad_clip / (norm + 1e-6)
+        if coef != 1.0:
+            for g in grads:
+                g.mul_(coef)
+        self.optimizer.step(grads, lr=lr)
+        for u, master in zip(self.units, self.optimizer.params):
+            u.publish(master)
+        if self.scaler:
+            self.scaler.update(overflow=False)
+        return stats
+
+    # ---------------------------------------------------------------------------- introspection
+    def model_state_bytes(self) -> dict:
+        """Bytes of model states this rank holds, measured from tensor storage."""
+        def nbytes(t):
+            return 0 if t is None else t.untyped_storage().nbytes()
+        out = {"weights": 0, "secondary": 0, "gradients": 0, "optimizer": 0}
+        for u in self.units:
+            out["weights"] += nbytes(u.primary)
+            if isinstance(u.secondary, tuple):
+                out["secondary"] += sum(nbytes(t) for t in u.secondary)
+            else:
+                out["secondary"] += nbytes(u.secondary)
+            out["gradients"] += nbytes(u.grad_acc)
+        out["optimizer"] = self.optimizer.state_bytes()
+        out["total"] = sum(out.values())
+        return out
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Gather the current fp32 master weights of every parameter (collective; tests, export)."""
+        out = {}
+        W = self.topo.world_size
+        for u, master in zip(self.units, self.optimizer.params):
+            full = torch.empty(u.layout.optim_numel * u.plan.optimizer_factor, dtype=torch.float32,
+                               device=master.device)
+            grp = self.groups.optim
+            tmp = torch.empty(master.numel() * grp.size, dtype=torch.float32, device=master.device)
+            self.comm.all_gather(tmp, master.detach(), grp)
+            n = master.numel()
+            for i, r in enumerate(grp.ranks):
+                j = L.shard_index(r, u.layout.chain())
+                full[j * n:(j + 1) * n].copy_(tmp[i * n:(i + 1) * n])
+            names = {id(p): n for n, p in self.module.named_parameters()}
+            for s in u.specs:
+                out[names[id(s.param)]] = full[s.offset:s.offset + s.numel].view(s.shape).clone()
+        del W
+        return out
+
+    def remove_hooks(self):
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            yield from _tensors(y)
+    elif isinstance(x, dict):
+        for y in x.values():
+            yield from _tensors(y)

@@ -1,0 +1,72 @@
+"""Mixed-precision AdamW on flat fp32 master shards (PyTorch's own AdamW does the math).
+
+Weight decay is decoupled (AdamW) and applied only to the ranges of a shard that belong to
+matrices (not biases or norms), exactly as two parameter groups would in an unsharded run.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+
+def _fused_ok(device: torch.device) -> bool:
+    return device.type in ("cuda", "cpu")
+
+
+class ShardedAdamW:
+    def __init__(self, shards: list[torch.Tensor], decay_ranges: list[list[tuple[int, int]]], *,
+                 lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
+        self.params = [nn.Parameter(s.detach().clone().float()) for s in shards]
+        self.decay_ranges = decay_ranges
+        self.weight_decay = weight_decay
+        dev = self.params[0].device
+        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
+                                     fused=_fused_ok(dev))
+
+    @property
+    def lr(self) -> float:
+        return self.opt.param_groups[0]["lr"]
+
+    @torch.no_grad()
+    def step(self, grads: list[torch.Tensor], lr: float | None = None) -> None:
+        if lr is not None:
+            for g in self.opt.param_groups:
+                g["lr"] = lr
+        lr_now = self.lr
+        for p, g, ranges in zip(self.params, grads, self.decay_ranges):
+            p.grad = g if g.dtype == torch.float32 else g.float()
+            if self.weight_decay:
+                factor = 1.0 - lr_now * self.weight_decay
+                for a, b in ranges:
+                    p[a:b].mul_(factor)
+        self.opt.step()
+        for p in self.params:
+            p.grad = None
+
+    def state_bytes(self) -> int:
+        total = sum(p.untyped_storage().nbytes() for p in self.params)
+        for st in self.opt.state.values():
+            for v in st.values():
+                if torch.is_tensor(v) and v.numel() > 1:
+                    total += v.untyped_storage().nbytes()
+        return total
+
+    def shard_state(self, i: int) -> dict:
+        st = self.opt.state.get(self.params[i], {})
+        return {
+            "master": self.params[i].detach(),
+            "exp_avg": st.get("exp_avg"),
+            "exp_avg_sq": st.get("exp_avg_sq"),
+            "step": st.get("step"),
+        }
+
+    def load_shard_state(self, i: int, master, exp_avg, exp_avg_sq, step) -> None:
+        p = self.params[i]
+        with torch.no_grad():
+            p.copy_(master)
+        if exp_avg is not None:
+            self.opt.state[p] = {
+                "step": torch.tensor(float(step)) if not torch.is_tensor(step) else step.clone(),
+                "exp_avg": exp_avg.clone().to(p.device),
+                "exp_avg_sq": exp_avg_sq.clone().to(p.device),
+            }

@@ -1,0 +1,336 @@
+"""One wrapped unit: its nested flat buffer, weight gathers, secondary shard and gradient reduction.
+
+Memory a unit keeps between steps (per rank): the primary shard (compute dtype, L/w), the
+secondary copy (INT8 + scales or 16-bit, L/s) while valid, the fp32 gradient shard (L/g) and, in
+the optimizer, the fp32 master shard and two Adam moments (L/os each). The full buffer (L) only
+exists between a gather and the matching free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+import kernels
+
+from . import layout as L
+from .comm import Comm, Group, Handle
+from .plan import Plan
+
+
+@dataclass
+class ParamSpec:
+    name: str
+    param: nn.Parameter
+    offset: int
+    numel: int
+    shape: torch.Size
+    decay: bool
+
+
+@dataclass
+class UnitGroups:
+    weight: Group  # w consecutive ranks (primary shards)
+    secondary: Optional[Group]  # s consecutive ranks
+    grad: Group  # g consecutive ranks
+    node: Group  # ranks of this node (first hop of the 2-hop reduction)
+    two_hop_peers: Optional[Group]
+    replicas: Group  # ranks holding the same gradient shard (cross-replica combine)
+    optim: Group  # os consecutive ranks (norm)
+    post_gather: Group  # ranks whose optimizer shards tile this rank's primary shard
+    world: Group
+
+
+class ShardedUnit:
+    def __init__(self, index: int, module: nn.Module, params: list[tuple[str, nn.Parameter]],
+                 plan: Plan, comm: Comm, groups: UnitGroups, dtype: torch.dtype, align: int,
+                 grad_comm_dtype: torch.dtype, kernel_backend: Optional[str]):
+        self.index = index
+        self.module = module
+        self.plan = plan
+        self.comm = comm
+        self.g = groups
+        self.dtype = dtype
+        self.grad_comm_dtype = grad_comm_dtype
+        self.backend = kernel_backend
+        rank = comm.rank
+        self.specs: list[ParamSpec] = []
+        off = 0
+        for name, p in params:
+            decay = p.ndim >= 2 and "norm" not in name
+            self.specs.append(ParamSpec(name, p, off, p.numel(), p.shape, decay))
+            off += p.numel()
+        self.numel = off
+        self.layout = L.UnitLayout(off, L.padded_size(off, align), *plan.factors)
+        lay = self.layout
+        self.primary_range = lay.primary_range(rank)
+        self.grad_range = lay.grad_range(rank)
+        self.optim_range = lay.optim_range(rank)
+        device = params[0][1].device
+        self.device = device
+        # the primary shard, filled from the initial full weights (identical on every rank)
+        full = self._flatten_params(dtype=torch.float32)
+        a, b = self.primary_range
+        self.primary = full[a:b].to(dtype).clone()
+        self.master_init = full[self.optim_range[0]:self.optim_range[1]].clone()  # fp32
+        self.grad_acc = torch.zeros(lay.grad_numel, dtype=torch.float32, device=device)
+        self.full: Optional[torch.Tensor] = None
+        self.secondary = None  # (payload, scales) or 16-bit tensor
+        self.gather_handle: Optional[Handle] = None
+        self.reduce_handles: list[Handle] = []
+        self.grads_ready = 0
+        self.reduced_this_backward = False
+        self.needs_weights_in_backward = True
+        if plan.weight_factor == 1:  # replicated weights: the module always views the primary
+            self.full = self.primary
+            self._set_views(self.primary)
+        else:
+            self._set_empty()
+
+    # -------------------------------------------------------------------------- params
+    def _flatten_params(self, dtype) -> torch.Tensor:
+        out = torch.zeros(self.layout.padded, dtype=dtype, device=self.specs[0].param.device)
+        for s in self.specs:
+            out[s.offset:s.offset + s.numel].copy_(s.param.detach().reshape(-1))
+        return out
+
+    def _set_views(self, full: torch.Tensor):
+        for s in self.specs:
+            s.param.data = full[s.offset:s.offset + s.numel].view(s.shape)
+
+    def _set_empty(self):
+        for s in self.specs:
+            s.param.data = torch.empty(0, dtype=self.dtype, device=self.device)
+
+    @property
+    def gathered(self) -> bool:
+        return self.full is not None
+
+    # -------------------------------------------------------------------------- gathers
+    @property
+    def has_secondary(self) -> bool:
+        p = self.plan
+        return p.weight_factor > 1 and p.secondary_degree is not None
+
+    def _secondary_range(self) -> tuple[int, int]:
+        s = self.plan.secondary_degree
+        n = self.layout.padded // s
+        i = self.comm.rank % s
+        return i * n, (i + 1) * n
+
+    def start_gather(self, backward: bool) -> None:
+        """Launch the all-gather that materialises the full unit (async)."""
+        if self.gathered or self.gather_handle is not None:
+            return
+        plan, Ltot = self.plan, self.layout.padded
+        if backward and self.has_secondary and self.secondary is not None:
+            grp, bits, blk = self.g.secondary, plan.secondary_bits, plan.quant_block_size
+            src = self.secondary
+            keep_secondary = False
+        else:
+            grp, bits, blk = self.g.weight, plan.weight_bits, plan.quant_block_size
+            src = None
+            keep_secondary = self.has_secondary
+        if bits == 16:
+            shard = src if src is not None else self.primary
+            full = torch.empty(Ltot, dtype=self.dtype, device=self.device)
+            work = self.comm.all_gather(full, shard, grp, async_op=True)
+
+            def finish():
+                if src is None:  # forward: the local shard is exact by construction
+                    pass
+                if keep_secondary:
+                    self._make_secondary(full, None)
+                return full
+        else:
+            if src is not None:
+                q, sc = src
+            else:
+                q, sc = kernels.quantize(self.primary, bits, blk, backend=self.backend)
+            qall = torch.empty(q.numel() * grp.size, dtype=q.dtype, device=self.device)
+            sall = torch.empty(sc.numel() * grp.size, dtype=sc.dtype, device=self.device)
+            w1 = self.comm.all_gather(qall, q, grp, async_op=True)
+            w2 = self.comm.all_gather(sall, sc, grp, async_op=True)
+            work = [w1, w2]
+
+            def finish():
+                full = kernels.dequantize(qall, sall, bits, blk, Ltot, dtype=self.dtype, backend=self.backend)
+                if src is None:
+                    a, b = self.primary_range
+                    full[a:b].copy_(self.primary)  # the local shard stays exact
+                if keep_secondary:
+                    self._make_secondary(full, (qall, sall) if plan.secondary_bits == bits else None)
+                return full
+        works = work if isinstance(work, list) else [work]
+        self.gather_handle = Handle(works, finish)
+
+    def _make_secondary(self, full: torch.Tensor, quantized):
+        a, b = self._secondary_range()
+        plan = self.plan
+        if plan.secondary_bits == 16:
+            self.secondary = full[a:b].clone()
+            return
+        blk = plan.quant_block_size
+        if quantized is not None:  # reuse the gathered INT8 blocks: no requantization
+            qall, sall = quantized
+            per_byte = 1 if plan.weight_bits == 8 else 2
+            self.secondary = (qall[a // per_byte:b // per_byte].clone(), sall[a // blk:b // blk].clone())
+        else:
+            self.secondary = kernels.quantize(full[a:b], plan.secondary_bits, blk, backend=self.backend)
+
+    def finish_gather(self) -> None:
+        if self.gathered:
+            return
+        if self.gather_handle is None:
+            raise RuntimeError(f"unit {self.index}: weights requested but no gather was started")
+        full = self.gather_handle.wait()
+        self.gather_handle = None
+        self.full = full
+        self._set_views(full)
+
+    def free_full(self) -> None:
+        if self.plan.weight_factor == 1 or self.full is None:
+            return
+        self.full = None
+        self._set_empty()
+
+    def invalidate_secondary(self) -> None:
+        self.secondary = None
+
+    # -------------------------------------------------------------------------- gradients
+    def flat_grad(self, scale: float) -> torch.Tensor:
+        """The unit's gradient as one flat buffer (wire dtype), pre-divided by the DP size."""
+        g = torch.zeros(self.layout.padded, dtype=self.grad_comm_dtype, device=self.device)
+        for s in self.specs:
+            if s.param.grad is not None:
+                g[s.offset:s.offset + s.numel].copy_(s.param.grad.reshape(-1))
+                s.param.grad = None
+        if scale != 1.0:
+            g.mul_(scale)
+        return g
+
+    def start_reduce(self, scale: float) -> None:
+        """Reduce this micro-batch's gradient into the fp32 gradient shard (async)."""
+        plan, lay = self.plan, self.layout
+        G = self.flat_grad(scale)
+        gsz = plan.grad_factor
+        acc = self.grad_acc
+        if gsz == 1:
+            acc.add_(G)
+            return
+        blk = plan.grad_quant_block_size
+        if plan.grad_bits == 16:
+            perm = L.reduce_perm(plan.weight_factor, gsz)
+            send = G.view(gsz, -1)[perm].reshape(-1)
+            out = torch.empty(lay.grad_numel, dtype=G.dtype, device=self.device)
+            w = self.comm.reduce_scatter(out, send, self.g.grad, async_op=True)
+            self.reduce_handles.append(Handle([w], lambda: acc.add_(out)))
+            return
+        bits, P = plan.grad_bits, self.comm.topo.ranks_per_node
+        if gsz <= P:  # one quantized all-to-all inside the node (ZeRO-topo)
+            perm = L.reduce_perm(plan.weight_factor, gsz)
+            q, sc = kernels.quantize_reordered(G, bits, blk, perm, backend=self.backend)
+            rq, rs = torch.empty_like(q), torch.empty_like(sc)
+            w1 = self.comm.all_to_all(rq, q, self.g.grad, async_op=True)
+            w2 = self.comm.all_to_all(rs, sc, self.g.grad, async_op=True)
+
+            def finish():
+                kernels.dequantize_sum(rq.view(gsz, -1), rs.view(gsz, -1), bits, blk, lay.grad_numel,
+                                       out=acc, accumulate=True, backend=self.backend)
+
+            self.reduce_handles.append(Handle([w1, w2], finish))
+            return
+        # ZeRO++ 2-hop: quantized all-to-all inside the node, then across nodes
+        perm = L.two_hop_perm(plan.weight_factor, gsz, P)
+        k = gsz // P
+        q, sc = kernels.quantize_reordered(G, bits, blk, perm, backend=self.backend)
+        rq, rs = torch.empty_like(q), torch.empty_like(sc)
+        w1 = self.comm.all_to_all(rq, q, self.g.node, async_op=True)
+        w2 = self.comm.all_to_all(rs, sc, self.g.node, async_op=True)
+        hop1 = Handle([w1, w2])
+        state = {}
+
+        def second_hop():
+            hop1.wait()
+            q2, s2 = kernels.dequantize_sum_requantize(rq.view(P, -1), rs.view(P, -1), bits, blk,
+                                                       backend=self.backend)
+            rq2, rs2 = torch.empty_like(q2), torch.empty_like(s2)
+            state["works"] = [self.comm.all_to_all(rq2, q2, self.g.two_hop_peers, async_op=True),
+                              self.comm.all_to_all(rs2, s2, self.g.two_hop_peers, async_op=True)]
+            state["bufs"] = (rq2, rs2)
+
+        def finish():
+            if "works" not in state:
+                second_hop()
+            for w in state["works"]:
+                if w is not None:
+                    w.wait()
+            rq2, rs2 = state["bufs"]
+            kernels.dequantize_sum(rq2.view(k, -1), rs2.view(k, -1), bits, blk, lay.grad_numel,
+                                   out=acc, accumulate=True, backend=self.backend)
+
+        h = Handle([], finish)
+        h.second_hop = second_hop  # launched early by the engine when the first hop lands
+        self.reduce_handles.append(h)
+
+    def wait_reduce(self) -> None:
+        for h in self.reduce_handles:
+            h.wait()
+        self.reduce_handles.clear()
+
+    # -------------------------------------------------------------------------- step
+    def combine_replicas(self) -> torch.Tensor:
+        """Once per step: sum gradient shards across replicas; return this rank's fp32
+        optimizer-shard gradient (a view when possible)."""
+        plan, lay = self.plan, self.layout
+        rep = self.g.replicas
+        acc = self.grad_acc
+        o_lo = self.optim_range[0] - self.grad_range[0]
+        o_hi = o_lo + lay.optim_numel
+        if rep.size == 1:
+            return acc[o_lo:o_hi]
+        wire = self.grad_comm_dtype
+        if plan.inter_node_reduce == "reduce_scatter" and plan.optimizer_factor == self.comm.topo.world_size:
+            send = acc.to(wire)
+            out = torch.empty(lay.optim_numel, dtype=wire, device=self.device)
+            self.comm.reduce_scatter(out, send, rep)
+            return out.float() if wire != torch.float32 else out
+        if wire == torch.float32:
+            self.comm.all_reduce(acc, rep)
+            return acc[o_lo:o_hi]
+        buf = acc.to(wire)
+        self.comm.all_reduce(buf, rep)
+        return buf[o_lo:o_hi].float()
+
+    def publish(self, master: torch.Tensor) -> None:
+        """After the update: rebuild the primary shard from the optimizer shards."""
+        plan = self.plan
+        grp = self.g.post_gather
+        new = master.detach().to(self.dtype)
+        if grp.size == 1:
+            a = self.optim_range[0] - self.primary_range[0]
+            self.primary[a:a + new.numel()].copy_(new)
+        else:
+            tmp = torch.empty(new.numel() * grp.size, dtype=self.dtype, device=self.device)
+            self.comm.all_gather(tmp, new, grp)
+            slots = L.post_gather_slots(grp.ranks, *plan.factors)
+            n = new.numel()
+            tmpv = tmp.view(grp.size, n)
+            for i, slot in enumerate(slots):
+                self.primary[slot * n:(slot + 1) * n].copy_(tmpv[i])
+        self.invalidate_secondary()
+        self.grad_acc.zero_()
+        if plan.weight_factor == 1:
+            self._set_views(self.primary)
+
+    def decay_ranges(self) -> list[tuple[int, int]]:
+        """Ranges (relative to the optimizer shard) of parameters that get weight decay."""
+        lo, hi = self.optim_range
+        out = []
+        for s in self.specs:
+            a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
+            if s.decay and a < b:
+                out.append((a - lo, b - lo))
+        return out
