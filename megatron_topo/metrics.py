@@ -1,0 +1,265 @@
+"""Training metrics: FLOPs per iteration, TFLOPS/GPU, MFU, peak memory, and the run's log files.
+
+Every run writes ``{log_dir}/metrics.jsonl`` (one JSON object per line, ``{"step": N, ...}``) and
+TensorBoard scalars (``{log_dir}/tensorboard`` unless told otherwise). ``tools/plot_metrics.py``
+reads the JSONL back.
+
+Canonical keys (what the training loop should log, and what the plotting tool looks for first):
+``loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``iter_time_s``, ``tokens_per_s``,
+``tflops_per_gpu``, ``mfu``, ``peak_memory_bytes`` and the communication counters
+``comm_bytes/intra_gpu``, ``comm_bytes/intra_node``, ``comm_bytes/inter_node``.
+
+Non-finite floats are written as the JSON *strings* ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``
+(plain JSON has no token for them; ``json.dumps`` would emit invalid bare ``NaN``). Every line
+is therefore valid strict JSON, the distinction between NaN and +-inf survives, and
+:func:`read_metrics` turns the strings back into floats.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import resource
+import sys
+import warnings
+from typing import Any, Iterable, Optional, Union
+
+import torch
+
+from .config import ModelConfig
+
+METRICS_FILE = "metrics.jsonl"
+
+# canonical key names (see module docstring)
+LOSS = "loss"
+TFLOPS_PER_GPU = "tflops_per_gpu"
+TOKENS_PER_S = "tokens_per_s"
+
+_NONFINITE_OUT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+_NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+def flops_per_iteration(model_cfg: ModelConfig, global_batch_size: int, checkpoint_activations: bool) -> float:
+    """Model FLOPs of one optimizer step, computed the way GPT-NeoX does.
+
+    Source: GPT-NeoX ``megatron/logging.py::get_flops`` as corrected by EleutherAI/gpt-neox PR #1094
+    (issue #1093), itself taken from Megatron-DeepSpeed ``megatron/utils.py`` and Narayanan et al.
+    2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
+    (arXiv:2104.04473, Eq. 3)::
+
+        F = 24 * f * B * s * L * h^2 * (1 + s / (6 h) + V / (16 L h))
+
+    with ``f = 3`` (forward + backward = 1 + 2 passes) or ``f = 4`` when activations are
+    recomputed (one more forward), ``B`` the global batch in sequences (micro batch x
+    accumulation x data-parallel size), ``s`` the sequence length, ``L`` layers, ``h`` the hidden
+    size and ``V`` the (padded) vocabulary. The ``V/(16Lh)`` logit term carries the same prefactor;
+    the GPT-NeoX version between PR #1044 and #1094 added it as a bare constant, which is a bug.
+    As in GPT-NeoX, the factor ``f`` multiplies the logit term too (the paper's derivation has
+    it fixed at 96 -- i.e. it is exact for ``f = 4`` and counts the head 4.5 B s h V instead of
+    6 B s h V for ``f = 3``); we keep GPT-NeoX's number so TFLOPS are comparable with its logs.
+    """
+    f = 4.0 if checkpoint_activations else 3.0
+    B = float(global_batch_size)
+    s = float(model_cfg.seq_length)
+    L = float(model_cfg.num_layers)
+    h = float(model_cfg.hidden_size)
+    V = float(model_cfg.vocab_size)
+    return 24.0 * f * B * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
+
+
+def tflops_per_gpu(flops_per_iter: float, iter_time_s: float, world_size: int) -> float:
+    """Achieved TFLOPS per device (per rank: a GCD on Frontier) for one iteration."""
+    if iter_time_s <= 0 or world_size < 1:
+        return math.nan
+    return flops_per_iter / (iter_time_s * world_size) / 1e12
+
+
+def mfu(flops_per_iter: float, iter_time_s: float, world_size: int, peak_tflops: float) -> float:
+    """Model FLOPs utilisation: achieved TFLOPS/GPU over the device's advertised peak."""
+    if peak_tflops <= 0:
+        return math.nan
+    return tflops_per_gpu(flops_per_iter, iter_time_s, world_size) / peak_tflops
+
+
+# ----------------------------------------------------------------------------------- memory
+def peak_memory_bytes(device: Union[str, torch.device, None] = None) -> int:
+    """Peak memory of this process: CUDA/ROCm max allocated bytes on a GPU device; on CPU the
+    process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``) in bytes."""
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(dev))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+# ------------------------------------------------------------------------------ JSON values
+def _plain(value: Any) -> Any:
+    """A JSON-safe version of a metric value (tensors/numpy scalars -> Python, non-finite -> str)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().item() if value.numel() == 1 else value.detach().cpu().tolist()
+    elif hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        try:  # numpy scalar
+            value = value.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        v = float(value)
+        if math.isfinite(v):
+            return v
+        return _NONFINITE_OUT["nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
+def _scalars(values: dict, prefix: str = "") -> Iterable[tuple[str, float]]:
+    """(tag, number) for every numeric value; nested dicts become ``outer/inner`` tags."""
+    for k, v in values.items():
+        tag = f"{prefix}{k}"
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            v = v.item()
+        if isinstance(v, dict):
+            yield from _scalars(v, tag + "/")
+        elif isinstance(v, bool):
+            yield tag, float(v)
+        elif isinstance(v, numbers.Real):
+            yield tag, float(v)
+
+
+def _restore(value: Any) -> Any:
+    if isinstance(value, str) and value in _NONFINITE_IN:
+        return _NONFINITE_IN[value]
+    if isinstance(value, dict):
+        return {k: _restore(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore(v) for v in value]
+    return value
+
+
+# ----------------------------------------------------------------------------------- writer
+class MetricsWriter:
+    """Appends ``{"step": step, **values}`` lines to ``{log_dir}/metrics.jsonl`` and writes every
+    numeric value as a TensorBoard scalar (tag = key; nested dicts as ``key/sub``).
+
+    Only rank 0 should write: pass ``enabled=False`` elsewhere and every call is a no-op (no
+    directories, files or TensorBoard writer are created). Resuming a run appends to the existing
+    file; a last line left unterminated by a crash is closed first so the next record stays on
+    its own line. ``tensorboard=False`` (or TensorBoard missing) writes the JSONL only.
+    """
+
+    def __init__(self, log_dir: str, tensorboard_dir: Optional[str] = None, enabled: bool = True, *,
+                 tensorboard: bool = True):
+        self.enabled = enabled
+        self.log_dir = log_dir
+        self.tensorboard_dir = tensorboard_dir or os.path.join(log_dir, "tensorboard")
+        self.path = os.path.join(log_dir, METRICS_FILE)
+        self._file = None
+        self._tb = None
+        if not enabled:
+            return
+        os.makedirs(log_dir, exist_ok=True)
+        needs_newline = False
+        if os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                needs_newline = f.read(1) != b"\n"
+        self._file = open(self.path, "a", encoding="utf-8")
+        if needs_newline:
+            self._file.write("\n")
+            self._file.flush()
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:  # tensorboard not installed
+                warnings.warn(f"TensorBoard unavailable ({e}); writing {self.path} only")
+            else:
+                os.makedirs(self.tensorboard_dir, exist_ok=True)
+                self._tb = SummaryWriter(log_dir=self.tensorboard_dir)
+
+    def log(self, step: int, values: dict) -> None:
+        if not self.enabled:
+            return
+        if self._file is None:
+            raise RuntimeError(f"MetricsWriter for {self.path} is closed")
+        record = {"step": int(step)}
+        for k, v in values.items():
+            if k == "step":
+                raise ValueError("metrics key 'step' is reserved; pass the step as the first argument")
+            record[str(k)] = _plain(v)
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for tag, v in _scalars(values):
+                self._tb.add_scalar(tag, v, int(step))
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ----------------------------------------------------------------------------------- reader
+def metrics_path(path_or_run_dir: str) -> str:
+    """``RUN_DIR/metrics.jsonl`` for a directory, the path itself otherwise."""
+    if os.path.isdir(path_or_run_dir):
+        return os.path.join(path_or_run_dir, METRICS_FILE)
+    return path_or_run_dir
+
+
+def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict]:
+    """Records of a run's ``metrics.jsonl`` (a run directory or the file itself), in file order,
+    with ``"NaN"``/``"Infinity"``/``"-Infinity"`` turned back into floats.
+
+    A line that is not valid JSON (a crash mid-write) is skipped with a warning naming the file
+    and line. ``last_per_step=True`` keeps only the last record of each step (a resumed run
+    repeats the steps after its checkpoint) and sorts by step.
+    Raises ``FileNotFoundError`` when there is no metrics file.
+    """
+    path = metrics_path(path_or_run_dir)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such metrics file")
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                warnings.warn(f"{path}:{lineno}: skipping a line that is not valid JSON ({e.msg})")
+                continue
+            if not isinstance(rec, dict) or "step" not in rec:
+                warnings.warn(f"{path}:{lineno}: skipping a record without a 'step' key")
+                continue
+            out.append(_restore(rec))
+    if last_per_step:
+        by_step = {}
+        for rec in out:
+            by_step[rec["step"]] = rec
+        out = [by_step[s] for s in sorted(by_step)]
+    return out
