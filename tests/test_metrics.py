@@ -1,0 +1,138 @@
+"""metrics.py: GPT-NeoX FLOPs formula, TFLOPS, metrics.jsonl + TensorBoard writer, reader."""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from megatron_topo.config import ModelConfig
+from megatron_topo.metrics import (MetricsWriter, flops_per_iteration, mfu, peak_memory_bytes, read_metrics,
+                                   tflops_per_gpu)
+
+SMALL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=512)
+
+
+def _strict(line: str) -> dict:
+    """json.loads that refuses the non-standard NaN/Infinity tokens."""
+    def bad(tok):
+        raise ValueError(f"non-standard JSON constant {tok}")
+    return json.loads(line, parse_constant=bad)
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+def test_flops_hand_computed():
+    # 24 * f * B * s * L * h^2 * (1 + s/(6h) + V/(16 L h)), B=4, s=64, L=2, h=64, V=512, f=3:
+    # 24*3*4*64*2*4096 = 150,994,944;  1 + 64/384 + 512/2048 = 17/12;  product = 213,909,504
+    assert flops_per_iteration(SMALL, 4, checkpoint_activations=False) == pytest.approx(213_909_504.0, rel=1e-12)
+    # with recompute f = 4: 24*4*4*64*2*4096 * 17/12 = 285,212,672
+    assert flops_per_iteration(SMALL, 4, checkpoint_activations=True) == pytest.approx(285_212_672.0, rel=1e-12)
+
+
+def test_flops_recompute_factor_and_linearity():
+    cfg = ModelConfig(num_layers=44, hidden_size=6144, num_attention_heads=64, seq_length=2048, vocab_size=50432)
+    f3 = flops_per_iteration(cfg, 8, False)
+    f4 = flops_per_iteration(cfg, 8, True)
+    assert f4 / f3 == pytest.approx(4.0 / 3.0, rel=1e-12)
+    assert flops_per_iteration(cfg, 16, False) == pytest.approx(2 * f3, rel=1e-12)
+    # the vocabulary term carries the full prefactor (the GPT-NeoX PR #1044 bug added it bare)
+    no_vocab = 24 * 3 * 8 * 2048 * 44 * 6144**2 * (1 + 2048 / (6 * 6144))
+    assert f3 - no_vocab == pytest.approx(24 * 3 * 8 * 2048 * 44 * 6144**2 * 50432 / (16 * 44 * 6144), rel=1e-9)
+    # about 6 * params * tokens for a 20B model: within 15%
+    params = 20.6e9
+    assert f3 == pytest.approx(6 * params * 8 * 2048, rel=0.15)
+
+
+def test_tflops_and_mfu():
+    assert tflops_per_gpu(8e12, 2.0, 4) == pytest.approx(1.0)
+    assert mfu(8e12, 2.0, 4, peak_tflops=2.0) == pytest.approx(0.5)
+    assert math.isnan(tflops_per_gpu(1e12, 0.0, 1))
+
+
+def test_peak_memory_cpu():
+    rss = peak_memory_bytes("cpu")
+    assert isinstance(rss, int) and rss > 10 * 2**20  # this process has imported torch
+
+
+# ----------------------------------------------------------------------------------- writer
+def test_writer_jsonl_append_and_tensorboard(tmp_path):
+    run = tmp_path / "run"
+    w = MetricsWriter(str(run))
+    w.log(1, {"loss": 5.0, "tflops_per_gpu": torch.tensor(0.25), "tokens_per_s": 1000, "skipped": False})
+    w.log(2, {"loss": float("nan"), "grad_norm": float("inf"), "comm_bytes": {"intra_node": 12}})
+    w.close()
+    # resume: a new writer on the same run appends, never truncates
+    w = MetricsWriter(str(run))
+    w.log(3, {"loss": 4.0, "grad_norm": -float("inf")})
+    w.close()
+
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    recs = [_strict(line) for line in lines]
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert recs[0] == {"step": 1, "loss": 5.0, "tflops_per_gpu": 0.25, "tokens_per_s": 1000, "skipped": False}
+    assert recs[1]["loss"] == "NaN" and recs[1]["grad_norm"] == "Infinity"
+    assert recs[1]["comm_bytes"] == {"intra_node": 12}
+    assert recs[2]["grad_norm"] == "-Infinity"
+
+    back = read_metrics(str(run))
+    assert math.isnan(back[1]["loss"]) and back[1]["grad_norm"] == math.inf and back[2]["grad_norm"] == -math.inf
+    assert read_metrics(str(run / "metrics.jsonl"))[0]["loss"] == 5.0
+
+    events = glob.glob(str(run / "tensorboard" / "events.out.tfevents.*"))
+    assert len(events) == 2 and all(os.path.getsize(e) > 0 for e in events)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tags = set()
+    for e in events:
+        acc = EventAccumulator(e)
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert {"loss", "tflops_per_gpu", "tokens_per_s", "grad_norm", "comm_bytes/intra_node"} <= tags
+
+
+def test_writer_custom_tensorboard_dir_and_flush_each_line(tmp_path):
+    tb = tmp_path / "tb"
+    w = MetricsWriter(str(tmp_path / "run"), tensorboard_dir=str(tb))
+    w.log(7, {"loss": 1.5})
+    # flushed per line: readable before close
+    assert _strict((tmp_path / "run" / "metrics.jsonl").read_text().strip()) == {"step": 7, "loss": 1.5}
+    w.close()
+    assert glob.glob(str(tb / "events.out.tfevents.*"))
+    assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_disabled_writer_touches_nothing(tmp_path):
+    w = MetricsWriter(str(tmp_path / "rank1"), enabled=False)
+    w.log(1, {"loss": 1.0})
+    w.close()
+    assert not (tmp_path / "rank1").exists()
+
+
+def test_resume_after_truncated_line(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "lo')  # crash mid-line
+    w = MetricsWriter(str(run), tensorboard=False)
+    w.log(2, {"loss": 1.0})
+    w.log(2, {"loss": 0.9})  # a resumed run repeats a step: the last record wins in last_per_step
+    w.close()
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:2: skipping"):
+        recs = read_metrics(str(run))
+    assert [r["step"] for r in recs] == [1, 2, 2]
+    with pytest.warns(UserWarning):
+        assert [r["loss"] for r in read_metrics(str(run), last_per_step=True)] == [2.0, 0.9]
+
+
+def test_read_metrics_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
+        read_metrics(str(tmp_path))
+
+
+def test_step_key_reserved(tmp_path):
+    w = MetricsWriter(str(tmp_path), tensorboard=False)
+    with pytest.raises(ValueError, match="reserved"):
+        w.log(1, {"step": 3})
+    w.close()
