@@ -109,6 +109,7 @@ class DataConfig:
     vocab_file: Optional[str] = None
     data_cache_dir: Optional[str] = None
     num_workers: int = 0
+    builtin_corpus_bytes: int = 4_000_000  # cap on stdlib source read for data_path: builtin
 
 
 @dataclass
@@ -151,6 +152,9 @@ class ZeroTopoConfig:
     prefetch: bool = True
     bucket_size: int = 0  # reserved: units are the buckets; >0 coalesces small units
     kernels: str = "auto"  # auto | triton | reference
+    # bitwise-reproducible cross-replica sums (all-gather + sum in rank order, W x the traffic):
+    # any world size then equals one process with the same global batch, bit for bit
+    deterministic: bool = False
 
 
 @dataclass

@@ -258,6 +258,13 @@ class ZeroTopoEngine:
             self.scaler.update(overflow=False)
         return stats
 
+    @torch.no_grad()
+    def republish(self) -> None:
+        """Rebuild every primary shard from the optimizer's masters (after a checkpoint load);
+        secondaries are invalidated so backward can never see stale weights."""
+        for u, master in zip(self.units, self.optimizer.params):
+            u.publish(master)
+
     # ---------------------------------------------------------------------------- introspection
     def model_state_bytes(self) -> dict:
         """Bytes of model states this rank holds, measured from tensor storage."""

@@ -32,6 +32,7 @@ class Plan:
     grad_quant_block_size: int = 512
     inter_node_reduce: str = "allreduce"
     prefetch: bool = True
+    deterministic: bool = False
 
     @property
     def factors(self) -> tuple[int, int, int]:
@@ -129,6 +130,7 @@ def resolve_plan(z: ZeroTopoConfig, topo: Topology, ds: Optional[ZeroOptimizatio
         grad_quant_block_size=z.grad_quant_block_size,
         inter_node_reduce=z.inter_node_reduce,
         prefetch=z.prefetch,
+        deterministic=z.deterministic,
         **base,
     )
     validate_plan(plan, topo)

@@ -292,6 +292,14 @@ class ShardedUnit:
         if rep.size == 1:
             return acc[o_lo:o_hi]
         wire = self.grad_comm_dtype
+        if plan.deterministic:
+            tmp = torch.empty(rep.size * acc.numel(), dtype=wire, device=self.device)
+            self.comm.all_gather(tmp, acc.to(wire), rep)
+            parts = tmp.view(rep.size, -1)
+            acc.copy_(parts[0])
+            for i in range(1, rep.size):
+                acc.add_(parts[i])
+            return acc[o_lo:o_hi]
         if plan.inter_node_reduce == "reduce_scatter" and plan.optimizer_factor == self.comm.topo.world_size:
             send = acc.to(wire)
             out = torch.empty(lay.optim_numel, dtype=wire, device=self.device)

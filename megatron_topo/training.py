@@ -1,0 +1,321 @@
+"""The training loop: distributed setup, schedule, accumulation, eval, logging, checkpoints."""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import metrics as M
+from .config import Config, ConfigError, write_effective_config
+from .model import build_model, num_params
+from .topology import Topology, launcher_env, topology_from_config
+from .zero_topo import checkpoint as ckpt
+from .zero_topo.comm import Comm
+from .zero_topo.engine import ZeroTopoEngine
+from .zero_topo.plan import Plan, resolve_plan
+
+
+class TrainingError(RuntimeError):
+    """A condition that stops training; one line for the user."""
+
+
+# ------------------------------------------------------------------------------- schedule
+def learning_rate(cfg: Config, step: int) -> float:
+    """GPT-NeoX AnnealingLR: linear warmup over ``warmup * lr_decay_iters`` steps, then cosine or
+    linear decay to ``min_lr`` at ``lr_decay_iters``. ``step`` counts optimizer steps from 1."""
+    t = cfg.train
+    max_lr, min_lr = t.optimizer.params.lr, t.min_lr
+    decay_iters = t.lr_decay_iters or t.train_iters
+    warmup = int(t.warmup * decay_iters)
+    if warmup > 0 and step <= warmup:
+        return max_lr * step / warmup
+    if t.lr_decay_style == "constant":
+        return max_lr
+    if step >= decay_iters:
+        return min_lr
+    ratio = (step - warmup) / max(1, decay_iters - warmup)
+    if t.lr_decay_style == "linear":
+        return max_lr - (max_lr - min_lr) * ratio
+    return min_lr + (max_lr - min_lr) * 0.5 * (math.cos(math.pi * ratio) + 1.0)
+
+
+# ------------------------------------------------------------------------------- runtime
+@dataclass
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    topo: Topology
+    device: torch.device
+    distributed: bool
+
+    def barrier(self):
+        if self.distributed:
+            dist.barrier()
+
+
+def setup_runtime(cfg: Config) -> Runtime:
+    env = launcher_env()
+    world, rank = env["world_size"], env["rank"]
+    dcfg = cfg.distributed
+    use_cuda = dcfg.device == "cuda" or (dcfg.device == "auto" and torch.cuda.is_available())
+    if dcfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("distributed.device=cuda but no GPU is visible; use cpu or auto")
+    if use_cuda:
+        # under srun --gpus-per-task=1 each task sees one device; otherwise pick by local rank
+        torch.cuda.set_device(env["local_rank"] % max(1, torch.cuda.device_count()))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    distributed = world > 1
+    if distributed and not dist.is_initialized():
+        backend = dcfg.backend if dcfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
+        for var in ("MASTER_ADDR", "MASTER_PORT"):
+            if not os.environ.get(var):
+                raise ConfigError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
+                                device_id=device if use_cuda else None)
+    topo = topology_from_config(cfg.topology, world, env["local_world_size"])
+    return Runtime(rank, world, env["local_rank"], topo, device, distributed)
+
+
+def seed_everything(seed: int):
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------- data
+class Batches:
+    """Micro-batches of global step ``s``: micro-batch j = m * world + rank covers samples
+    ``consumed + j * mb .. + mb`` so any (world, accumulation) split of a global batch sees the
+    same micro-batches."""
+
+    def __init__(self, dataset, mb: int, accum: int, world: int, rank: int, device):
+        self.ds, self.mb, self.accum, self.world, self.rank, self.device = dataset, mb, accum, world, rank, device
+
+    @property
+    def global_batch(self) -> int:
+        return self.mb * self.accum * self.world
+
+    def micro(self, consumed: int, m: int):
+        j = m * self.world + self.rank
+        start = consumed + j * self.mb
+        rows = [np.asarray(self.ds[(start + i) % len(self.ds)], dtype=np.int64) for i in range(self.mb)]
+        t = torch.from_numpy(np.stack(rows)).to(self.device)
+        return t[:, :-1], t[:, 1:]
+
+
+def loss_fn(logits, labels):
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+# ------------------------------------------------------------------------------- trainer
+@dataclass
+class TrainState:
+    step: int = 0
+    consumed_samples: int = 0
+    consumed_valid: int = 0
+    bad_steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None):
+    t = cfg.train
+    model = build_model(cfg.model, device=rt.device, seed=t.seed)
+    plan = plan or resolve_plan(cfg.zero_topo, rt.topo, cfg.zero_optimization)
+    comm = Comm(rt.topo, rt.rank, distributed=rt.distributed)
+    eng = ZeroTopoEngine(
+        model, model.shard_units(), plan, comm, precision=cfg.precision,
+        lr=t.optimizer.params.lr, betas=tuple(t.optimizer.params.betas), eps=t.optimizer.params.eps,
+        weight_decay=t.weight_decay, grad_clip=t.gradient_clipping, fp16_cfg=t.fp16,
+        kernel_backend=cfg.zero_topo.kernels,
+    )
+    return eng
+
+
+class Trainer:
+    def __init__(self, cfg: Config, rt: Runtime, datasets=None, log=print):
+        self.cfg, self.rt = cfg, rt
+        self.log = log if rt.rank == 0 else (lambda *a, **k: None)
+        seed_everything(cfg.train.seed)
+        self.engine = build_engine(cfg, rt)
+        self.plan = self.engine.plan
+        self.state = TrainState()
+        t = cfg.train
+        self.batches_per_step = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * rt.world_size
+        if datasets is None:
+            datasets = self._build_data()
+        self.train_ds, self.valid_ds = datasets[0], datasets[1]
+        mk = lambda ds: Batches(ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
+                                rt.world_size, rt.rank, rt.device) if ds is not None else None
+        self.train_batches, self.valid_batches = mk(self.train_ds), mk(self.valid_ds)
+        lg = cfg.logging
+        self.writer = M.MetricsWriter(lg.log_dir, lg.tensorboard_dir, enabled=rt.rank == 0)
+        if rt.rank == 0:
+            write_effective_config(cfg, lg.log_dir)
+        self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step,
+                                                    cfg.model.checkpoint_activations)
+        if cfg.checkpoint.load:
+            self._load(cfg.checkpoint.load)
+
+    # ---------------------------------------------------------------- data
+    def _build_data(self):
+        from .data import build_datasets
+
+        t, lg = self.cfg.train, self.cfg.logging
+        gb = self.batches_per_step
+        evals = (t.train_iters // max(1, lg.eval_interval) + 1) * lg.eval_iters * gb
+        return build_datasets(self.cfg.data, seq_length=self.cfg.model.seq_length, seed=t.seed,
+                              num_samples=(t.train_iters * gb, evals, lg.eval_iters * gb),
+                              vocab_size=self.cfg.model.vocab_size, is_builder=self.rt.rank == 0,
+                              barrier=self.rt.barrier if self.rt.distributed else None)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _load(self, path: str):
+        st = ckpt.load(self.engine, path, self.rt.rank)
+        self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
+                                consumed_valid=st.get("consumed_valid", 0))
+        if "python_rng" in st:
+            random.seed(st["python_rng"])
+        self.log(f"resumed from {ckpt.resolve(path)} at step {self.state.step}")
+
+    def save(self) -> Optional[str]:
+        c = self.cfg.checkpoint
+        if not c.save:
+            return None
+        s = self.state
+        trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
+                         "consumed_valid": s.consumed_valid}
+        path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.cfg.to_flat_yaml(), self.rt.rank,
+                         self.rt.barrier, keep_last=c.keep_last)
+        return path
+
+    # ---------------------------------------------------------------- steps
+    def train_step(self) -> dict:
+        t = self.cfg.train
+        eng = self.engine
+        eng.train()
+        losses = []
+        for m in range(t.gradient_accumulation_steps):
+            x, y = self.train_batches.micro(self.state.consumed_samples, m)
+            loss = loss_fn(eng(x), y)
+            losses.append(loss.detach())
+            eng.backward(loss / t.gradient_accumulation_steps)
+        lr = learning_rate(self.cfg, self.state.step + 1)
+        stats = eng.step(lr)
+        self.state.consumed_samples += self.batches_per_step
+        self.state.step += 1
+        stats["lr"] = lr
+        stats["loss"] = torch.stack(losses).float().mean()
+        if stats.get("nonfinite") and not eng.scaler:
+            self.state.bad_steps += 1
+            if self.state.bad_steps >= t.max_bad_steps:
+                raise TrainingError(
+                    f"step {self.state.step}: non-finite gradients for {self.state.bad_steps} consecutive "
+                    f"steps in {self.cfg.precision}; lower the learning rate or check the data"
+                )
+        else:
+            self.state.bad_steps = 0
+        return stats
+
+    @torch.no_grad()
+    def evaluate(self) -> Optional[float]:
+        if self.valid_batches is None:
+            return None
+        eng = self.engine
+        eng.eval()
+        tot = torch.zeros(1, dtype=torch.float64)
+        iters = self.cfg.logging.eval_iters
+        for _ in range(iters):
+            x, y = self.valid_batches.micro(self.state.consumed_valid, 0)
+            tot += loss_fn(eng(x), y).double().cpu()
+            self.state.consumed_valid += self.valid_batches.mb * self.rt.world_size
+        if self.rt.distributed:
+            dist.all_reduce(tot)
+        eng.train()
+        return tot.item() / (iters * self.rt.world_size)
+
+    def _reduce_log(self, loss_sum: torch.Tensor, comm_bytes: dict) -> tuple[float, dict]:
+        vec = torch.tensor([loss_sum.item(), comm_bytes["intra_gpu"], comm_bytes["intra_node"],
+                            comm_bytes["inter_node"], comm_bytes["control"]], dtype=torch.float64)
+        if self.rt.distributed:
+            dist.all_reduce(vec)
+        return vec[0].item() / self.rt.world_size, {
+            "comm_bytes_intra_gpu": int(vec[1]), "comm_bytes_intra_node": int(vec[2]),
+            "comm_bytes_inter_node": int(vec[3]), "comm_bytes_control": int(vec[4])}
+
+    def train(self, until: Optional[int] = None) -> dict:
+        """Train to ``train_iters`` (or stop early after step ``until``, saving as at the end)."""
+        cfg, rt, s = self.cfg, self.rt, self.state
+        t, lg = cfg.train, cfg.logging
+        end = min(t.train_iters, until) if until is not None else t.train_iters
+        self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
+        self.log(f"model: {num_params(self.engine.module):,} parameters; precision {cfg.precision}; "
+                 f"global batch {self.batches_per_step} x {cfg.model.seq_length} tokens")
+        bar = None
+        if rt.rank == 0 and lg.progress_bar:
+            from tqdm import tqdm
+
+            bar = tqdm(total=t.train_iters, initial=s.step, desc="train", unit="step", dynamic_ncols=True,
+                       file=sys.stdout)
+        last = {}
+        window_loss = torch.zeros((), dtype=torch.float64)
+        window_steps, window_time = 0, 0.0
+        self.engine.comm.reset_counters()
+        while s.step < end:
+            t0 = time.perf_counter()
+            stats = self.train_step()
+            window_time += time.perf_counter() - t0
+            window_loss += stats["loss"].double()
+            window_steps += 1
+            if bar is not None:
+                bar.update(1)
+            if s.step % lg.log_interval == 0 or s.step == end:
+                elapsed = window_time
+                loss, comm_bytes = self._reduce_log(window_loss / window_steps, self.engine.comm.reset_counters())
+                step_time = elapsed / window_steps
+                rec = {
+                    "loss": loss, "lr": stats["lr"], "grad_norm": stats["grad_norm"],
+                    "loss_scale": stats["loss_scale"], "skipped": stats["skipped"],
+                    "step_time_s": step_time,
+                    "samples_per_sec": self.batches_per_step / step_time,
+                    "tokens_per_sec": self.batches_per_step * cfg.model.seq_length / step_time,
+                    "tflops_per_gpu": M.tflops_per_gpu(self.flops_per_iter, step_time, rt.world_size),
+                    "peak_mem_bytes": M.peak_memory_bytes(rt.device),
+                    **{k: v // window_steps for k, v in comm_bytes.items()},
+                    "consumed_samples": s.consumed_samples,
+                }
+                if s.step == lg.log_interval or s.step == end:
+                    rec.update({f"model_state_bytes_{k}": v for k, v in self.engine.model_state_bytes().items()})
+                self.writer.log(s.step, rec)
+                last = rec
+                if bar is not None:
+                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{stats['lr']:.2e}",
+                                    tok_s=f"{rec['tokens_per_sec']:.0f}", refresh=False)
+                window_loss.zero_()
+                window_steps, window_time = 0, 0.0
+            if lg.eval_interval and s.step % lg.eval_interval == 0 and self.valid_batches is not None:
+                ev = self.evaluate()
+                self.writer.log(s.step, {"eval_loss": ev, "eval_ppl": math.exp(min(ev, 50))})
+                last["eval_loss"] = ev
+            c = cfg.checkpoint
+            if c.save and c.checkpoint_factor and s.step % c.checkpoint_factor == 0 and s.step < end:
+                self.save()
+        if bar is not None:
+            bar.close()
+        if cfg.checkpoint.save:
+            last["checkpoint"] = self.save()
+        self.writer.close()
+        return last
