@@ -1,0 +1,94 @@
+"""Megatron's blending of several datasets with weights.
+
+Sample ``i`` of the blend comes from the dataset whose share so far lags its weight the most
+(``argmax_d weight_d * max(i, 1) - taken_d``, first on ties): a deterministic interleaving whose
+counts track the weights within one sample at every prefix. Each dataset is asked for
+``ceil(weight * num_samples * 1.005)`` samples, as GPT-NeoX/Megatron do.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .cache import IndexCache, short_hash
+from .errors import DataError
+
+BLEND_VERSION = 1
+
+
+def normalize_weights(weights: Optional[Sequence[float]], n: int, what: str) -> list[float]:
+    if weights is None:
+        weights = [1.0] * n
+    weights = [float(w) for w in weights]
+    if len(weights) != n:
+        raise DataError(f"{what}: {len(weights)} weights for {n} datasets; give one weight per path")
+    if any(not w > 0 for w in weights):
+        raise DataError(f"{what}: weights {weights} must all be positive (leave a path out rather than "
+                        f"giving it weight 0)")
+    total = sum(weights)
+    return [w / total for w in weights]
+
+
+def samples_per_dataset(weights: Sequence[float], num_samples: int) -> list[int]:
+    return [int(math.ceil(num_samples * w * 1.005)) for w in weights]
+
+
+def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset index per sample, sample index inside that dataset), Megatron's helpers.cpp."""
+    n = len(weights)
+    dataset_index = np.empty(size, np.uint8 if n < 256 else np.int32)
+    dataset_sample_index = np.empty(size, np.int64)
+    w = [float(x) for x in weights]
+    taken = [0] * n
+    ds_out, sample_out = [0] * size, [0] * size
+    rng = range(1, n)
+    for i in range(size):
+        x = i or 1  # max(i, 1)
+        best, best_err = 0, w[0] * x - taken[0]
+        for d in rng:
+            err = w[d] * x - taken[d]
+            if err > best_err:
+                best, best_err = d, err
+        ds_out[i] = best
+        sample_out[i] = taken[best]
+        taken[best] += 1
+    dataset_index[:] = ds_out
+    dataset_sample_index[:] = sample_out
+    return dataset_index, dataset_sample_index
+
+
+class BlendedDataset:
+    """``len(ds) == num_samples``; ``ds[i]`` is sample ``dataset_sample_index[i]`` of dataset
+    ``dataset_index[i]``."""
+
+    def __init__(self, name: str, datasets: list, weights: Sequence[float], num_samples: int,
+                 cache: Optional[IndexCache], cache_key: Optional[dict] = None):
+        self.name, self.datasets, self.weights, self.size = name, datasets, list(weights), num_samples
+
+        def build():
+            di, si = build_blending_indices(self.weights, num_samples)
+            return {"dataset_index": di, "dataset_sample_index": si}
+
+        keys = ("dataset_index", "dataset_sample_index")
+        if cache is None:
+            arrays = build()
+        else:
+            params = {"version": BLEND_VERSION, "weights": self.weights, "num_samples": num_samples,
+                      "datasets": cache_key or {}}
+            arrays = cache.get(f"blend_{name}_{num_samples}ns_{short_hash(params)}", params, keys, build)
+        self.dataset_index, self.dataset_sample_index = arrays["dataset_index"], arrays["dataset_sample_index"]
+        counts = np.bincount(np.asarray(self.dataset_index), minlength=len(datasets))
+        for d, (c, ds) in enumerate(zip(counts, datasets)):
+            if c > len(ds):
+                raise DataError(f"{name} blend: dataset {d} is asked for {c} samples but has {len(ds)}")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, idx) -> np.ndarray:
+        idx = int(idx)
+        if not 0 <= idx < self.size:
+            raise IndexError(f"{self.name} sample {idx} out of range ({self.size} samples)")
+        return self.datasets[int(self.dataset_index[idx])][int(self.dataset_sample_index[idx])]

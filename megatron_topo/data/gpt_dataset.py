@@ -1,0 +1,186 @@
+"""Megatron's GPT dataset: fixed-length samples cut across document boundaries.
+
+Per dataset split (a range of documents) and a requested number of samples, three index
+arrays are built from ``np.random.RandomState(seed)`` exactly as Megatron-LM's legacy
+``gpt_dataset.py`` does (same RNG calls, same order):
+
+- ``doc_idx``: the split's documents repeated for as many epochs as the samples need, shuffled
+  (the last epoch shuffled separately when it is used for less than 80% of its samples);
+- ``sample_idx[i] = (position in doc_idx, token offset)`` where sample ``i`` starts; sample ``i``
+  is the ``seq_length + 1`` tokens starting at global token ``i * seq_length`` of the
+  concatenated ``doc_idx`` documents (consecutive samples share one token: inputs and labels);
+- ``shuffle_idx``: a permutation of the samples.
+
+"Documents" are the index's sequences (GPT-NeoX/Megatron semantics; one per document in the
+files our preprocessing writes).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import numpy as np
+
+from .cache import IndexCache, short_hash
+from .errors import DataError
+from .indexed_dataset import MMapIndexedDataset, index_file_path
+
+INDEX_VERSION = 1
+LAST_EPOCH_THRESHOLD = 0.80
+
+
+def parse_split(split: str) -> list[float]:
+    """``"949,50,1"`` (or ``"949/50/1"``, fewer parts padded with 0) -> normalised weights."""
+    bad = DataError(f"split '{split}': expected up to 3 non-negative numbers with a positive sum, "
+                    f"e.g. 949,50,1")
+    try:
+        parts = [float(s) for s in str(split).replace("/", ",").split(",") if s.strip() != ""]
+    except ValueError:
+        raise bad from None
+    if not parts or len(parts) > 3 or any(p < 0 or p != p for p in parts) or sum(parts) <= 0:
+        raise bad
+    parts += [0.0] * (3 - len(parts))
+    total = sum(parts)
+    return [p / total for p in parts]
+
+
+def split_ranges(split: str, size: int) -> list[tuple[int, int]]:
+    """Megatron's ``get_train_valid_test_split_``: [start, end) of train, valid, test."""
+    weights = parse_split(split)
+    index = [0]
+    for w in weights:
+        index.append(index[-1] + int(round(w * float(size))))
+    diff = index[-1] - size
+    index = [index[0]] + [i - diff for i in index[1:]]
+    return [(index[k], index[k + 1]) for k in range(3)]
+
+
+def num_epochs_needed(tokens_per_epoch: int, seq_length: int, num_samples: int) -> int:
+    """Smallest number of epochs whose tokens give ``num_samples`` samples (one token overlaps)."""
+    need = num_samples * seq_length + 1
+    return max(1, -(-need // tokens_per_epoch))
+
+
+def build_doc_idx(documents: np.ndarray, num_epochs: int, rng, separate_last_epoch: bool) -> np.ndarray:
+    if not separate_last_epoch or num_epochs == 1:
+        doc_idx = np.tile(np.asarray(documents, np.int64), num_epochs)
+        doc_idx = doc_idx.astype(np.int32) if doc_idx.size and doc_idx.max() < 2**31 else doc_idx
+        rng.shuffle(doc_idx)
+        return doc_idx
+    first = build_doc_idx(documents, num_epochs - 1, rng, False)
+    last = build_doc_idx(documents, 1, rng, False)
+    return np.concatenate((first, last))
+
+
+def build_sample_idx(sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, num_samples: int,
+                     chunk: int = 1 << 24) -> np.ndarray:
+    """``(num_samples + 1, 2)`` array of (doc_idx position, offset) where each sample starts
+    (the last row is where the last sample's final token lies)."""
+    lengths = np.asarray(sizes)[doc_idx].astype(np.int64)
+    ends = np.cumsum(lengths)
+    big = ends.size >= 2**31
+    out = np.empty((num_samples + 1, 2), np.int64 if big else np.int32)
+    for lo in range(0, num_samples + 1, chunk):
+        starts = np.arange(lo, min(num_samples + 1, lo + chunk), dtype=np.int64) * seq_length
+        pos = np.searchsorted(ends, starts, side="right")
+        out[lo: lo + starts.size, 0] = pos
+        out[lo: lo + starts.size, 1] = starts - (ends[pos] - lengths[pos])
+    return out
+
+
+def build_shuffle_idx(num_samples: int, total_size: int, rng) -> np.ndarray:
+    dtype = np.uint32 if total_size < np.iinfo(np.uint32).max - 1 else np.int64
+    first = np.arange(num_samples, dtype=dtype)
+    rng.shuffle(first)
+    if num_samples == total_size:
+        return first
+    last = np.arange(num_samples, total_size, dtype=dtype)
+    rng.shuffle(last)
+    return np.concatenate((first, last))
+
+
+def build_index_mappings(sizes: np.ndarray, documents: np.ndarray, num_samples: int, seq_length: int,
+                         seed: int) -> dict[str, np.ndarray]:
+    tokens_per_epoch = int(np.asarray(sizes)[documents].sum(dtype=np.int64))
+    num_epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
+    rng = np.random.RandomState(seed=seed)
+    separate_last_epoch = False
+    if num_epochs > 1:
+        from_earlier_epochs = ((num_epochs - 1) * tokens_per_epoch - 1) // seq_length
+        last_epoch_samples = num_samples - from_earlier_epochs
+        per_epoch = (tokens_per_epoch - 1) // seq_length
+        separate_last_epoch = last_epoch_samples < int(LAST_EPOCH_THRESHOLD * per_epoch)
+    doc_idx = build_doc_idx(documents, num_epochs, rng, separate_last_epoch)
+    total = (num_epochs * tokens_per_epoch - 1) // seq_length
+    sample_idx = build_sample_idx(sizes, doc_idx, seq_length, total)
+    first = from_earlier_epochs if separate_last_epoch else total
+    shuffle_idx = build_shuffle_idx(first, total, rng)
+    return {"doc_idx": doc_idx, "sample_idx": sample_idx, "shuffle_idx": shuffle_idx}
+
+
+def data_fingerprint(ds: MMapIndexedDataset) -> dict:
+    """What identifies a dataset's contents cheaply (a rewritten dataset changes it)."""
+    return {"idx_bytes": os.path.getsize(index_file_path(ds.prefix)), "bin_bytes": ds.bin_size,
+            "sequences": len(ds), "tokens": ds.num_tokens, "dtype": ds.dtype.name}
+
+
+class GPTDataset:
+    """``ds[i]`` -> int64 array of ``seq_length + 1`` tokens; ``len(ds)`` >= ``num_samples``."""
+
+    def __init__(self, name: str, indexed: MMapIndexedDataset, doc_range: tuple[int, int], num_samples: int,
+                 seq_length: int, seed: int, cache: Optional[IndexCache]):
+        self.name, self.indexed, self.seq_length = name, indexed, seq_length
+        start, end = doc_range
+        tokens = int(indexed.sizes[start:end].sum(dtype=np.int64))
+        if tokens < 2:
+            raise DataError(f"{indexed.prefix}: the {name} split (documents {start}..{end}) has {tokens} "
+                            f"tokens; a sample needs at least 2 (change split or add data)")
+        if num_samples < 1 or seq_length < 1:
+            raise DataError(f"{name}: num_samples {num_samples} and seq_length {seq_length} must be >= 1")
+        params = {"version": INDEX_VERSION, "prefix": os.path.abspath(indexed.prefix), "split": name,
+                  "documents": [start, end], "num_samples": num_samples, "seq_length": seq_length,
+                  "seed": seed, "data": data_fingerprint(indexed)}
+        documents = np.arange(start, end, dtype=np.int64)
+
+        def build():
+            return build_index_mappings(indexed.sizes, documents, num_samples, seq_length, seed)
+
+        keys = ("doc_idx", "sample_idx", "shuffle_idx")
+        if cache is None:
+            arrays = build()
+        else:
+            base = os.path.basename(indexed.prefix)
+            tag = f"{base}_{name}_{num_samples}ns_{seq_length}sl_{seed}s_{short_hash(params['prefix'], 8)}"
+            arrays = cache.get(tag, params, keys, build)
+            self._cache_files = cache.paths(tag, keys)[1]
+        self.doc_idx, self.sample_idx, self.shuffle_idx = (arrays[k] for k in keys)
+
+    def __len__(self) -> int:
+        return len(self.shuffle_idx)
+
+    def __getitem__(self, idx) -> np.ndarray:
+        idx = int(idx)
+        if not 0 <= idx < len(self):
+            raise IndexError(f"{self.name} sample {idx} out of range ({len(self)} samples)")
+        i = int(self.shuffle_idx[idx])
+        (f, off_f), (last, off_l) = self.sample_idx[i].tolist(), self.sample_idx[i + 1].tolist()
+        ds, doc_idx = self.indexed, self.doc_idx
+        if f == last:
+            return ds.get(int(doc_idx[f]), off_f, off_l - off_f + 1).astype(np.int64)
+        parts = [ds.get(int(doc_idx[f]), off_f)]
+        parts += [ds.get(int(doc_idx[k])) for k in range(f + 1, last)]
+        parts.append(ds.get(int(doc_idx[last]), 0, off_l + 1))
+        return np.concatenate(parts).astype(np.int64)
+
+    def __getstate__(self):  # DataLoader workers: re-map instead of copying the arrays
+        state = dict(self.__dict__)
+        files = state.get("_cache_files")
+        if files:
+            for k in files:
+                state.pop(k)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        for k, path in (state.get("_cache_files") or {}).items():
+            setattr(self, k, np.load(path, mmap_mode="r"))

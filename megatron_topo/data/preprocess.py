@@ -1,0 +1,216 @@
+"""Corpus -> ``{PREFIX}_{key}_document.bin/.idx`` (GPT-NeoX's preprocess_data.py, in parallel).
+
+The main process reads input chunks (decompressing ``.zst``), hands them to worker processes
+(JSON parsing + tokenization), and writes the results in input order, so the output does not
+depend on the number of workers. At most a few chunks are in flight (bounded memory). Output
+files are written under temporary names and only renamed into place after the whole run
+succeeded: a failed run leaves existing output untouched.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Optional
+
+import numpy as np
+
+from .corpus import Chunk, expand_inputs, input_kind, iter_chunks, parse_json_line, read_text_file
+from .errors import DataError
+from .indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
+from .tokenizer import Tokenizer, build_tokenizer
+
+MAX_WARNINGS = 20
+
+
+@dataclass
+class PreprocessStats:
+    documents: int = 0
+    tokens: int = 0
+    input_bytes: int = 0
+    seconds: float = 0.0
+    skipped: int = 0  # bad lines / unreadable files skipped under skip_bad_lines
+    empty: int = 0  # documents with empty text (not written)
+    dtype: str = ""
+    workers: int = 1
+    outputs: dict = field(default_factory=dict)  # key -> output prefix
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.input_bytes / 1e6 / max(self.seconds, 1e-9)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / max(self.seconds, 1e-9)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mb_per_s": self.mb_per_s, "tokens_per_s": self.tokens_per_s}
+
+
+# ------------------------------------------------------------------------------ worker side
+_W: dict = {}
+
+
+def init_worker(tokenizer_type, vocab_file, vocab_size, keys, append_eod, dtype) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker
+    _W.update(tok=build_tokenizer(tokenizer_type, vocab_file, vocab_size), keys=tuple(keys),
+              append_eod=append_eod, dtype=np.dtype(dtype))
+
+
+def encode_chunk(chunk: Chunk) -> dict:
+    """Parse and tokenize one chunk. Returns per key the token bytes (output dtype) and document
+    lengths, plus ``errors`` as (where, reason) in input order."""
+    tok: Tokenizer = _W["tok"]
+    keys, errors, texts, empty = _W["keys"], [], [], 0
+    for i, item in enumerate(chunk.items):
+        where = item if chunk.kind == "text" else f"{chunk.path}:{chunk.first_line + i}"
+        try:
+            values = [read_text_file(item)] if chunk.kind == "text" else parse_json_line(item, keys)
+        except (ValueError, OSError) as e:
+            errors.append((where, str(e)))
+            continue
+        if values is not None:
+            texts.append((where, values))
+    out = {}
+    for k, key in enumerate(keys):
+        docs = [(where, v[k]) for where, v in texts if v[k]]
+        empty += len(texts) - len(docs)
+        arrays = _tokenize_all(tok, docs, errors)
+        if _W["append_eod"]:
+            arrays = [np.append(a, tok.eod) for a in arrays]
+        lengths = np.fromiter((a.size for a in arrays), np.int64, len(arrays))
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        if flat.size and (flat.min() < 0 or flat.max() >= tok.vocab_size):
+            bad = int(flat.max() if flat.max() >= tok.vocab_size else flat.min())
+            errors.append((chunk.path, f"tokenizer produced id {bad}, outside [0, {tok.vocab_size})"))
+            flat, lengths = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        out[key] = (flat.astype(_W["dtype"]).tobytes(), lengths)
+    errors.sort(key=lambda e: _order(e[0], chunk))
+    return {"out": out, "errors": errors, "empty": empty, "nbytes": chunk.nbytes}
+
+
+def _tokenize_all(tok: Tokenizer, docs, errors) -> list[np.ndarray]:
+    try:
+        return tok.tokenize_batch([text for _, text in docs])
+    except DataError:  # find which document(s) the tokenizer rejects
+        arrays = []
+        for where, text in docs:
+            try:
+                arrays.append(tok.tokenize_array(text))
+            except DataError as e:
+                errors.append((where, str(e)))
+        return arrays
+
+
+def _order(where: str, chunk: Chunk) -> int:
+    if chunk.kind == "text":
+        return chunk.items.index(where) if where in chunk.items else len(chunk.items)
+    try:
+        return int(where.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return 1 << 62
+
+
+# ------------------------------------------------------------------------------ main side
+def output_prefix_for(output_prefix: str, key: str) -> str:
+    return f"{output_prefix}_{key}_document"
+
+
+def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = "ByteLevel",
+               vocab_file: Optional[str] = None, keys: Iterable[str] = ("text",), append_eod: bool = False,
+               workers: int = 1, skip_bad_lines: bool = False, vocab_size: Optional[int] = None,
+               progress: bool = True, warn: Optional[Callable[[str], None]] = None) -> PreprocessStats:
+    """Tokenize ``inputs`` into ``{output_prefix}_{key}_document.bin/.idx`` for every key."""
+    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    keys = tuple(keys)
+    if not keys:
+        raise DataError("--jsonl-keys: give at least one key (e.g. text)")
+    if workers < 1:
+        raise DataError(f"--workers {workers}: must be >= 1")
+    tok = build_tokenizer(tokenizer_type, vocab_file, vocab_size)
+    if append_eod:
+        tok.eod  # noqa: B018 - raises a DataError now if the tokenizer has none
+    files = expand_inputs(inputs)
+    if len(keys) > 1 and any(input_kind(f) == "text" for f in files):
+        raise DataError(f"plain-text inputs hold one field; use one --jsonl-keys value, not {' '.join(keys)}")
+    dtype = best_fitting_dtype(tok.vocab_size)
+    stats = PreprocessStats(dtype=np.dtype(dtype).name, workers=workers,
+                            outputs={k: output_prefix_for(output_prefix, k) for k in keys})
+    init_args = (tokenizer_type, vocab_file, vocab_size, keys, append_eod, np.dtype(dtype).str)
+    builders = {}
+    pool = None
+    t0 = time.perf_counter()
+    try:
+        for k in keys:
+            builders[k] = MMapIndexedDatasetBuilder(stats.outputs[k], dtype)
+        if workers > 1:
+            pool = mp.get_context("spawn").Pool(workers, initializer=init_worker, initargs=init_args)
+        else:
+            init_worker(*init_args)
+        total = None if any(f.endswith(".zst") for f in files) else sum(os.path.getsize(f) for f in files)
+        bar = _progress_bar(total, progress)
+        for result in _run(pool, iter_chunks(files), 2 * workers + 2):
+            _consume(result, builders, stats, skip_bad_lines, warn)
+            bar.update(result["nbytes"])
+            bar.set_postfix(docs=stats.documents, tokens=stats.tokens, refresh=False)
+        bar.close()
+        if stats.documents == 0:
+            raise DataError(f"no documents found in {', '.join(map(str, inputs))} (empty input"
+                            f"{'; every line was bad' if stats.skipped else ''})")
+        for b in builders.values():
+            b.finalize()
+    except BaseException:
+        for b in builders.values():
+            b.abort()
+        if pool is not None:
+            pool.terminate()
+        raise
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    stats.seconds = time.perf_counter() - t0
+    if stats.skipped > MAX_WARNINGS:
+        warn(f"{stats.skipped} bad lines/files skipped in all ({stats.skipped - MAX_WARNINGS} not shown)")
+    return stats
+
+
+def _run(pool, chunks, window: int):
+    """Results of ``encode_chunk`` over ``chunks`` in order, with at most ``window`` in flight."""
+    if pool is None:
+        for chunk in chunks:
+            yield encode_chunk(chunk)
+        return
+    pending: deque = deque()
+    for chunk in chunks:
+        pending.append(pool.apply_async(encode_chunk, (chunk,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+def _consume(result: dict, builders: dict, stats: PreprocessStats, skip_bad_lines: bool, warn) -> None:
+    for where, reason in result["errors"]:
+        if not skip_bad_lines:
+            raise DataError(f"{where}: {reason}; use --skip-bad-lines to skip such lines")
+        stats.skipped += 1
+        if stats.skipped <= MAX_WARNINGS:
+            warn(f"{where}: {reason} (skipped)")
+    for key, (data, lengths) in result["out"].items():
+        builders[key].add_documents(data, lengths)
+    first = next(iter(builders))
+    stats.documents = builders[first].num_documents
+    stats.tokens = sum(b.num_tokens for b in builders.values())
+    stats.empty += result["empty"]
+    stats.input_bytes += result["nbytes"]
+
+
+def _progress_bar(total, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1000, desc="preprocess",
+                disable=not enabled, mininterval=0.5 if sys.stderr.isatty() else 10.0, file=sys.stderr)
