@@ -1,0 +1,306 @@
+"""Block INT8/INT4 quantization: properties of the reference (the format definition) and the API."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import kernels
+from kernels import reference as R
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+BLOCKS = [64, 128, 512, 2048, 8192]
+QMAX = {8: 127, 4: 7}
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def assert_bitwise_equal(a, b):
+    """Equal bit patterns (so -0.0 != +0.0); NaNs only need to be NaN in the same places."""
+    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    if not a.dtype.is_floating_point:
+        assert torch.equal(a, b), f"{(a != b).sum()} of {a.numel()} differ"
+        return
+    na, nb = a.isnan(), b.isnan()
+    assert torch.equal(na, nb), "NaN positions differ"
+    ai, bi = a.view(INT_VIEW[a.dtype])[~na], b.view(INT_VIEW[b.dtype])[~nb]
+    assert torch.equal(ai, bi), f"{(ai != bi).sum()} of {ai.numel()} differ"
+
+
+def make_input(n, dtype, seed, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    # mixed magnitudes per block so both tiny and large scales occur
+    mags = torch.logspace(-4, 2, 7)[torch.randint(0, 7, (n,), generator=g)]
+    return (torch.randn(n, generator=g) * mags * scale).to(dtype)
+
+
+def padded_fp32(x, block_size):
+    flat = x.reshape(-1).float()
+    nb = R.num_blocks(flat.numel(), block_size)
+    out = torch.zeros(nb * block_size)
+    out[:flat.numel()] = flat
+    return out.view(nb, block_size)
+
+
+def check_roundtrip(x, bits, block_size):
+    n = x.numel()
+    q, s = R.quantize(x, bits, block_size)
+    nb = R.num_blocks(n, block_size)
+    assert s.shape == (nb,) and s.dtype == torch.float32
+    assert q.shape == (R.payload_nbytes(n, bits, block_size),)
+    assert q.dtype == (torch.int8 if bits == 8 else torch.uint8)
+    xp = padded_fp32(x, block_size)
+    assert_bitwise_equal(s, xp.abs().amax(1) / QMAX[bits] if nb else s)
+    vals = (q if bits == 8 else R.unpack_int4(q)).view(nb, block_size)
+    assert vals.abs().max() <= QMAX[bits] if nb else True
+    d = R.dequantize(q, s, bits, block_size, n)
+    assert d.shape == (n,) and d.dtype == torch.float32
+    # |x - deq| <= scale/2, up to the fp32 rounding of x/scale and of q*scale (~2**-17 relative)
+    err = (xp.double() - padded_fp32(d, block_size).double()).abs()
+    bound = s.double()[:, None] * (0.5 + 2.0 ** -15)
+    normal = s >= torch.finfo(torch.float32).tiny
+    assert bool((err[normal] <= bound[normal]).all()), float((err - bound)[normal].max())
+    for dt in (torch.bfloat16, torch.float16):
+        assert_bitwise_equal(R.dequantize(q, s, bits, block_size, n, dt), d.to(dt))
+    return q, s, d
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", BLOCKS)
+def test_roundtrip_sweep(bits, dtype, block_size):
+    for i, n in enumerate([1, block_size - 1, block_size, block_size + 1, 3 * block_size + 37]):
+        check_roundtrip(make_input(n, dtype, seed=1000 * block_size + i), bits, block_size)
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 40000), bits=st.sampled_from([8, 4]), dtype=st.sampled_from(DTYPES),
+       log_b=st.integers(6, 13), seed=st.integers(0, 2 ** 31))
+def test_roundtrip_hypothesis(n, bits, dtype, log_b, seed):
+    check_roundtrip(make_input(n, dtype, seed), bits, 2 ** log_b)
+
+
+def test_any_shape_and_strides_flatten():
+    x = make_input(64 * 30, torch.float32, 5).view(30, 64).t()  # non-contiguous
+    for bits in (8, 4):
+        a, b = R.quantize(x, bits, 128), R.quantize(x.reshape(-1).clone(), bits, 128)
+        assert_bitwise_equal(a[0], b[0])
+        assert_bitwise_equal(a[1], b[1])
+
+
+def test_round_half_to_even_and_int8_layout():
+    x = torch.zeros(128)
+    x[0] = 127.0  # scale = 1 in block 0
+    halves = torch.tensor([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -126.5, 3.49, -3.51])
+    x[1:11] = halves
+    q, s = R.quantize(x, 8, 64)
+    assert s[0].item() == 1.0 and s[1].item() == 0.0
+    assert q[:11].tolist() == [127, 0, 2, 2, 0, -2, -2, 126, -126, 3, -4]
+    assert q[11:].abs().sum() == 0
+
+
+def test_int4_pack_layout_hand_example():
+    x = torch.zeros(64)
+    x[:8] = torch.tensor([7.0, -7.0, 1.0, -1.0, 0.0, 3.0, -6.0, 2.0])  # scale = 1
+    q, s = R.quantize(x, 4, 64)
+    assert s.tolist() == [1.0]
+    # byte i = (q[2i] & 0xF) | (q[2i+1] & 0xF) << 4, 4-bit two's complement
+    assert q[:4].tolist() == [0x97, 0xF1, 0x30, 0x2A]
+    assert q[4:].sum() == 0
+    assert R.unpack_int4(q)[:8].tolist() == [7, -7, 1, -1, 0, 3, -6, 2]
+    assert R.pack_int4(torch.tensor([-8, 7, -1, 0], dtype=torch.int8)).tolist() == [0x78, 0x0F]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_zero_blocks_exact(bits, dtype):
+    x = make_input(64 * 6 + 10, dtype, 7)
+    x[64:128] = 0.0
+    x[256:320] = -0.0
+    x[384:] = 0.0  # ragged last block, all zero
+    q, s, d = check_roundtrip(x, bits, 64)
+    for blk in (1, 4, 6):
+        assert s[blk].item() == 0.0 and not torch.signbit(s[blk])
+        assert (d[blk * 64:(blk + 1) * 64].view(torch.int32) == 0).all()  # exact +0.0
+    assert (s[[0, 2, 3, 5]] > 0).all()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_propagates_as_nan_blocks(bits, dtype, bad):
+    B = 64
+    x = make_input(B * 5 + 7, dtype, 11)
+    clean = x.clone()
+    x[B + 3] = bad
+    x[4 * B + 1:4 * B + 9] = bad
+    x[5 * B + 2] = bad  # ragged block
+    q, s = R.quantize(x, bits, B)
+    assert s[[1, 4, 5]].isnan().all() and not s[[0, 2, 3]].isnan().any()
+    width = B if bits == 8 else B // 2
+    qr = q.view(-1, width)
+    assert (qr[[1, 4, 5]] == 0).all()
+    d = R.dequantize(q, s, bits, B, x.numel()).view(-1)
+    assert d[B:2 * B].isnan().all() and d[4 * B:].isnan().all()
+    qc, sc = R.quantize(clean, bits, B)  # untouched blocks are unaffected
+    for blk in (0, 2, 3):
+        assert torch.equal(qr[blk], qc.view(-1, width)[blk]) and s[blk] == sc[blk]
+    # NaN survives the fused reduction and the requantization
+    qs, ss = torch.stack([q, qc]), torch.stack([s, sc])
+    tot = R.dequantize_sum(qs, ss, bits, B, x.numel())
+    assert tot[B:2 * B].isnan().all() and not tot[:B].isnan().any()
+    q2, s2 = R.dequantize_sum_requantize(qs, ss, bits, B)
+    assert s2[[1, 4, 5]].isnan().all() and not s2[[0, 2, 3]].isnan().any()
+
+
+def _stack(n, bits, B, k, dtype, seed):
+    qs, ss = zip(*(R.quantize(make_input(n, dtype, seed + i), bits, B) for i in range(k)))
+    return torch.stack(qs), torch.stack(ss)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("B,n,k", [(64, 1000, 1), (64, 4099, 3), (512, 3 * 512, 8),
+                                   (8192, 9000, 2), (2048, 2 ** 20 + 5, 4)])
+def test_dequantize_sum_equals_separate_ops(bits, B, n, k):
+    q_stack, s_stack = _stack(n, bits, B, k, torch.bfloat16, seed=n + k)
+    ref = R.dequantize(q_stack[0], s_stack[0], bits, B, n)
+    for i in range(1, k):
+        ref = ref + R.dequantize(q_stack[i], s_stack[i], bits, B, n)
+    assert_bitwise_equal(R.dequantize_sum(q_stack, s_stack, bits, B, n), ref)
+    out = torch.randn(n)
+    expect = out + ref
+    got = R.dequantize_sum(q_stack, s_stack, bits, B, n, out=out, accumulate=True)
+    assert got is out
+    assert_bitwise_equal(out, expect)
+    out2 = torch.full((n,), 5.0)
+    assert R.dequantize_sum(q_stack, s_stack, bits, B, n, out=out2) is out2
+    assert_bitwise_equal(out2, ref)
+    # the fused requantization equals the separate ops over the padded length
+    nb = R.num_blocks(n, B)
+    for out_bits in (bits, 12 - bits):
+        qf, sf = R.dequantize_sum_requantize(q_stack, s_stack, bits, B, out_bits=out_bits)
+        qe, se = R.quantize(R.dequantize_sum(q_stack, s_stack, bits, B, nb * B), out_bits, B)
+        assert_bitwise_equal(qf, qe)
+        assert_bitwise_equal(sf, se)
+
+
+def _slice_perm(t, perm):
+    sl = t.view(len(perm), -1)
+    return torch.cat([sl[p] for p in perm])
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("perm", [[0], [1, 0], [2, 0, 3, 1], [0, 4, 1, 5, 2, 6, 3, 7]])
+def test_quantize_reordered(bits, dtype, perm):
+    B = 128
+    x = make_input(len(perm) * B * 3, dtype, len(perm))
+    q, s = R.quantize_reordered(x, bits, B, perm)
+    qe, se = R.quantize(_slice_perm(x, perm), bits, B)
+    assert_bitwise_equal(q, qe)
+    assert_bitwise_equal(s, se)
+    inv = R.inverse_permutation(perm)
+    assert [perm[i] for i in inv] == list(range(len(perm)))
+    back = _slice_perm(R.dequantize(q, s, bits, B, x.numel()), inv)
+    q0, s0 = R.quantize(x, bits, B)
+    assert_bitwise_equal(back, R.dequantize(q0, s0, bits, B, x.numel()))
+    q1, s1 = R.quantize_reordered(x, bits, B, torch.tensor(perm))
+    assert torch.equal(q1, q)
+
+
+def test_quantize_reordered_size_errors():
+    with pytest.raises(ValueError, match=r"numel\(\)=1000.*len\(perm\)=3"):
+        R.quantize_reordered(torch.zeros(1000), 8, 64, [0, 2, 1])
+    with pytest.raises(ValueError, match=r"slice length 96.*block_size=64"):
+        R.quantize_reordered(torch.zeros(192), 8, 64, [0, 1])
+    with pytest.raises(ValueError, match="permutation"):
+        R.quantize_reordered(torch.zeros(256), 8, 64, [0, 0])
+    with pytest.raises(ValueError, match="permutation"):
+        R.inverse_permutation([1, 2])
+
+
+def test_empty_tensor():
+    for bits in (8, 4):
+        q, s = kernels.quantize(torch.zeros(0), bits, 64)
+        assert q.numel() == 0 and s.numel() == 0
+        assert kernels.dequantize(q, s, bits, 64, 0).numel() == 0
+
+
+def test_sizes():
+    assert kernels.num_blocks(1000, 64) == 16 and kernels.num_blocks(0, 64) == 0
+    assert kernels.payload_nbytes(1000, 8, 64) == 1024
+    assert kernels.payload_nbytes(1000, 4, 64) == 512
+
+
+def test_argument_validation():
+    x = torch.randn(1000)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        kernels.quantize(x, 3, 64)
+    for bad in (32, 100, 16384, 64.0):
+        with pytest.raises(ValueError, match="power of two in"):
+            kernels.quantize(x, 8, bad)
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        kernels.quantize(x.double(), 8, 64)
+    q, s = kernels.quantize(x, 8, 64)
+    with pytest.raises(ValueError, match="payload has 1024 elements, expected 2048"):
+        kernels.dequantize(q, s, 8, 64, 2000)
+    with pytest.raises(ValueError, match="int8"):
+        kernels.dequantize(q.view(torch.uint8), s, 8, 64, 1000)
+    with pytest.raises(ValueError, match="dtype must be"):
+        kernels.dequantize(q, s, 8, 64, 1000, dtype=torch.float64)
+    qs, ss = torch.stack([q, q]), torch.stack([s, s])
+    with pytest.raises(ValueError, match="mismatched stacks"):
+        kernels.dequantize_sum(qs, ss[:1], 8, 64, 1000)
+    with pytest.raises(ValueError, match="mismatched stacks"):
+        kernels.dequantize_sum(qs[:, :512], ss, 8, 64, 1000)
+    with pytest.raises(ValueError, match="2-D"):
+        kernels.dequantize_sum(q, s, 8, 64, 1000)
+    with pytest.raises(ValueError, match="accumulate=True needs an out"):
+        kernels.dequantize_sum(qs, ss, 8, 64, 1000, accumulate=True)
+    with pytest.raises(ValueError, match="contiguous float32 tensor of 1000"):
+        kernels.dequantize_sum(qs, ss, 8, 64, 1000, out=torch.zeros(1000, dtype=torch.float16))
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        kernels.dequantize_sum_requantize(qs, ss, 8, 64, out_bits=2)
+
+
+def test_backend_resolution(monkeypatch):
+    x = torch.zeros(4)
+    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    assert kernels.resolve_backend(None, x) == "reference"  # auto on CPU
+    monkeypatch.setenv(kernels.ENV_VAR, "triton")
+    assert kernels.resolve_backend(None, x) == "triton"  # env read at call time
+    assert kernels.resolve_backend("reference", x) == "reference"  # argument wins
+    monkeypatch.setenv(kernels.ENV_VAR, "Reference")
+    assert kernels.resolve_backend(None, x) == "reference"
+    monkeypatch.setenv(kernels.ENV_VAR, "cuda")
+    with pytest.raises(ValueError, match="MEGATRON_TOPO_KERNELS must be one of"):
+        kernels.quantize(x, 8, 64)
+    with pytest.raises(ValueError, match="backend argument must be one of"):
+        kernels.quantize(x, 8, 64, backend="fast")
+    monkeypatch.setenv(kernels.ENV_VAR, "reference")
+    q, s = kernels.quantize(make_input(300, torch.float32, 1), 4, 64)
+    assert_bitwise_equal(kernels.dequantize_sum_requantize(q[None], s[None], 4, 64)[1],
+                         R.dequantize_sum_requantize(q[None], s[None], 4, 64)[1])
+
+
+def test_imports_and_falls_back_without_triton():
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, kernels, kernels.triton_kernels as T\n"
+        "assert not T.available() and not kernels.triton_available()\n"
+        "x = torch.randn(500)\n"
+        "q, s = kernels.quantize(x, 8, 64)\n"
+        "assert (kernels.dequantize(q, s, 8, 64, 500) - x).abs().max() <= s.max()\n"
+        "try:\n"
+        "    kernels.quantize(x, 8, 64, backend='triton')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'failed to import' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('forced triton without triton did not raise')\n"
+        "print('ok')\n")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
