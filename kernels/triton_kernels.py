@@ -8,9 +8,10 @@ How bit-exactness is kept (the reference is the definition):
   the interpreter. (Verified exhaustively against ``torch.round`` for every fp32 in [-2**10, 2**10].)
 * kernels are launched with ``enable_fp_fusion=False`` so ``acc + q*scale`` is never contracted
   into an FMA (the reference rounds the product first).
-* fp32 -> bf16 output casts are done with integer round-to-nearest-even on the bit pattern
-  (identical to the native ``cvt.rn.bf16.f32``); the interpreter's own bf16 cast truncates, so the
-  explicit version keeps one code path that is exact everywhere. fp16 uses the native cast.
+* bf16 <-> fp32 conversions are done on the bit patterns with integer ops (upcast: shift by 16;
+  downcast: round-to-nearest-even), identical to the native ``cvt`` instructions. The
+  interpreter's own bf16 casts are wrong (the downcast truncates, the upcast mangles subnormals),
+  so the explicit versions keep one code path that is exact everywhere. fp16 uses native casts.
 * absmax uses a separate non-finite flag instead of relying on NaN propagation of ``tl.max``.
 * every tile is handled as an (even, odd) pair of ``[ROWS, B/2]`` tiles, so INT8 and INT4 (two
   values per byte) share one code path; INT4 nibbles are sign-extended with integer ops.
@@ -52,6 +53,16 @@ TILE_ELEMS = 4096  # elements per program (ROWS blocks of B); B=8192 uses one bl
 def _round_clamp(y, QMAX: tl.constexpr):
     r = (y + 12582912.0) - 12582912.0  # rint (half to even) for |y| < 2**22
     return tl.minimum(tl.maximum(r, -QMAX * 1.0), QMAX * 1.0)
+
+
+@_jit
+def _load_f32(ptrs, mask, IN_BF16: tl.constexpr):
+    """Masked load (0 where masked) upcast exactly to fp32; bf16 by bit shift."""
+    if IN_BF16:
+        u = tl.load(ptrs.to(tl.pointer_type(tl.uint16)), mask=mask, other=0)
+        return (u.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
 
 
 @_jit
@@ -137,7 +148,7 @@ def _sum_pair(q_ptr, s_ptr, K, q_stride, s_stride, rows, cols, rmask, HALF: tl.c
 @_jit
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, perm_ptr, n, nblocks, rows_per_slice,
                      HALF: tl.constexpr, ROWS: tl.constexpr, BITS: tl.constexpr,
-                     QMAX: tl.constexpr, REORDER: tl.constexpr):
+                     QMAX: tl.constexpr, REORDER: tl.constexpr, IN_BF16: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < nblocks
     rows = rows.to(tl.int64)
@@ -149,8 +160,8 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, perm_ptr, n, nblocks, rows_per_slice,
         src = rows
     cols = tl.arange(0, HALF)
     offs = src[:, None] * (2 * HALF) + 2 * cols[None, :]
-    xe = tl.load(x_ptr + offs, mask=rmask[:, None] & (offs < n), other=0.0).to(tl.float32)
-    xo = tl.load(x_ptr + offs + 1, mask=rmask[:, None] & (offs + 1 < n), other=0.0).to(tl.float32)
+    xe = _load_f32(x_ptr + offs, rmask[:, None] & (offs < n), IN_BF16)
+    xo = _load_f32(x_ptr + offs + 1, rmask[:, None] & (offs + 1 < n), IN_BF16)
     qe, qo, scale = _quant_pair(xe, xo, QMAX)
     _store_q(q_ptr, s_ptr, rows, cols, rmask, qe, qo, scale, HALF, BITS)
 
@@ -247,7 +258,8 @@ def _quantize_impl(x, bits, block_size, perm):
     rows_per_slice = n // len(perm) // block_size if perm is not None else 1
     perm_t = _perm_tensor(perm, x.device) if perm is not None else scales
     _launch(_quantize_kernel, (triton.cdiv(nb, rows),), x.device, flat, q, scales, perm_t, n, nb,
-            max(rows_per_slice, 1), BITS=bits, QMAX=QMAX[bits], REORDER=perm is not None, **meta)
+            max(rows_per_slice, 1), BITS=bits, QMAX=QMAX[bits], REORDER=perm is not None,
+            IN_BF16=x.dtype == torch.bfloat16, **meta)
     return q, scales
 
 
