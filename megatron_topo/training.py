@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from . import metrics as M
 from .config import Config, ConfigError, write_effective_config
-from .model import build_model, num_params
+from .model import build_model
 from .topology import Topology, launcher_env, topology_from_config
 from .zero_topo import checkpoint as ckpt
 from .zero_topo.comm import Comm
@@ -262,7 +262,7 @@ class Trainer:
         t, lg = cfg.train, cfg.logging
         end = min(t.train_iters, until) if until is not None else t.train_iters
         self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
-        self.log(f"model: {num_params(self.engine.module):,} parameters; precision {cfg.precision}; "
+        self.log(f"model: {sum(u.numel for u in self.engine.units):,} parameters; precision {cfg.precision}; "
                  f"global batch {self.batches_per_step} x {cfg.model.seq_length} tokens")
         bar = None
         if rt.rank == 0 and lg.progress_bar:
@@ -298,7 +298,8 @@ class Trainer:
                     "consumed_samples": s.consumed_samples,
                 }
                 if s.step == lg.log_interval or s.step == end:
-                    rec.update({f"model_state_bytes_{k}": v for k, v in self.engine.model_state_bytes().items()})
+                    rec.update({f"model_state_bytes_{k}": v
+                                for k, v in self.engine.state_bytes_before_step.items()})
                 self.writer.log(s.step, rec)
                 last = rec
                 if bar is not None:

@@ -123,6 +123,8 @@ class MMapIndexedDataset:
         self.doc_idx = np.frombuffer(buf, np.int64, n_doc_idx, off + 12 * n_seq)
         self.bin_size = os.path.getsize(bin_path)
         self._bin_map = _map(bin_path)
+        if self._bin_map is not None and hasattr(mmap, "MADV_RANDOM"):
+            self._bin_map.madvise(mmap.MADV_RANDOM)  # samples are random reads: no readahead
         if verify:
             self._verify()
 

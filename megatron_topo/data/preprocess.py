@@ -124,7 +124,7 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
                workers: int = 1, skip_bad_lines: bool = False, vocab_size: Optional[int] = None,
                progress: bool = True, warn: Optional[Callable[[str], None]] = None) -> PreprocessStats:
     """Tokenize ``inputs`` into ``{output_prefix}_{key}_document.bin/.idx`` for every key."""
-    warn = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    warn = warn or _warn
     keys = tuple(keys)
     if not keys:
         raise DataError("--jsonl-keys: give at least one key (e.g. text)")
@@ -151,12 +151,11 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
         else:
             init_worker(*init_args)
         total = None if any(f.endswith(".zst") for f in files) else sum(os.path.getsize(f) for f in files)
-        bar = _progress_bar(total, progress)
-        for result in _run(pool, iter_chunks(files), 2 * workers + 2):
-            _consume(result, builders, stats, skip_bad_lines, warn)
-            bar.update(result["nbytes"])
-            bar.set_postfix(docs=stats.documents, tokens=stats.tokens, refresh=False)
-        bar.close()
+        with _progress_bar(total, progress) as bar:  # closed (ending its line) before any error shows
+            for result in _run(pool, iter_chunks(files), 2 * workers + 2):
+                _consume(result, builders, stats, skip_bad_lines, warn)
+                bar.update(result["nbytes"])
+                bar.set_postfix(docs=stats.documents, tokens=stats.tokens, refresh=False)
         if stats.documents == 0:
             raise DataError(f"no documents found in {', '.join(map(str, inputs))} (empty input"
                             f"{'; every line was bad' if stats.skipped else ''})")
@@ -207,6 +206,12 @@ def _consume(result: dict, builders: dict, stats: PreprocessStats, skip_bad_line
     stats.tokens = sum(b.num_tokens for b in builders.values())
     stats.empty += result["empty"]
     stats.input_bytes += result["nbytes"]
+
+
+def _warn(msg: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(f"warning: {msg}", file=sys.stderr)  # keeps the progress bar intact
 
 
 def _progress_bar(total, enabled: bool):

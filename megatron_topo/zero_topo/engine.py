@@ -218,6 +218,7 @@ class ZeroTopoEngine:
     @torch.no_grad()
     def step(self, lr: Optional[float] = None) -> dict:
         """Combine gradients across replicas, clip, update the optimizer shards, publish."""
+        self.state_bytes_before_step = self.model_state_bytes()  # secondaries are alive here
         grads = [u.combine_replicas() for u in self.units]
         optim_grp = self.groups.optim
         world = self.groups.world

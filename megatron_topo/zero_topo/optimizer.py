@@ -20,8 +20,17 @@ class ShardedAdamW:
         self.decay_ranges = decay_ranges
         self.weight_decay = weight_decay
         dev = self.params[0].device
+        self.fused = _fused_ok(dev)
         self.opt = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
-                                     fused=_fused_ok(dev))
+                                     fused=self.fused)
+        # allocate the moments now, as torch would lazily at the first step: memory is known up
+        # front (no surprise out-of-memory at step 1) and checkpoints always have them
+        for p in self.params:
+            self.opt.state[p] = {"step": self._step_tensor(0.0, p.device),
+                                 "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+
+    def _step_tensor(self, value: float, device) -> torch.Tensor:
+        return torch.tensor(float(value), dtype=torch.float32, device=device if self.fused else "cpu")
 
     @property
     def lr(self) -> float:
@@ -66,7 +75,7 @@ class ShardedAdamW:
             p.copy_(master)
         if exp_avg is not None:
             self.opt.state[p] = {
-                "step": torch.tensor(float(step)) if not torch.is_tensor(step) else step.clone(),
+                "step": self._step_tensor(float(step), p.device),
                 "exp_avg": exp_avg.clone().to(p.device),
                 "exp_avg_sq": exp_avg_sq.clone().to(p.device),
             }

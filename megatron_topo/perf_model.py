@@ -1,0 +1,437 @@
+"""Analytic model of a sharding plan: model-state memory, bytes per link level, step time.
+
+Pure functions over (model shape, ``Plan``, ``Topology``, ``SystemConfig``); presets are just
+inputs (``preset_plan``). Every rate comes from the ``SystemConfig`` passed in, so the same model
+runs on Frontier, a DGX, or an emulated cluster with arbitrary bandwidths and latencies.
+
+Constants and where they come from (values live in configs/frontier.yml / configs/dgx_a100.yml):
+
+======================  ==================  ===================================================
+quantity                Frontier value      source
+======================  ==================  ===================================================
+peak fp16 per GCD       191.5 TFLOP/s       AMD MI250X spec (383 TF / 2 GCDs); seed 004 §5.2.2
+measured GEMM per GCD   125 TFLOP/s         seed 004 §5.2.2 (rocBLAS bf16 32768^2 on one GCD)
+compute_efficiency      0.40 of peak        seed 004 Table 5.2: AxoNN sustains 36-41% of the
+                                            advertised peak on Frontier up to 8192 GCDs
+GCD-GCD (same MI250X)   200 GB/s/direction  ZeRO-topo §IV; DESIGN §3
+GPU-GPU (same node)     50 GB/s/direction   ZeRO-topo §IV/Table II (one IF link for cross
+                                            pairs: the bottleneck hop of an 8-GCD ring)
+NICs                    4 x 25 GB/s         ZeRO-topo Table II (4 x 200 Gb/s Slingshot-11);
+                                            seed 004 §5.2.2; one NIC per MI250X (§6.2.1)
+HBM per GCD             1600 GB/s           AMD MI250X spec (3.2 TB/s per package)
+latency per ring step   2/5/10 us           assumed order of magnitude (Slingshot MPI ~2 us,
+                        (gcd/node/inter)    De Sensi et al. SC20; RCCL proxy adds more)
+Adam model states       2+2+12 B/param      ZeRO-topo §III (K = 12), DESIGN §4
+optimizer traffic       30 B/param          fused AdamW: read grad 4 + master/m/v 12,
+                                            write master/m/v 12 + 16-bit weight 2
+======================  ==================  ===================================================
+
+Nothing is fitted per strategy. The one global quantity that is not a link or spec number is
+``compute_efficiency``; it is taken from seed 004, not fitted to the ZeRO-topo figures.
+
+FLOPs (Narayanan et al. 2021, the formula GPT-NeoX logs): one forward pass of a micro-batch of
+B sequences is ``F = 24*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))``; forward+backward is 3F and with
+activation recompute 4F. TFLOPS/GCD is reported like GPT-NeoX: 4F (3F without recompute) per
+micro-batch divided by the step time. Compute time = 4F / (peak * compute_efficiency).
+
+Communication (DESIGN §4 "Volumes"): a rank sends ``S(d-1)/d`` per all-gather, reduce-scatter or
+all-to-all and ``2S(d-1)/d`` per all-reduce, S the whole buffer in its wire dtype, M = 2*psi.
+Time of one collective = ``launches * n_units * steps * alpha + bytes_sent / beta``: the engine
+issues one collective per wrapped unit (layers + embedding + head), two when quantized (payload +
+scales); a ring has d-1 steps (2(d-1) for all-reduce), pairwise all-to-all d-1.
+
+beta per rank: ``bw_intra_gpu`` or ``bw_intra_node`` for groups inside a GPU / node. Across nodes
+the node's NICs are shared (seed 004 Eq. 5.7, ``beta_inter / min(G_node, concurrent)``):
+  * ``nic_sharing="rank"`` (default): every rank of the node that sends across nodes at once
+    shares them -- all P ranks in every inter-node collective of a plan, so beta = NICs*bw/P
+    (12.5 GB/s on Frontier: one NIC per GCD pair). This is the per-rank accounting of DESIGN §4's
+    counters and what an emulator that rate-limits each rank's cross-node sends measures.
+  * ``nic_sharing="ring"``: Eq. 5.7 read literally for flat rings: only the concurrent groups'
+    boundary hops cross the node, beta = NICs*bw / min(P, groups per node), capped by the
+    intra-node hop when a group has several ranks on one node.
+
+Overlap, as the engine does it: forward and backward all-gathers are prefetched under compute
+(per micro-batch phase time = max(compute, comm) + the first unit's gather, which nothing hides);
+the per-micro-batch gradient reduction runs under the backward pass (+ the last unit's reduction);
+the once-per-step cross-replica combine, the post-step all-gather and the optimizer step are not
+overlapped. With ``prefetch=False`` gathers are exposed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+from .config import Config, ModelConfig, SystemConfig, TopologyConfig, ZeroTopoConfig
+from .topology import LEVELS, Topology
+from .config import ConfigError
+from .zero_topo.plan import Plan, resolve_plan, validate_plan
+
+GIB = 2 ** 30
+ADAM_BYTES_PER_PARAM = 12  # fp32 master + two fp32 moments (ZeRO-topo §III, K = 12)
+OPTIMIZER_TRAFFIC_BYTES_PER_PARAM = 30
+NIC_SHARING = ("rank", "ring")
+
+# The paper's numbers the model is compared with (ZeRO-topo abstract, §II-D, §VI, Fig. 7):
+PAPER_20B_384 = {"topo/zeropp": 1.71, "topo/zero3": 2.40, "zeropp/zero3": 1.405}
+PAPER_TOPO_SCALING_EFFICIENCY = 0.94  # 20B, TFLOPS/GCD at 384 GCDs over 8 GCDs
+PAPER_MAX_PARAMS_16_GCDS = {"zero3": 68.7e9, "zeropp": 55e9}  # §II-A, model states only
+
+
+# ----------------------------------------------------------------------------- model shape
+@dataclass(frozen=True)
+class Shape:
+    num_layers: int
+    hidden_size: int
+    seq_length: int
+    vocab_size: int
+    no_weight_tying: bool = True
+
+    @classmethod
+    def from_config(cls, m: ModelConfig) -> "Shape":
+        return cls(m.num_layers, m.hidden_size, m.seq_length, m.vocab_size, m.no_weight_tying)
+
+    @property
+    def params(self) -> int:
+        """GPT-NeoX: per layer 12h^2 + 13h (QKV, dense, 4h MLP, biases, 2 LayerNorms);
+        embedding V*h (+ an untied head V*h); final LayerNorm 2h; rotary has no parameters."""
+        h, V = self.hidden_size, self.vocab_size
+        emb = V * h * (2 if self.no_weight_tying else 1)
+        return self.num_layers * (12 * h * h + 13 * h) + emb + 2 * h
+
+    @property
+    def units(self) -> int:
+        """Wrapped units of the engine: every layer, the embedding, the head."""
+        return self.num_layers + 2
+
+    def forward_flops(self, micro_batch: int) -> float:
+        B, s, l, h, V = micro_batch, self.seq_length, self.num_layers, self.hidden_size, self.vocab_size
+        return 24.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
+
+    def step_flops(self, micro_batch: int, recompute: bool) -> float:
+        """FLOPs per micro-batch as GPT-NeoX counts them (4F with recompute, else 3F)."""
+        return (4.0 if recompute else 3.0) * self.forward_flops(micro_batch)
+
+
+# ---------------------------------------------------------------------------------- plans
+def topology_for(gcds: int, tcfg: TopologyConfig) -> Topology:
+    """The topology of ``gcds`` ranks laid out as in ``tcfg`` (a partial node if fewer)."""
+    G = tcfg.gcds_per_gpu
+    per_node = G * (tcfg.gpus_per_node or max(1, gcds // G))
+    if gcds < per_node:
+        return Topology(world_size=gcds, gcds_per_gpu=min(G, gcds), gpus_per_node=max(1, gcds // G))
+    return Topology(world_size=gcds, gcds_per_gpu=G, gpus_per_node=per_node // G)
+
+
+def preset_plan(preset: str, topo: Topology, **overrides) -> Plan:
+    """A preset (plus zero_topo overrides) resolved and validated on ``topo``."""
+    return resolve_plan(ZeroTopoConfig(preset=preset, **overrides), topo)
+
+
+# --------------------------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class Memory:
+    weights: float
+    secondary: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.secondary + self.gradients + self.optimizer
+
+
+def state_bytes_per_param(plan: Plan, convention: str = "paper") -> dict:
+    """Bytes per parameter per device of each model state (multiply by psi).
+
+    ``paper`` is DESIGN §4 / ZeRO-topo Tables V-VI: 16-bit gradient shards, ZeRO++ keeps its
+    secondary in 16 bits (DeepSpeed hpZ), other secondaries at ``secondary_bits``. ``engine`` is
+    what megatron_topo keeps: fp32 gradient shards, every secondary at ``secondary_bits``."""
+    if convention not in ("paper", "engine"):
+        raise ValueError(f"convention '{convention}' is not valid; use paper or engine")
+    w, g, o = plan.factors
+    s = plan.secondary_degree
+    sec = 0.0
+    if s and w > 1:
+        bits = 16 if (convention == "paper" and plan.preset == "zeropp") else plan.secondary_bits
+        sec = bits / 8 / s
+    grad = (2.0 if convention == "paper" else 4.0) / g
+    return {"weights": 2.0 / w, "secondary": sec, "gradients": grad, "optimizer": ADAM_BYTES_PER_PARAM / o}
+
+
+def model_state_memory(psi: float, plan: Plan, convention: str = "paper") -> Memory:
+    """Model-state bytes per device: weights 2psi/w (+ secondary), gradients, 12psi/o."""
+    b = state_bytes_per_param(plan, convention)
+    return Memory(*(psi * b[k] for k in ("weights", "secondary", "gradients", "optimizer")))
+
+
+def max_params(memory_bytes: float, plan: Plan, convention: str = "paper") -> float:
+    """The largest psi whose model states fit in ``memory_bytes`` per device."""
+    return memory_bytes / sum(state_bytes_per_param(plan, convention).values())
+
+
+# ---------------------------------------------------------------------------- collectives
+@dataclass(frozen=True)
+class Collective:
+    name: str  # forward_all_gather | backward_all_gather | grad_reduce | grad_reduce_inter | combine | post_step_all_gather
+    op: str  # all_gather | reduce_scatter | all_reduce | all_to_all
+    phase: str  # forward | backward | step
+    wire_bytes: float  # S: the whole buffer on the wire
+    group_size: int
+    level: str
+    ranks_per_node: int  # members of one group on one node
+    groups_per_node: int  # groups with members on one node (all run at once)
+    launches: int = 1  # collectives per unit (2 when quantized: payload + scales)
+
+    @property
+    def per_micro_batch(self) -> bool:
+        return self.phase != "step"
+
+    @property
+    def steps(self) -> int:
+        d = self.group_size
+        return 2 * (d - 1) if self.op == "all_reduce" else d - 1
+
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes one rank sends (DESIGN §4)."""
+        d = self.group_size
+        f = 2.0 if self.op == "all_reduce" else 1.0
+        return f * self.wire_bytes * (d - 1) / d
+
+
+def _collective(name, op, phase, S, group, topo: Topology, launches=1) -> Collective:
+    P = topo.ranks_per_node
+    per_node: dict[int, int] = {}
+    for r in group:
+        per_node[r // P] = per_node.get(r // P, 0) + 1
+    rpn = max(per_node.values())
+    return Collective(name, op, phase, float(S), len(group), topo.level(group), rpn,
+                      max(1, min(P, topo.world_size) // rpn), launches)
+
+
+# Rank 0's group of each partition in zero_topo.layout (built directly: the planner evaluates
+# thousands of plans; tests check them against the layout functions).
+def _block0(f: int) -> list[int]:
+    return list(range(f))  # layout.blocks(W, f)[0]
+
+
+def _replicas0(W: int, g: int) -> list[int]:
+    return list(range(0, W, g))  # layout.strided(W, g)[0]
+
+
+def _post_gather0(w: int, o: int) -> list[int]:
+    return list(range(0, o, w))  # layout.post_gather_groups(W, w, o)[0]
+
+
+def _two_hop0(g: int, P: int) -> list[int]:
+    return list(range(0, g, P))  # layout.two_hop_peer_groups(W, g, P)[0]
+
+
+def plan_collectives(psi: float, plan: Plan, topo: Topology) -> list[Collective]:
+    """The collectives of one step of ``plan`` (rank 0's groups; every rank's are alike)."""
+    W, P = topo.world_size, topo.ranks_per_node
+    w, g, o = plan.factors
+    s = plan.secondary_degree
+    M = 2.0 * psi
+    out: list[Collective] = []
+    q = lambda bits: 2 if bits < 16 else 1  # noqa: E731  (payload + scales)
+    if w > 1:
+        wb = plan.weight_bits
+        out.append(_collective("forward_all_gather", "all_gather", "forward", M * wb / 16, _block0(w), topo, q(wb)))
+        if s:
+            sb = plan.secondary_bits
+            out.append(_collective("backward_all_gather", "all_gather", "backward", M * sb / 16, _block0(s),
+                                   topo, q(sb)))
+        else:
+            out.append(_collective("backward_all_gather", "all_gather", "backward", M * wb / 16, _block0(w),
+                                   topo, q(wb)))
+    if g > 1:
+        b = plan.grad_bits
+        if b == 16:
+            out.append(_collective("grad_reduce", "reduce_scatter", "backward", M, _block0(g), topo))
+        elif g <= P:
+            out.append(_collective("grad_reduce", "all_to_all", "backward", M * b / 16, _block0(g), topo, 2))
+        else:  # ZeRO++ 2-hop: inside the node, then 1/P of it among the peers across nodes
+            out.append(_collective("grad_reduce", "all_to_all", "backward", M * b / 16, _block0(P), topo, 2))
+            out.append(_collective("grad_reduce_inter", "all_to_all", "backward", M * b / 16 / P,
+                                   _two_hop0(g, P), topo, 2))
+    if g < W:
+        rs = plan.inter_node_reduce == "reduce_scatter" and o == W
+        out.append(_collective("combine", "reduce_scatter" if rs else "all_reduce", "step", M / g,
+                               _replicas0(W, g), topo))
+    if o > w:
+        out.append(_collective("post_step_all_gather", "all_gather", "step", M / w, _post_gather0(w, o), topo))
+    return out
+
+
+def bytes_per_level(psi: float, plan: Plan, topo: Topology, micro_batches: int) -> dict:
+    """Bytes one rank sends per step, by the widest level each collective's group spans."""
+    out = {lv: 0.0 for lv in LEVELS}
+    for c in plan_collectives(psi, plan, topo):
+        out[c.level] += c.bytes_sent * (micro_batches if c.per_micro_batch else 1)
+    return out
+
+
+# ----------------------------------------------------------------------------------- time
+def bandwidth(c: Collective, topo: Topology, system: SystemConfig, nic_sharing: str = "rank") -> float:
+    """Bytes/s one rank of ``c`` gets (see the module docstring for the NIC sharing rule)."""
+    if nic_sharing not in NIC_SHARING:
+        raise ValueError(f"nic_sharing '{nic_sharing}' is not valid; use one of {', '.join(NIC_SHARING)}")
+    if c.level == "intra_gpu":
+        return system.bw_intra_gpu_gbs * 1e9
+    if c.level == "intra_node":
+        return system.bw_intra_node_gbs * 1e9
+    node = system.nics_per_node * system.bw_inter_node_gbs * 1e9
+    k = c.ranks_per_node * c.groups_per_node if nic_sharing == "rank" else c.groups_per_node
+    bw = node / max(1, min(topo.ranks_per_node, k))
+    if c.ranks_per_node > 1:  # the ring also runs over links inside the node
+        local = system.bw_intra_gpu_gbs if c.ranks_per_node <= topo.gcds_per_gpu else system.bw_intra_node_gbs
+        bw = min(bw, local * 1e9)
+    return bw
+
+
+def latency(c: Collective, system: SystemConfig) -> float:
+    us = {"intra_gpu": system.latency_intra_gpu_us, "intra_node": system.latency_intra_node_us,
+          "inter_node": system.latency_inter_node_us}[c.level]
+    return c.steps * us * 1e-6
+
+
+def collective_time(c: Collective, topo: Topology, system: SystemConfig, n_units: int,
+                    nic_sharing: str = "rank") -> float:
+    """Seconds one rank spends in ``c`` for a whole model (all units)."""
+    if c.group_size <= 1:
+        return 0.0
+    return c.launches * n_units * latency(c, system) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
+
+
+@dataclass
+class StepEstimate:
+    preset: str
+    gcds: int
+    micro_batch: int
+    grad_accum: int
+    compute_s: float  # per micro-batch
+    forward_s: float  # per micro-batch, with exposed communication
+    backward_s: float
+    step_comm_s: float  # combine + post-step gather, once per step
+    optimizer_s: float
+    step_s: float
+    tflops_per_gcd: float
+    comm_s: dict = field(default_factory=dict)  # per collective, per occurrence
+    bytes_per_level: dict = field(default_factory=dict)  # per rank per step
+    memory_gib: float = 0.0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
+                  grad_accum: int, recompute: bool = True, nic_sharing: str = "rank",
+                  convention: str = "engine") -> StepEstimate:
+    """Modelled time of one optimizer step (``grad_accum`` micro-batches) on every rank."""
+    psi, n = shape.params, shape.units
+    flops = shape.step_flops(micro_batch, recompute)
+    compute = flops / (system.peak_tflops * 1e12 * system.compute_efficiency)
+    passes = 4.0 if recompute else 3.0
+    t_f, t_b = compute / passes, compute * (passes - 1) / passes
+    colls = plan_collectives(psi, plan, topo)
+    times = {c.name: collective_time(c, topo, system, n, nic_sharing) for c in colls}
+    fwd_ag = sum(t for c, t in zip(colls, times.values()) if c.phase == "forward")
+    bwd_ag = times.get("backward_all_gather", 0.0)
+    red = times.get("grad_reduce", 0.0) + times.get("grad_reduce_inter", 0.0)
+    if plan.prefetch:
+        fwd = max(t_f, fwd_ag) + fwd_ag / n
+        bwd = max(t_b, bwd_ag + red) + (bwd_ag + red) / n
+    else:
+        fwd = t_f + fwd_ag
+        bwd = bwd_ag + max(t_b, red) + red / n
+    step_comm = times.get("combine", 0.0) + times.get("post_step_all_gather", 0.0)
+    opt = OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * psi / plan.optimizer_factor / (system.hbm_bw_gbs * 1e9)
+    step = grad_accum * (fwd + bwd) + step_comm + opt
+    return StepEstimate(
+        preset=plan.preset, gcds=topo.world_size, micro_batch=micro_batch, grad_accum=grad_accum,
+        compute_s=compute, forward_s=fwd, backward_s=bwd, step_comm_s=step_comm, optimizer_s=opt,
+        step_s=step, tflops_per_gcd=grad_accum * flops / step / 1e12, comm_s=times,
+        bytes_per_level=bytes_per_level(psi, plan, topo, grad_accum),
+        memory_gib=model_state_memory(psi, plan, convention).total / GIB,
+    )
+
+
+# ------------------------------------------------------------------------------ prediction
+def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharing: str = "rank",
+            system: Optional[SystemConfig] = None, **plan_overrides) -> list[StepEstimate]:
+    """Estimates for every preset at every GCD count, with the model/training setup of ``cfg``."""
+    system = system or cfg.system
+    if system is None:
+        raise ValueError("no system: pass a system YAML (configs/frontier.yml) or a SystemConfig")
+    shape = Shape.from_config(cfg.model)
+    t = cfg.train
+    out = []
+    for n in gcds:
+        topo = topology_for(n, cfg.topology)
+        for p in presets:
+            plan = preset_plan(p, topo, **plan_overrides.get(p, {}))
+            out.append(estimate_step(shape, plan, topo, system, t.train_micro_batch_size_per_gpu,
+                                     t.gradient_accumulation_steps, cfg.model.checkpoint_activations,
+                                     nic_sharing))
+    return out
+
+
+def ratios(estimates: Sequence[StepEstimate], gcds: int) -> dict:
+    """TFLOPS/GCD ratios between zero3, zeropp and topo at ``gcds``."""
+    t = {e.preset: e.tflops_per_gcd for e in estimates if e.gcds == gcds}
+    pairs = (("topo", "zeropp"), ("topo", "zero3"), ("zeropp", "zero3"))
+    return {f"{a}/{b}": t[a] / t[b] for a, b in pairs if a in t and b in t}
+
+
+def scaling_efficiency(estimates: Sequence[StepEstimate], preset: str, small: int, large: int) -> float:
+    """Weak-scaling efficiency: TFLOPS/GCD at ``large`` over TFLOPS/GCD at ``small``."""
+    t = {e.gcds: e.tflops_per_gcd for e in estimates if e.preset == preset}
+    return t[large] / t[small]
+
+
+# ------------------------------------------------------------------------------ plan search
+def _legal(plan: Plan, topo: Topology) -> bool:
+    try:
+        validate_plan(plan, topo)
+        return True
+    except ConfigError:
+        return False
+
+
+def legal_plans(topo: Topology) -> list[Plan]:
+    """Every plan ``validate_plan`` accepts on ``topo``: factors w | g | o, a secondary degree
+    dividing w (or none), weight/secondary bits 16 or 8, gradient bits 16, 8 or 4, and both
+    cross-replica reductions where legal."""
+    W = topo.world_size
+    facs = [f for f in range(1, W + 1) if W % f == 0 and _legal(Plan("search", f, f, f), topo)]
+    out = []
+    for w in facs:
+        for g in (f for f in facs if f % w == 0):
+            for o in (f for f in facs if f % g == 0):
+                secs = [None] + ([f for f in facs if f <= w and w % f == 0] if w > 1 else [])
+                for s in secs:
+                    for wb in ((16, 8) if w > 1 else (16,)):
+                        for sb in ((16, 8) if s else (16,)):
+                            for gb in ((16, 8, 4) if g > 1 else (16,)):
+                                for red in (("allreduce", "reduce_scatter") if g < W and o == W else ("allreduce",)):
+                                    p = Plan("search", w, g, o, s, wb, sb, gb, inter_node_reduce=red)
+                                    if _legal(p, topo):
+                                        out.append(p)
+    return out
+
+
+def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch: int, grad_accum: int,
+                 recompute: bool = True, memory_limit: Optional[float] = None, convention: str = "paper",
+                 nic_sharing: str = "rank") -> list[tuple[Plan, StepEstimate]]:
+    """Legal plans whose model states fit ``memory_limit`` bytes (default: the device memory),
+    fastest modelled step first."""
+    limit = system.device_memory_gib * GIB if memory_limit is None else memory_limit
+    out = []
+    for plan in legal_plans(topo):
+        if model_state_memory(shape.params, plan, convention).total > limit:
+            continue
+        est = estimate_step(shape, plan, topo, system, micro_batch, grad_accum, recompute, nic_sharing, convention)
+        out.append((plan, est))
+    out.sort(key=lambda pe: pe[1].step_s)
+    return out
