@@ -1,0 +1,154 @@
+#!/usr/bin/env python
+"""Throughput of the block-quantization kernels vs a plain ``copy_`` of the same bytes.
+
+    python tools/bench_kernels.py [--sizes-mib 1 16 64] [--json OUT] [--device cpu|cuda]
+
+GB/s = logical fp32 bytes of the data the kernel covers / median time over ``--repeats`` runs
+(after ``--warmup`` runs). "Logical bytes" is the size of the fp32 tensor: the input of quantize,
+the output of dequantize, and for the k=8 fused ops the k stacked inputs each cover 1/k of it (an
+all-to-all receive buffer of that size). The copy baseline copies that many fp32 bytes, so the
+ratio column says how close a kernel is to a memory-bound copy on the same device. On CPU only the
+reference backend runs; on CUDA/ROCm both reference and triton (when triton imports).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import kernels  # noqa: E402
+
+K = 8  # stacked inputs for the fused sum kernels (ranks per node)
+
+
+def _timer(device: torch.device):
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def run(fn, warmup: int, repeats: int) -> float:
+        for _ in range(warmup):
+            fn()
+        sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    return run
+
+
+def cases(x: torch.Tensor, block_size: int, backend: str):
+    """(name, bits, callable) for every kernel, inputs prepared outside the timed region."""
+    n = x.numel()
+    out = []
+    for bits in (8, 4):
+        out.append((f"quantize int{bits}", bits, lambda b=bits: kernels.quantize(
+            x, b, block_size, backend=backend)))
+    for bits in (8, 4):
+        q, s = kernels.quantize(x, bits, block_size, backend="reference")
+        out.append((f"dequantize int{bits}", bits, lambda q=q, s=s, b=bits: kernels.dequantize(
+            q, s, b, block_size, n, backend=backend)))
+    piece = n // K
+    xs = x[:piece * K].view(K, piece)
+    for bits in (8, 4):
+        qs, ss = zip(*(kernels.quantize(xs[i], bits, block_size, backend="reference")
+                       for i in range(K)))
+        q_stack, s_stack = torch.stack(qs), torch.stack(ss)
+        acc = torch.zeros(piece, dtype=torch.float32, device=x.device)
+        out.append((f"dequantize_sum k={K} int{bits}", bits,
+                    lambda q=q_stack, s=s_stack, b=bits: kernels.dequantize_sum(
+                        q, s, b, block_size, piece, out=acc, accumulate=True, backend=backend)))
+        out.append((f"dequant_sum_requant k={K} int{bits}", bits,
+                    lambda q=q_stack, s=s_stack, b=bits: kernels.dequantize_sum_requantize(
+                        q, s, b, block_size, backend=backend)))
+    perm = [(i * 3 + 1) % K for i in range(K)]  # any permutation of 8 slices (3 is odd)
+    for bits in (8, 4):
+        out.append((f"quantize_reordered int{bits}", bits,
+                    lambda b=bits: kernels.quantize_reordered(x, b, block_size, perm,
+                                                              backend=backend)))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 16, 64],
+                    help="fp32 tensor sizes in MiB (default: 1 16 64)")
+    ap.add_argument("--json", metavar="OUT", help="write the results as JSON to this path")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="default: cuda when available, else cpu")
+    ap.add_argument("--block-size", type=int, default=2048)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    args = ap.parse_args(argv)
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda but torch.cuda.is_available() is False")
+    try:
+        kernels.num_blocks(0, args.block_size)
+    except ValueError as e:
+        ap.error(f"--block-size: {e}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    backends = ["reference"]
+    if device.type == "cuda" and kernels.triton_available():
+        backends.append("triton")
+    timed = _timer(device)
+    unit = K * args.block_size  # sizes rounded down so 8 slices of whole blocks fit
+    rows, copies = [], {}
+    for mib in args.sizes_mib:
+        n = max(unit, int(mib * 2 ** 20 / 4) // unit * unit)
+        nbytes = n * 4
+        x = torch.randn(n, device=device)
+        dst = torch.empty_like(x)
+        t_copy = timed(lambda: dst.copy_(x), args.warmup, args.repeats)
+        copies[mib] = {"size_mib": nbytes / 2 ** 20, "ms": t_copy * 1e3,
+                       "gbps": nbytes / t_copy / 1e9}
+        for backend in backends:
+            for name, bits, fn in cases(x, args.block_size, backend):
+                t = timed(fn, args.warmup, args.repeats)
+                rows.append({"kernel": name, "bits": bits, "backend": backend,
+                             "size_mib": nbytes / 2 ** 20, "ms": t * 1e3,
+                             "gbps": nbytes / t / 1e9, "copy_gbps": copies[mib]["gbps"],
+                             "ratio_vs_copy": t_copy / t})
+        del x, dst
+
+    print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()} "
+          f"block_size={args.block_size} repeats={args.repeats} (median)")
+    hdr = f"{'kernel':<28} {'backend':<10} {'MiB':>7} {'ms':>9} {'GB/s':>8} {'copy GB/s':>10} {'ratio':>6}"
+    print(hdr)
+    print("-" * len(hdr))
+    for c in copies.values():
+        print(f"{'copy_ (baseline)':<28} {'torch':<10} {c['size_mib']:>7.1f} {c['ms']:>9.3f} "
+              f"{c['gbps']:>8.2f} {c['gbps']:>10.2f} {1.0:>6.2f}")
+        for r in (r for r in rows if r["size_mib"] == c["size_mib"]):
+            print(f"{r['kernel']:<28} {r['backend']:<10} {r['size_mib']:>7.1f} {r['ms']:>9.3f} "
+                  f"{r['gbps']:>8.2f} {r['copy_gbps']:>10.2f} {r['ratio_vs_copy']:>6.2f}")
+    if args.json:
+        report = {"device": str(device), "torch": torch.__version__,
+                  "threads": torch.get_num_threads(), "block_size": args.block_size,
+                  "repeats": args.repeats, "warmup": args.warmup, "k": K,
+                  "metric": "logical fp32 bytes / median seconds",
+                  "copy": list(copies.values()), "results": rows}
+        if device.type == "cuda":
+            report["gpu"] = torch.cuda.get_device_name(device)
+        tmp = args.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(tmp, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
