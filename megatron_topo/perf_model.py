@@ -433,5 +433,7 @@ def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch
             continue
         est = estimate_step(shape, plan, topo, system, micro_batch, grad_accum, recompute, nic_sharing, convention)
         out.append((plan, est))
-    out.sort(key=lambda pe: pe[1].step_s)
+    # equal times (to 3 digits): less memory first, then fewer quantized states (accuracy)
+    out.sort(key=lambda pe: (float(f"{pe[1].step_s:.3g}"), pe[1].memory_gib,
+                             -(pe[0].weight_bits + pe[0].secondary_bits + pe[0].grad_bits)))
     return out

@@ -1,0 +1,140 @@
+#!/usr/bin/env python
+"""Memory and strategy planner: model-state memory of every preset, the largest model each fits,
+and the fastest legal sharding plan under the device memory (modelled step time).
+
+    python tools/plan.py --model configs/20B.yml --system configs/frontier.yml --nodes 48
+    python tools/plan.py --model configs/20B.yml --system configs/frontier.yml --nodes 2 --json
+
+Memory is model states only (DESIGN §4: weights 2psi/w + secondary, gradients 2psi/g, Adam
+12psi/o); ``--convention engine`` counts what megatron_topo keeps (fp32 gradient shards, every
+secondary at its configured bits), ``--reserve-gib`` keeps room for activations and buffers.
+Times come from megatron_topo.perf_model with the model YAML's micro-batch and accumulation.
+Bad input prints one line on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron_topo import perf_model as pm  # noqa: E402
+from megatron_topo.config import ConfigError, load_config  # noqa: E402
+from megatron_topo.zero_topo.plan import PRESETS  # noqa: E402
+
+GB = 1e9
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model YAML (configs/20B.yml)")
+    p.add_argument("--system", required=True, help="system YAML (configs/frontier.yml)")
+    p.add_argument("--nodes", required=True, type=int, help="number of nodes")
+    p.add_argument("--convention", choices=("paper", "engine"), default="paper",
+                   help="state dtypes: the paper's (16-bit gradients) or the engine's (fp32 gradient shards)")
+    p.add_argument("--reserve-gib", type=float, default=0.0, help="memory kept free per device (activations)")
+    p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="rank")
+    p.add_argument("--top", type=int, default=10, help="plans shown from the search")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    return p.parse_args(argv)
+
+
+def plan_dict(plan) -> dict:
+    return {"weight_factor": plan.weight_factor, "grad_factor": plan.grad_factor,
+            "optimizer_factor": plan.optimizer_factor, "secondary_degree": plan.secondary_degree,
+            "weight_bits": plan.weight_bits, "secondary_bits": plan.secondary_bits if plan.secondary_degree else None,
+            "grad_bits": plan.grad_bits, "inter_node_reduce": plan.inter_node_reduce}
+
+
+def run(args) -> dict:
+    if args.nodes < 1:
+        raise ConfigError(f"--nodes must be >= 1, got {args.nodes}")
+    cfg = load_config([args.model, args.system])
+    if cfg.system is None:
+        raise ConfigError(f"{args.system}: no 'system:' block; use a system YAML such as configs/frontier.yml")
+    if cfg.topology.gpus_per_node is None:
+        raise ConfigError(f"{args.system}: set topology.gpus_per_node")
+    shape, system = pm.Shape.from_config(cfg.model), cfg.system
+    per_node = cfg.topology.gcds_per_gpu * cfg.topology.gpus_per_node
+    topo = pm.topology_for(args.nodes * per_node, cfg.topology)
+    mem = system.device_memory_gib * pm.GIB
+    limit = mem - args.reserve_gib * pm.GIB
+    mb, ga, rc = cfg.train.train_micro_batch_size_per_gpu, cfg.train.gradient_accumulation_steps, \
+        cfg.model.checkpoint_activations
+    presets = []
+    for name in PRESETS:
+        plan = pm.preset_plan(name, topo)
+        m = pm.model_state_memory(shape.params, plan, args.convention)
+        est = pm.estimate_step(shape, plan, topo, system, mb, ga, rc, args.nic_sharing, args.convention)
+        presets.append({
+            "preset": name, "plan": plan_dict(plan),
+            "memory_gib": {k: v / pm.GIB for k, v in m.__dict__.items()} | {"total": m.total / pm.GIB},
+            "fits": m.total <= limit, "max_params": pm.max_params(limit, plan, args.convention),
+            "step_s": est.step_s, "tflops_per_gcd": est.tflops_per_gcd,
+            "bytes_per_level": est.bytes_per_level,
+        })
+    found = pm.search_plans(shape, topo, system, mb, ga, rc, limit, args.convention, args.nic_sharing)
+    best = [{"plan": plan_dict(p), "memory_gib": e.memory_gib, "step_s": e.step_s,
+             "tflops_per_gcd": e.tflops_per_gcd, "bytes_per_level": e.bytes_per_level}
+            for p, e in found[: args.top]]
+    return {
+        "model": args.model, "params": shape.params, "system": system.name, "topology": topo.describe(),
+        "nodes": args.nodes, "gcds": topo.world_size, "device_memory_gib": system.device_memory_gib,
+        "memory_limit_gib": limit / pm.GIB, "convention": args.convention, "micro_batch": mb,
+        "grad_accum": ga, "presets": presets, "searched_plans": len(pm.legal_plans(topo)),
+        "fitting_plans": len(found), "best": best,
+    }
+
+
+def _bits(p: dict) -> str:
+    sec = f"/{p['secondary_bits']}" if p["secondary_degree"] else "/-"
+    return f"{p['weight_bits']}{sec}/{p['grad_bits']}"
+
+
+def render(r: dict) -> str:
+    lines = [
+        f"model {r['model']}: {r['params'] / 1e9:.2f} B parameters; {r['system']}: {r['topology']}; "
+        f"{r['device_memory_gib']:g} GiB per device (limit {r['memory_limit_gib']:g} GiB, model states only, "
+        f"{r['convention']} dtypes); micro-batch {r['micro_batch']} x {r['grad_accum']} per step",
+        "",
+        "model-state memory per device (GiB), largest model that fits, modelled TFLOPS/GCD",
+        f"{'preset':<9} {'w':>4} {'g':>4} {'os':>4} {'sec':>4} {'weights':>8} {'second.':>8} {'grads':>7} "
+        f"{'optim':>7} {'total':>7} {'fits':>4} {'max B':>7} {'TFLOPS':>7}",
+    ]
+    for p in r["presets"]:
+        m, pl = p["memory_gib"], p["plan"]
+        lines.append(
+            f"{p['preset']:<9} {pl['weight_factor']:>4} {pl['grad_factor']:>4} {pl['optimizer_factor']:>4} "
+            f"{pl['secondary_degree'] or '-':>4} {m['weights']:>8.2f} {m['secondary']:>8.2f} {m['gradients']:>7.2f} "
+            f"{m['optimizer']:>7.2f} {m['total']:>7.2f} {'yes' if p['fits'] else 'NO':>4} "
+            f"{p['max_params'] / 1e9:>7.1f} {p['tflops_per_gcd']:>7.1f}")
+    lines += ["", f"fastest plans ({r['fitting_plans']} of {r['searched_plans']} legal plans fit)",
+              f"{'#':>3} {'w':>4} {'g':>4} {'os':>4} {'sec':>4} {'bits w/s/g':>11} {'combine':>14} "
+              f"{'GiB':>6} {'step s':>8} {'TFLOPS':>7} {'inter-node GB/step':>19}"]
+    for i, b in enumerate(r["best"], 1):
+        pl = b["plan"]
+        lines.append(
+            f"{i:>3} {pl['weight_factor']:>4} {pl['grad_factor']:>4} {pl['optimizer_factor']:>4} "
+            f"{pl['secondary_degree'] or '-':>4} {_bits(pl):>11} {pl['inter_node_reduce']:>14} "
+            f"{b['memory_gib']:>6.1f} {b['step_s']:>8.2f} {b['tflops_per_gcd']:>7.1f} "
+            f"{b['bytes_per_level']['inter_node'] / GB:>19.1f}")
+    if not r["best"]:
+        lines.append("    no legal plan fits: add nodes, lower --reserve-gib, or use a smaller model")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        r = run(args)
+    except (ConfigError, ValueError) as e:
+        print(f"plan.py: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(r, indent=1) if args.json else render(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
