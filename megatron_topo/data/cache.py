@@ -71,8 +71,9 @@ class IndexCache:
         if stored is not None and stored.get("params") == params:
             return stored["value"]
         if not self.may_build:
-            raise DataError(f"{path}: cache missing or stale after the barrier; the builder process "
-                            f"(is_builder=True) writes it, in a data_cache_dir that every process shares")
+            why = "missing" if stored is None else "stale (built for other parameters)"
+            raise DataError(f"{path}: cache {why} after the barrier; the builder process (is_builder=True) "
+                            f"writes it, in a data_cache_dir that every process shares")
         value = build()
         os.makedirs(self.directory, exist_ok=True)
         save_json(path, {"params": params, "value": value})
