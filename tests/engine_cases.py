@@ -48,7 +48,7 @@ def train_steps(eng, rank, steps=5, accum=2):
     for step in range(steps):
         tot = 0.0
         for m in range(accum):
-            x, y = batch(step, rank, m)
+            x, y = batch(step, rank, m, cfg=eng.module.cfg)
             loss = loss_fn(eng(x), y) / accum
             eng.backward(loss)
             tot += loss.item()
@@ -68,7 +68,7 @@ def reference(world, steps=5, accum=2, cfg=None):
     for step in range(steps):
         for r in range(world):
             for m in range(accum):
-                x, y = batch(step, r, m)
+                x, y = batch(step, r, m, cfg=cfg)
                 (loss_fn(model(x), y) / (accum * world)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()

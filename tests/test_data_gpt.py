@@ -234,6 +234,8 @@ def test_blending_tracks_weights(tmp_path):
         build_datasets(_cfg(tmp_path, train_data_paths=[str(a), str(b), str(c)], train_data_weights=[1, 2]),
                        seq_length=8, seed=5, num_samples=(10, 0, 0), vocab_size=300)
     assert build_blending_indices([0.25, 0.75], 8)[0].tolist() == _ref_blend([0.25, 0.75], 8)[0]
+    clone = pickle.loads(pickle.dumps(train))
+    assert len(pickle.dumps(train)) < 50_000 and np.array_equal(clone[123], train[123])
 
 
 def test_token_id_at_or_above_vocab_size(tmp_path):

@@ -113,6 +113,23 @@ def test_int4_pack_layout_hand_example():
     assert R.pack_int4(torch.tensor([-8, 7, -1, 0], dtype=torch.int8)).tolist() == [0x78, 0x0F]
 
 
+def test_int4_pack_fast_and_strided_paths_agree():
+    g = torch.Generator().manual_seed(3)
+    big = torch.randint(-8, 8, (10, 130), dtype=torch.int8, generator=g)
+    nc = big[:, 1:129]  # not contiguous: takes the strided path
+    assert not nc.is_contiguous()
+    packed = R.pack_int4(nc.contiguous())
+    assert torch.equal(R.pack_int4(nc), packed)
+    every = torch.arange(256, dtype=torch.int32).to(torch.uint8)  # all 256 byte values
+    fast = R.unpack_int4(every)
+    wide = torch.empty(3 * 512, dtype=torch.int8)
+    strided = R.unpack_int4(every, out=wide[1:513])  # odd offset: no int16 view, strided path
+    assert torch.equal(fast, strided) and torch.equal(R.pack_int4(fast), every)
+    ref = [((b & 15) ^ 8) - 8 for b in range(256)], [((b >> 4) ^ 8) - 8 for b in range(256)]
+    assert fast[0::2].tolist() == ref[0] and fast[1::2].tolist() == ref[1]
+    assert torch.equal(R.unpack_int4(packed), nc)
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_all_zero_blocks_exact(bits, dtype):
