@@ -22,7 +22,13 @@ def _b(text):
 
 def test_all_input_kinds_in_order(tmp_path):
     a = write_jsonl(str(tmp_path / "a.jsonl"), [{"text": "one"}, {"text": "two", "meta": {"pile_set_name": "X"}}])
-    z = write_jsonl(str(tmp_path / "b.jsonl.zst"), [{"text": "zst ü"}], compress=True)
+    z = str(tmp_path / "b.jsonl.zst")  # two zstd frames back to back
+    write_jsonl(z + ".1", [{"text": "zst ü"}], compress=True)
+    write_jsonl(z + ".2", [{"text": "frame 2"}], compress=True)
+    with open(z, "wb") as f:
+        f.write(open(z + ".1", "rb").read() + open(z + ".2", "rb").read())
+    os.remove(z + ".1")
+    os.remove(z + ".2")
     d = tmp_path / "dir"
     (d / "sub").mkdir(parents=True)
     (d / "b.txt").write_text("file b")
@@ -31,12 +37,12 @@ def test_all_input_kinds_in_order(tmp_path):
     proc = run_tool("preprocess_data", "--input", a, z, d, "--output-prefix", tmp_path / "out",
                     "--tokenizer-type", "ByteLevel", "--append-eod", check=True)
     assert "B/s" in proc.stderr  # the progress bar reports throughput
-    assert "4 documents" in proc.stdout or "5 documents" in proc.stdout
+    assert "6 documents" in proc.stdout
     code, seqs, doc_idx = read_pair(str(tmp_path / "out_text_document"))
     assert code == 8  # uint16
-    texts = ["one", "two", "zst ü", "file b", "print('a')\n"]
+    texts = ["one", "two", "zst ü", "frame 2", "file b", "print('a')\n"]
     assert seqs == [_b(t) + [256] for t in texts]
-    assert doc_idx == list(range(6))
+    assert doc_idx == list(range(7))
 
 
 def test_parallel_output_identical_to_serial(tmp_path):
@@ -135,7 +141,10 @@ def test_other_bad_inputs(tmp_path, existing):
     z = write_jsonl(str(tmp_path / "cut.jsonl.zst"), [{"text": "x" * 5000}] * 50, compress=True)
     with open(z, "r+b") as f:
         f.truncate(os.path.getsize(z) // 2)
-    assert "cut.jsonl.zst" in _fail(existing, z)
+    assert "cut.jsonl.zst: truncated zstd stream" in _fail(existing, z)
+    junk = tmp_path / "junk.jsonl.zst"
+    junk.write_bytes(b"not zstd at all" * 10)
+    assert "junk.jsonl.zst: cannot read (ZstdError" in _fail(existing, junk)
     s = write_jsonl(str(tmp_path / "c.jsonl"), [{"text": "ok"}, {"text": "日"}])
     line = error_line(run_tool("preprocess_data", "--input", s, "--output-prefix", existing,
                                "--tokenizer-type", "CharLevelTokenizer"))
@@ -143,3 +152,21 @@ def test_other_bad_inputs(tmp_path, existing):
     line = error_line(run_tool("preprocess_data", "--input", s, "--output-prefix", existing,
                                "--tokenizer-type", "Nope"))
     assert "'Nope' is not valid" in line
+
+
+def test_zstd_lines_split_across_reads(tmp_path):
+    from megatron_topo.data.corpus import _zst_lines
+
+    docs = [{"text": "line %d " % i + "y" * (i % 13)} for i in range(200)]
+    path = write_jsonl(str(tmp_path / "x.jsonl.zst"), docs, compress=True)
+    got = list(_zst_lines(path, read_size=7))
+    assert [json.loads(line)["text"] for line in got] == [d["text"] for d in docs]
+    assert all(line.endswith(b"\n") for line in got)
+
+
+def test_unwritable_output_is_one_line(tmp_path):
+    src = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": "a"}])
+    (tmp_path / "file").write_text("")
+    line = error_line(run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / "file" / "o",
+                               "--tokenizer-type", "ByteLevel"))
+    assert "file" in line and "Errno" not in line

@@ -20,6 +20,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo.data import DataError  # noqa: E402
+from megatron_topo.data.errors import error_line  # noqa: E402
 from megatron_topo.data.builtin import stdlib_files  # noqa: E402
 from megatron_topo.data.preprocess import preprocess  # noqa: E402
 
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
                     print(f"{label:>12} workers={w}: {st.mb_per_s:7.2f} MB/s {st.tokens_per_s:12,.0f} tokens/s",
                           file=sys.stderr)
     except (DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {error_line(e)}", file=sys.stderr)
         return 1
     header = f"{'tokenizer':>12} {'workers':>7} {'MB':>7} {'seconds':>8} {'MB/s':>8} {'tokens/s':>12} {'tokens':>10}"
     print(header)

@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer  # noqa: E402
+from megatron_topo.data.errors import error_line  # noqa: E402
 
 
 def stats(ds: MMapIndexedDataset) -> dict:
@@ -41,13 +42,14 @@ def main(argv=None) -> int:
             print(json.dumps(stats(ds)))
         if args.doc is not None:
             if not 0 <= args.doc < ds.num_documents:
-                raise DataError(f"{ds.prefix}: --doc {args.doc} is out of range; valid: 0..{ds.num_documents - 1}")
+                valid = f"0..{ds.num_documents - 1}" if ds.num_documents else "none, the dataset has no documents"
+                raise DataError(f"{ds.prefix}: --doc {args.doc} is out of range; valid: {valid}")
             ids = ds.document(args.doc).tolist()
             print(json.dumps(ids))
             if args.tokenizer_type:
                 print(build_tokenizer(args.tokenizer_type, args.vocab_file).detokenize(ids))
     except (DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {error_line(e)}", file=sys.stderr)
         return 1
     return 0
 

@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo.data import DataError, TOKENIZERS  # noqa: E402
+from megatron_topo.data.errors import error_line  # noqa: E402
 from megatron_topo.data.preprocess import preprocess  # noqa: E402
 
 
@@ -43,7 +44,7 @@ def main(argv=None) -> int:
                            skip_bad_lines=args.skip_bad_lines, vocab_size=args.vocab_size,
                            progress=not args.quiet)
     except (DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {error_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted; no output written", file=sys.stderr)

@@ -21,6 +21,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo.data import DataError  # noqa: E402
+from megatron_topo.data.errors import error_line  # noqa: E402
 from megatron_topo.data.atomic import commit, remove_quietly, temp_name  # noqa: E402
 from megatron_topo.data.corpus import expand_inputs, iter_documents  # noqa: E402
 
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
         finally:
             remove_quietly(tmp)
     except (DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {error_line(e)}", file=sys.stderr)
         return 1
     print(f"wrote {args.output} ({args.model_type}, vocab {args.vocab_size}, {count[0]} documents)")
     return 0

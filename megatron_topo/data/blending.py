@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .cache import IndexCache, short_hash
+from .cache import IndexCache, MappedArrays, short_hash
 from .errors import DataError
 
 BLEND_VERSION = 1
@@ -59,7 +59,7 @@ def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndar
     return dataset_index, dataset_sample_index
 
 
-class BlendedDataset:
+class BlendedDataset(MappedArrays):
     """``len(ds) == num_samples``; ``ds[i]`` is sample ``dataset_sample_index[i]`` of dataset
     ``dataset_index[i]``."""
 
@@ -77,7 +77,9 @@ class BlendedDataset:
         else:
             params = {"version": BLEND_VERSION, "weights": self.weights, "num_samples": num_samples,
                       "datasets": cache_key or {}}
-            arrays = cache.get(f"blend_{name}_{num_samples}ns_{short_hash(params)}", params, keys, build)
+            tag = f"blend_{name}_{num_samples}ns_{short_hash(params)}"
+            arrays = cache.get(tag, params, keys, build)
+            self._mapped = cache.paths(tag, keys)[1]
         self.dataset_index, self.dataset_sample_index = arrays["dataset_index"], arrays["dataset_sample_index"]
         counts = np.bincount(np.asarray(self.dataset_index), minlength=len(datasets))
         for d, (c, ds) in enumerate(zip(counts, datasets)):

@@ -78,3 +78,21 @@ class IndexCache:
         os.makedirs(self.directory, exist_ok=True)
         save_json(path, {"params": params, "value": value})
         return value
+
+
+class MappedArrays:
+    """Mixin: attributes named in ``self._mapped`` (attribute -> .npy path) are memory-mapped cache
+    files; pickling (DataLoader workers) sends the paths and re-maps them instead of copying."""
+
+    _mapped: dict = {}
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for k in state.get("_mapped") or {}:
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        for k, path in (state.get("_mapped") or {}).items():
+            setattr(self, k, np.load(path, mmap_mode="r"))

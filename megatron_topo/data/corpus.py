@@ -6,7 +6,6 @@ line, for error messages) or a batch of plain-text file paths (a worker reads th
 """
 from __future__ import annotations
 
-import io
 import json
 import os
 from dataclasses import dataclass, field
@@ -64,29 +63,45 @@ def expand_inputs(paths: Iterable[str]) -> list[str]:
     return out
 
 
-def open_binary(path: str) -> io.BufferedIOBase:
-    """The file's (decompressed) bytes as a buffered stream."""
-    raw = open(path, "rb")
-    if not path.endswith(ZST_SUFFIX):
-        return raw
+def _zst_lines(path: str, read_size: int = 1 << 20) -> Iterator[bytes]:
+    """Lines of a zstd file (one or several frames); a frame cut short is an error, not EOF."""
     import zstandard
 
-    reader = zstandard.ZstdDecompressor().stream_reader(raw, read_size=1 << 20, closefd=True)
-    return io.BufferedReader(reader, buffer_size=1 << 20)
+    dctx = zstandard.ZstdDecompressor()
+    dobj, in_frame, pending = dctx.decompressobj(), False, b""
+    with open(path, "rb") as raw:
+        while True:
+            data = raw.read(read_size)
+            if not data:
+                break
+            while data:
+                out = dobj.decompress(data)
+                in_frame, data = True, b""
+                if dobj.eof:  # frame complete; the rest of the input (if any) is the next frame
+                    data, dobj, in_frame = dobj.unused_data, dctx.decompressobj(), False
+                if out:
+                    *lines, pending = (pending + out).split(b"\n")
+                    for line in lines:
+                        yield line + b"\n"
+    if in_frame:
+        raise DataError(f"{path}: truncated zstd stream (the last frame is incomplete); is the file complete?")
+    if pending:
+        yield pending
 
 
 def iter_lines(path: str) -> Iterator[bytes]:
     """Lines of a (possibly zstd-compressed) file; a damaged stream is a DataError."""
-    f = open_binary(path)
     try:
-        yield from f
-    except Exception as e:  # zstandard.ZstdError, OSError from a truncated frame
-        if isinstance(e, DataError):
-            raise
+        if path.endswith(ZST_SUFFIX):
+            yield from _zst_lines(path)
+        else:
+            with open(path, "rb") as f:
+                yield from f
+    except DataError:
+        raise
+    except Exception as e:  # zstandard.ZstdError on a damaged frame
         raise DataError(f"{path}: cannot read ({type(e).__name__}: {e}); is it a complete "
                         f"{'zstd-compressed ' if path.endswith(ZST_SUFFIX) else ''}file?") from None
-    finally:
-        f.close()
 
 
 def iter_chunks(files: list[str], chunk_bytes: int = CHUNK_BYTES,

@@ -7,3 +7,10 @@ class DataError(ValueError):
 
     It names the file (and line, where there is one) and what would be valid.
     """
+
+
+def error_line(e: BaseException) -> str:
+    """One line for the user: a DataError's message, or ``PATH: reason`` for an OSError."""
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+    return str(e).splitlines()[0] if str(e) else type(e).__name__

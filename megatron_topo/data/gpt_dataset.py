@@ -21,7 +21,7 @@ from typing import Optional
 
 import numpy as np
 
-from .cache import IndexCache, short_hash
+from .cache import IndexCache, MappedArrays, short_hash
 from .errors import DataError
 from .indexed_dataset import MMapIndexedDataset, index_file_path
 
@@ -124,7 +124,7 @@ def data_fingerprint(ds: MMapIndexedDataset) -> dict:
             "sequences": len(ds), "tokens": ds.num_tokens, "dtype": ds.dtype.name}
 
 
-class GPTDataset:
+class GPTDataset(MappedArrays):
     """``ds[i]`` -> int64 array of ``seq_length + 1`` tokens; ``len(ds)`` >= ``num_samples``."""
 
     def __init__(self, name: str, indexed: MMapIndexedDataset, doc_range: tuple[int, int], num_samples: int,
@@ -152,7 +152,7 @@ class GPTDataset:
             base = os.path.basename(indexed.prefix)
             tag = f"{base}_{name}_{num_samples}ns_{seq_length}sl_{seed}s_{short_hash(params['prefix'], 8)}"
             arrays = cache.get(tag, params, keys, build)
-            self._cache_files = cache.paths(tag, keys)[1]
+            self._mapped = cache.paths(tag, keys)[1]
         self.doc_idx, self.sample_idx, self.shuffle_idx = (arrays[k] for k in keys)
 
     def __len__(self) -> int:
@@ -171,16 +171,3 @@ class GPTDataset:
         parts += [ds.get(int(doc_idx[k])) for k in range(f + 1, last)]
         parts.append(ds.get(int(doc_idx[last]), 0, off_l + 1))
         return np.concatenate(parts).astype(np.int64)
-
-    def __getstate__(self):  # DataLoader workers: re-map instead of copying the arrays
-        state = dict(self.__dict__)
-        files = state.get("_cache_files")
-        if files:
-            for k in files:
-                state.pop(k)
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        for k, path in (state.get("_cache_files") or {}).items():
-            setattr(self, k, np.load(path, mmap_mode="r"))
