@@ -321,3 +321,24 @@ def test_imports_and_falls_back_without_triton():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_lazy_triton_import_and_cpu_without_interpreter():
+    pytest.importorskip("triton")
+    code = (
+        "import sys, torch, kernels\n"
+        "assert 'triton' not in sys.modules, 'import kernels must not import triton'\n"
+        "kernels.quantize(torch.randn(100), 8, 64)\n"
+        "assert 'triton' not in sys.modules, 'the CPU auto path must not import triton'\n"
+        "try:\n"
+        "    kernels.quantize(torch.randn(100), 8, 64, backend='triton')\n"
+        "except ValueError as e:\n"
+        "    assert 'TRITON_INTERPRET=1' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('triton on CPU without the interpreter did not raise')\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", kernels.ENV_VAR)}
+    env["PYTHONPATH"] = ROOT
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
