@@ -58,12 +58,12 @@ overlapped. With ``prefetch=False`` gathers are exposed.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from .config import Config, ModelConfig, SystemConfig, TopologyConfig, ZeroTopoConfig
+from .config import Config, ConfigError, ModelConfig, SystemConfig, TopologyConfig, ZeroTopoConfig
 from .topology import LEVELS, Topology
-from .config import ConfigError
 from .zero_topo.plan import Plan, resolve_plan, validate_plan
 
 GIB = 2 ** 30
@@ -425,7 +425,7 @@ def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch
                  recompute: bool = True, memory_limit: Optional[float] = None, convention: str = "paper",
                  nic_sharing: str = "rank") -> list[tuple[Plan, StepEstimate]]:
     """Legal plans whose model states fit ``memory_limit`` bytes (default: the device memory),
-    fastest modelled step first."""
+    fastest modelled step first (steps within 0.5% of each other count as equally fast)."""
     limit = system.device_memory_gib * GIB if memory_limit is None else memory_limit
     out = []
     for plan in legal_plans(topo):
@@ -433,7 +433,7 @@ def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch
             continue
         est = estimate_step(shape, plan, topo, system, micro_batch, grad_accum, recompute, nic_sharing, convention)
         out.append((plan, est))
-    # equal times (to 3 digits): less memory first, then fewer quantized states (accuracy)
-    out.sort(key=lambda pe: (float(f"{pe[1].step_s:.3g}"), pe[1].memory_gib,
+    # times in the same 0.5% bucket tie: less memory first, then fewer quantized states (accuracy)
+    out.sort(key=lambda pe: (math.floor(math.log(pe[1].step_s) / math.log(1.005)), pe[1].memory_gib,
                              -(pe[0].weight_bits + pe[0].secondary_bits + pe[0].grad_bits)))
     return out
