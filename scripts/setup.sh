@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install the pinned requirements. Idempotent and quiet.
+# Create .venv (once) and install the pinned requirements (again only when they change).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $("$PY" --version 2>&1)"
   "$PY" -m venv .venv
 fi
 stamp=.venv/.requirements.sha
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt
+  echo "setup: installing requirements.txt into .venv (log: .venv/pip.log)"
+  if ! .venv/bin/python -m pip install --disable-pip-version-check -r requirements.txt > .venv/pip.log 2>&1; then
+    grep -v "^WARNING: Location" .venv/pip.log | tail -20
+    echo "setup: pip install failed; full log in .venv/pip.log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
