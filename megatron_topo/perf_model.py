@@ -107,7 +107,7 @@ class Shape:
         B, s, l, h, V = micro_batch, self.seq_length, self.num_layers, self.hidden_size, self.vocab_size
         return 24.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
 
-    def step_flops(self, micro_batch: int, recompute: bool) -> float:
+    def microbatch_flops(self, micro_batch: int, recompute: bool) -> float:
         """FLOPs per micro-batch as GPT-NeoX counts them (4F with recompute, else 3F)."""
         return (4.0 if recompute else 3.0) * self.forward_flops(micro_batch)
 
@@ -330,7 +330,7 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
                   convention: str = "engine") -> StepEstimate:
     """Modelled time of one optimizer step (``grad_accum`` micro-batches) on every rank."""
     psi, n = shape.params, shape.units
-    flops = shape.step_flops(micro_batch, recompute)
+    flops = shape.microbatch_flops(micro_batch, recompute)
     compute = flops / (system.peak_tflops * 1e12 * system.compute_efficiency)
     passes = 4.0 if recompute else 3.0
     t_f, t_b = compute / passes, compute * (passes - 1) / passes
@@ -360,7 +360,8 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
 # ------------------------------------------------------------------------------ prediction
 def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharing: str = "rank",
             system: Optional[SystemConfig] = None, **plan_overrides) -> list[StepEstimate]:
-    """Estimates for every preset at every GCD count, with the model/training setup of ``cfg``."""
+    """Estimates for every preset at every GCD count, with the model/training setup of ``cfg``;
+    ``plan_overrides`` maps a preset to zero_topo overrides, e.g. ``topo={"secondary_degree": 8}``."""
     system = system or cfg.system
     if system is None:
         raise ValueError("no system: pass a system YAML (configs/frontier.yml) or a SystemConfig")

@@ -41,8 +41,8 @@ def test_flops_formula_by_hand():
     s = pm.Shape(num_layers=2, hidden_size=64, seq_length=32, vocab_size=128)
     fwd = 24 * 3 * 32 * 2 * 64 ** 2 * (1 + 32 / (6 * 64) + 128 / (16 * 2 * 64))
     assert s.forward_flops(3) == pytest.approx(fwd)
-    assert s.step_flops(3, recompute=True) == pytest.approx(4 * fwd)
-    assert s.step_flops(3, recompute=False) == pytest.approx(3 * fwd)
+    assert s.microbatch_flops(3, recompute=True) == pytest.approx(4 * fwd)
+    assert s.microbatch_flops(3, recompute=False) == pytest.approx(3 * fwd)
     assert s.params == 2 * (12 * 64 * 64 + 13 * 64) + 2 * 128 * 64 + 2 * 64
     assert s.units == 4
 
