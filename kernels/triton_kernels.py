@@ -5,8 +5,8 @@ How bit-exactness is kept (the reference is the definition):
   NOT used: on NVIDIA it lowers to ``div.full.f32`` (approximate).
 * round-half-to-even is ``(y + 1.5*2**23) - 1.5*2**23``, exact in fp32 round-to-nearest for
   ``|y| < 2**22`` (here ``|y| < 200``, even for subnormal scales); no libdevice needed, so it is
-  identical on NVIDIA, AMD and the interpreter. (Checked exhaustively against numpy.rint, which like ``torch.round`` rounds half
-  to even, for every fp32 in [-2**10, 2**10].)
+  identical on NVIDIA, AMD and the interpreter. (Checked exhaustively against numpy.rint, which
+  like ``torch.round`` rounds half to even, for every fp32 in [-2**10, 2**10].)
 * kernels are launched with ``enable_fp_fusion=False`` so ``acc + q*scale`` is never contracted
   into an FMA (the reference rounds the product first).
 * bf16 <-> fp32 conversions are done on the bit patterns with integer ops (upcast: shift by 16;

@@ -2,7 +2,8 @@
 
 TRITON_INTERPRET must be set before the @triton.jit decorators run, i.e. before
 kernels.triton_kernels is first imported, and while the kernels run; this module sets it for its
-import and its tests (restoring the previous value in between and afterwards) and skips, with the reason, when that is impossible or triton does not import.
+import and its tests (restoring the previous value in between and afterwards) and skips, with
+the reason, when that is impossible or triton does not import.
 """
 import os
 import sys

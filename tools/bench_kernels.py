@@ -10,8 +10,9 @@ all-to-all receive buffer of that size). The copy baseline copies that many fp32
 ratio column says how close a kernel is to a memory-bound copy on the same device; the copy is
 re-timed right before every kernel (its own "copy GB/s" column) and the baseline row shows the
 median of those. Kernels return freshly allocated outputs; on CPU first-touch page faults of
-large new tensors are a visible part of their time, which the "clone" row (allocate + copy) shows. On CPU only the
-reference backend runs; on CUDA/ROCm both reference and triton (when triton imports).
+large new tensors are a visible part of their time, which the "clone" row (allocate + copy)
+shows. On CPU only the reference backend runs; on CUDA/ROCm both reference and triton (when
+triton imports).
 """
 from __future__ import annotations
 
