@@ -282,6 +282,10 @@ class Trainer:
             window_steps += 1
             if bar is not None:
                 bar.update(1)
+            evals = {}
+            if lg.eval_interval and s.step % lg.eval_interval == 0 and self.valid_batches is not None:
+                ev = self.evaluate()
+                evals = {"eval_loss": ev, "eval_ppl": math.exp(min(ev, 50))}
             if s.step % lg.log_interval == 0 or s.step == end:
                 elapsed = window_time
                 loss, comm_bytes = self._reduce_log(window_loss / window_steps, self.engine.comm.reset_counters())
@@ -296,7 +300,9 @@ class Trainer:
                     "peak_mem_bytes": M.peak_memory_bytes(rt.device),
                     **{k: v // window_steps for k, v in comm_bytes.items()},
                     "consumed_samples": s.consumed_samples,
+                    **evals,
                 }
+                evals = {}
                 if s.step == lg.log_interval or s.step == end:
                     rec.update({f"model_state_bytes_{k}": v
                                 for k, v in self.engine.state_bytes_before_step.items()})
@@ -307,10 +313,9 @@ class Trainer:
                                     tok_s=f"{rec['tokens_per_sec']:.0f}", refresh=False)
                 window_loss.zero_()
                 window_steps, window_time = 0, 0.0
-            if lg.eval_interval and s.step % lg.eval_interval == 0 and self.valid_batches is not None:
-                ev = self.evaluate()
-                self.writer.log(s.step, {"eval_loss": ev, "eval_ppl": math.exp(min(ev, 50))})
-                last["eval_loss"] = ev
+            if evals:  # an eval step that is not a log step gets its own record
+                self.writer.log(s.step, evals)
+                last.update(evals)
             c = cfg.checkpoint
             if c.save and c.checkpoint_factor and s.step % c.checkpoint_factor == 0 and s.step < end:
                 self.save()
