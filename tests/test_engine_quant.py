@@ -104,3 +104,28 @@ def test_secondary_never_stale_after_step_or_load(tmp_path):
         counts = run_distributed(_freshness, W, tmp_path / f"s{sec}", sec)
         # every unit but the last (kept gathered into backward) used its secondary each time
         assert all(c == [3, 3, 3, 3] for c in counts), counts
+
+
+def _fp16_overflow_one_rank(rank, world):
+    from megatron_topo.config import Fp16Block
+
+    eng = make_engine(rank, world, ZeroTopoConfig(preset="topo", quant_block_size=BLOCK, grad_quant_block_size=BLOCK),
+                      precision="fp16", fp16_cfg=Fp16Block(enabled=True, hysteresis=1, initial_scale_power=8))
+    x, y = batch(0, rank, 0)
+    eng.backward(loss_fn(eng(x), y))
+    ok = eng.step()
+    before = {n: p.clone() for n, p in eng.full_parameters().items()}
+    scale = eng.loss_scale
+    x, y = batch(1, rank, 0)
+    loss = loss_fn(eng(x), y)
+    eng.backward(loss * float("inf") if rank == 3 else loss)  # only rank 3 overflows
+    bad = eng.step()
+    after = eng.full_parameters()
+    same = all(torch.equal(before[n], after[n]) for n in before)
+    return ok["skipped"], bad["skipped"], scale, eng.loss_scale, same
+
+
+def test_fp16_overflow_on_one_rank_is_agreed_by_all():
+    """INT4 gradient blocks carry the inf as a NaN scale through the all-to-all; every rank skips."""
+    for first_skipped, skipped, scale, new_scale, unchanged in run_distributed(_fp16_overflow_one_rank, W):
+        assert not first_skipped and skipped and new_scale == scale / 2 and unchanged
