@@ -126,6 +126,8 @@ def test_damaged_index_is_refused(tmp_path, kind):
     assert (prefix + ".bin" if kind == "short_bin" else prefix + ".idx") in msg
     if kind == "unknown_dtype":
         assert "8 (uint16)" in msg  # names what is valid
+    line = error_line(run_tool("inspect_data", prefix, "--stats"))  # the CLI: one line, exit 1
+    assert EXPECT[kind] in line
 
 
 def test_damaged_index_cli_one_line(tmp_path):
@@ -136,6 +138,14 @@ def test_damaged_index_cli_one_line(tmp_path):
     assert "wrong magic" in line and "ds.idx" in line
     missing = error_line(run_tool("inspect_data", str(tmp_path / "nope")))
     assert "file not found" in missing
+
+
+def test_token_id_out_of_vocab_cli(tmp_path):
+    prefix = str(tmp_path / "ds")
+    write_pair(prefix, 8, [[1, 2, 3], [50432, 7]])
+    line = error_line(run_tool("inspect_data", prefix, "--vocab-size", 50432))
+    assert "token id 50432 is >= vocab_size 50432" in line and "ds" in line
+    run_tool("inspect_data", prefix, "--vocab-size", 50433, check=True)
 
 
 def test_inspect_stats_and_doc(tmp_path):

@@ -4,6 +4,7 @@
     python tools/inspect_data.py data/pile_text_document --stats     # {"documents": ..., "tokens": ...}
     python tools/inspect_data.py data/pile_text_document --doc 3     # [token ids of document 3]
     python tools/inspect_data.py PREFIX --doc 3 --tokenizer-type ByteLevel   # ... and its text
+    python tools/inspect_data.py PREFIX --vocab-size 50432   # every token id < the model's vocabulary?
 
 The index is checked first; a bad dataset prints one line on stderr and exits 1.
 """
@@ -17,6 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer  # noqa: E402
+from megatron_topo.data.build import check_token_range  # noqa: E402
 from megatron_topo.data.errors import error_line  # noqa: E402
 
 
@@ -35,9 +37,13 @@ def main(argv=None) -> int:
     p.add_argument("--stats", action="store_true", help="print counts as JSON (the default without --doc)")
     p.add_argument("--tokenizer-type", default=None, help="with --doc: also print the detokenized text")
     p.add_argument("--vocab-file", default=None)
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="scan the .bin and fail unless every token id is in [0, VOCAB_SIZE)")
     args = p.parse_args(argv)
     try:
         ds = MMapIndexedDataset(args.prefix)
+        if args.vocab_size is not None:
+            check_token_range(ds, args.vocab_size, cache=None)
         if args.stats or args.doc is None:
             print(json.dumps(stats(ds)))
         if args.doc is not None:

@@ -9,6 +9,8 @@ succeeded: a failed run leaves existing output untouched.
 from __future__ import annotations
 
 import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 import os
 import sys
 import time
@@ -31,7 +33,8 @@ class PreprocessStats:
     documents: int = 0
     tokens: int = 0
     input_bytes: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the whole run, worker start-up included
+    startup_seconds: float = 0.0  # of which starting the worker processes
     skipped: int = 0  # bad lines / unreadable files skipped under skip_bad_lines
     empty: int = 0  # documents with empty text (not written)
     dtype: str = ""
@@ -46,8 +49,14 @@ class PreprocessStats:
     def tokens_per_s(self) -> float:
         return self.tokens / max(self.seconds, 1e-9)
 
+    @property
+    def steady_mb_per_s(self) -> float:
+        """Throughput once the workers are up (what a long run sees)."""
+        return self.input_bytes / 1e6 / max(self.seconds - self.startup_seconds, 1e-9)
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "mb_per_s": self.mb_per_s, "tokens_per_s": self.tokens_per_s}
+        return {**asdict(self), "mb_per_s": self.mb_per_s, "tokens_per_s": self.tokens_per_s,
+                "steady_mb_per_s": self.steady_mb_per_s}
 
 
 # ------------------------------------------------------------------------------ worker side
@@ -64,54 +73,46 @@ def encode_chunk(chunk: Chunk) -> dict:
     """Parse and tokenize one chunk. Returns per key the token bytes (output dtype) and document
     lengths, plus ``errors`` as (where, reason) in input order."""
     tok: Tokenizer = _W["tok"]
-    keys, errors, texts, empty = _W["keys"], [], [], 0
+    keys, errors, docs, empty = _W["keys"], [], [], 0  # errors: (position in chunk, where, reason)
     for i, item in enumerate(chunk.items):
         where = item if chunk.kind == "text" else f"{chunk.path}:{chunk.first_line + i}"
         try:
             values = [read_text_file(item)] if chunk.kind == "text" else parse_json_line(item, keys)
         except (ValueError, OSError) as e:
-            errors.append((where, str(e)))
+            errors.append((i, where, str(e)))
             continue
         if values is not None:
-            texts.append((where, values))
+            docs.append((i, where, values))
     out = {}
     for k, key in enumerate(keys):
-        docs = [(where, v[k]) for where, v in texts if v[k]]
-        empty += len(texts) - len(docs)
-        arrays = _tokenize_all(tok, docs, errors)
+        texts = [(i, where, values[k]) for i, where, values in docs if values[k]]
+        empty += len(docs) - len(texts)
+        arrays = _tokenize_all(tok, texts, errors)
         if _W["append_eod"]:
             arrays = [np.append(a, tok.eod) for a in arrays]
         lengths = np.fromiter((a.size for a in arrays), np.int64, len(arrays))
         flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
-        if flat.size and (flat.min() < 0 or flat.max() >= tok.vocab_size):
+        if flat.size and (flat.min() < 0 or flat.max() >= tok.vocab_size):  # a broken tokenizer file
             bad = int(flat.max() if flat.max() >= tok.vocab_size else flat.min())
-            errors.append((chunk.path, f"tokenizer produced id {bad}, outside [0, {tok.vocab_size})"))
+            errors.append((len(chunk.items), chunk.path, f"{tok.name} produced token id {bad}, outside its "
+                                                         f"vocabulary [0, {tok.vocab_size})"))
             flat, lengths = np.zeros(0, np.int64), np.zeros(0, np.int64)
         out[key] = (flat.astype(_W["dtype"]).tobytes(), lengths)
-    errors.sort(key=lambda e: _order(e[0], chunk))
-    return {"out": out, "errors": errors, "empty": empty, "nbytes": chunk.nbytes}
+    errors.sort(key=lambda e: e[0])
+    return {"out": out, "errors": [e[1:] for e in errors], "empty": empty, "nbytes": chunk.nbytes}
 
 
-def _tokenize_all(tok: Tokenizer, docs, errors) -> list[np.ndarray]:
+def _tokenize_all(tok: Tokenizer, texts, errors) -> list[np.ndarray]:
     try:
-        return tok.tokenize_batch([text for _, text in docs])
+        return tok.tokenize_batch([text for _, _, text in texts])
     except DataError:  # find which document(s) the tokenizer rejects
         arrays = []
-        for where, text in docs:
+        for i, where, text in texts:
             try:
                 arrays.append(tok.tokenize_array(text))
             except DataError as e:
-                errors.append((where, str(e)))
+                errors.append((i, where, str(e)))
         return arrays
-
-
-def _order(where: str, chunk: Chunk) -> int:
-    if chunk.kind == "text":
-        return chunk.items.index(where) if where in chunk.items else len(chunk.items)
-    try:
-        return int(where.rsplit(":", 1)[1])
-    except (IndexError, ValueError):
-        return 1 << 62
 
 
 # ------------------------------------------------------------------------------ main side
@@ -146,8 +147,12 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
     try:
         for k in keys:
             builders[k] = MMapIndexedDatasetBuilder(stats.outputs[k], dtype)
-        if workers > 1:
-            pool = mp.get_context("spawn").Pool(workers, initializer=init_worker, initargs=init_args)
+        if workers > 1:  # spawn: no forked tokenizer state; a worker that dies fails the run (no hang)
+            pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=init_worker,
+                                       initargs=init_args)
+            for f in [pool.submit(os.getpid) for _ in range(workers)]:
+                f.result()
+            stats.startup_seconds = time.perf_counter() - t0
         else:
             init_worker(*init_args)
         total = None if any(f.endswith(".zst") for f in files) else sum(os.path.getsize(f) for f in files)
@@ -164,13 +169,10 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
     except BaseException:
         for b in builders.values():
             b.abort()
-        if pool is not None:
-            pool.terminate()
         raise
     finally:
         if pool is not None:
-            pool.close()
-            pool.join()
+            pool.shutdown(wait=True, cancel_futures=True)
     stats.seconds = time.perf_counter() - t0
     if stats.skipped > MAX_WARNINGS:
         warn(f"{stats.skipped} bad lines/files skipped in all ({stats.skipped - MAX_WARNINGS} not shown)")
@@ -184,12 +186,15 @@ def _run(pool, chunks, window: int):
             yield encode_chunk(chunk)
         return
     pending: deque = deque()
-    for chunk in chunks:
-        pending.append(pool.apply_async(encode_chunk, (chunk,)))
-        if len(pending) >= window:
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
+    try:
+        for chunk in chunks:
+            pending.append(pool.submit(encode_chunk, chunk))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    except BrokenProcessPool as e:
+        raise DataError(f"a preprocessing worker died ({e}); rerun with --workers 1 to see why") from None
 
 
 def _consume(result: dict, builders: dict, stats: PreprocessStats, skip_bad_lines: bool, warn) -> None:
