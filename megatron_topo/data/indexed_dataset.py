@@ -261,7 +261,7 @@ class MMapIndexedDatasetBuilder:
     def add_raw(self, data: bytes, lengths) -> None:
         """Append several sequences given as raw bytes in ``self.dtype`` plus their lengths."""
         self._bin.write(data)
-        self._sizes.extend(int(n) for n in lengths)
+        self._sizes.frombytes(np.asarray(lengths, np.int64).tobytes())
         self.num_tokens += len(data) // self.dtype.itemsize
 
     def end_document(self) -> None:
