@@ -183,4 +183,4 @@ def test_reading_1gb_file_keeps_memory_flat(tmp_path):
         assert gpt[int(i)].shape == (2049,)
     grown_mb = (vm_rss_kb() - before) / 1024
     assert total == 0
-    assert grown_mb < 100, f"resident memory grew by {grown_mb:.0f} MB reading a 1 GiB file"
+    assert grown_mb < 128, f"resident memory grew by {grown_mb:.0f} MB reading a 1 GiB file"
