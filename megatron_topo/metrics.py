@@ -100,11 +100,8 @@ def _plain(value: Any) -> Any:
     """A JSON-safe version of a metric value (tensors/numpy scalars -> Python, non-finite -> str)."""
     if isinstance(value, torch.Tensor):
         value = value.detach().item() if value.numel() == 1 else value.detach().cpu().tolist()
-    elif hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
-        try:  # numpy scalar
-            value = value.item()
-        except (TypeError, ValueError):
-            pass
+    elif hasattr(value, "tolist") and callable(value.tolist) and not isinstance(value, (str, bytes)):
+        value = value.tolist()  # numpy scalar -> Python number, numpy array -> list
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
     if isinstance(value, numbers.Integral):

@@ -96,9 +96,11 @@ def test_writer_jsonl_append_and_tensorboard(tmp_path):
 def test_writer_custom_tensorboard_dir_and_flush_each_line(tmp_path):
     tb = tmp_path / "tb"
     w = MetricsWriter(str(tmp_path / "run"), tensorboard_dir=str(tb))
-    w.log(7, {"loss": 1.5})
+    import numpy as np
+    w.log(7, {"loss": np.float32(1.5), "hist": np.array([1, 2])})
     # flushed per line: readable before close
-    assert _strict((tmp_path / "run" / "metrics.jsonl").read_text().strip()) == {"step": 7, "loss": 1.5}
+    assert _strict((tmp_path / "run" / "metrics.jsonl").read_text().strip()) == {"step": 7, "loss": 1.5,
+                                                                                "hist": [1, 2]}
     w.close()
     assert glob.glob(str(tb / "events.out.tfevents.*"))
     assert not (tmp_path / "run" / "tensorboard").exists()
