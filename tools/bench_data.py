@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer-type", default=None, help="bench this tokenizer only (default: ByteLevel and BPE)")
     p.add_argument("--vocab-file", default=None)
     p.add_argument("--bpe-vocab-size", type=int, default=8192)
+    p.add_argument("--repeat", type=int, default=1, help="runs per setting; the fastest is reported")
     p.add_argument("--json", default="runs/bench_data.json", help="where to write the results")
     args = p.parse_args(argv)
     rows = []
@@ -69,8 +70,9 @@ def main(argv=None) -> int:
                 tokenizers = [("ByteLevel", "ByteLevel", None), (f"BPE-{args.bpe_vocab_size}", "HFTokenizer", bpe)]
             for label, ttype, vocab in tokenizers:
                 for w in args.workers:
-                    st = preprocess(inputs, os.path.join(tmp, f"out_{w}"), ttype, vocab, append_eod=True,
-                                    workers=w, progress=False)
+                    runs = [preprocess(inputs, os.path.join(tmp, f"out_{w}"), ttype, vocab, append_eod=True,
+                                       workers=w, progress=False) for _ in range(args.repeat)]
+                    st = min(runs, key=lambda r: r.seconds)  # best of N: least disturbed by other load
                     rows.append({"tokenizer": label, **st.to_dict()})
                     print(f"{label:>12} workers={w}: {st.mb_per_s:7.2f} MB/s {st.tokens_per_s:12,.0f} tokens/s "
                           f"(start-up {st.startup_seconds:.2f} s)", file=sys.stderr)
@@ -87,7 +89,8 @@ def main(argv=None) -> int:
               f"{r['steady_mb_per_s']:11.2f} {r['tokens']:10d}")
     print("MB/s and tokens/s: whole runs; steady MB/s: after the worker processes started")
     result = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
-              "input": args.input or f"generated stdlib .jsonl.zst ({args.mb} MB)", "rows": rows}
+              "input": args.input or f"generated stdlib .jsonl.zst ({args.mb} MB)", "repeat": args.repeat,
+              "load_average": os.getloadavg(), "rows": rows}
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
