@@ -1,0 +1,535 @@
+#!/usr/bin/env python
+"""Sharding strategies head to head on an emulated multi-node cluster (needs root: namespaces).
+
+    tools/bench_sharding.py [--nodes 2] [--gpus-per-node 2] [--gcds-per-gpu 2] [--model configs/tiny.yml]
+        [--steps 8] [--warmup 2] [--out runs/bench_sharding] [--strategies ddp zero3 ... fsdp2_hsdp]
+        [--inter-node 200mbit] [--intra-node 400mbit] [--no-unshaped] [--series main scaling]
+        [--scaling-nodes 1 2 4] [--scaling-gpus-per-node 1] [--scaling-gcds-per-gpu 2]
+
+Every strategy trains the same GPT-NeoX (``--model`` plus the ``--model-set`` overrides: 4 layers,
+hidden 256, seq 128, micro-batch 2, 4 micro-batches per step, bf16), on the same data, for
+``--steps`` steps on a fresh emulated cluster (tools/emulate_cluster.py: one namespace per GPU
+package, tc-shaped links). Strategies: our presets through train.py (``ddp zero3 zeropp mics topo
+topo_sec8 paro_iig``; ``topo`` has secondary degree = GCDs per GPU, ``topo_sec8`` secondary degree
+= ranks per node, the paper's 8 on Frontier) and PyTorch FSDP2 through tools/fsdp_baseline.py
+(``fsdp2_full``: fully_shard over the world, ``fsdp2_hsdp``: replicate x shard mesh).
+
+Per strategy: median step time over the steps after ``--warmup``, tokens/s, bytes per link level
+per step from our counters (sum over ranks) next to the DESIGN §4 formula (OK/MISMATCH) and next
+to the bytes measured on the wire (tc classes on the veths, loopback for the GCD pair), peak RSS
+per rank (wait4), and bounds: each strategy is run a second time with shaping off (its
+"compute" time t0), and t0 + max over link levels (busiest link's bytes / its rate) is the
+no-overlap bound printed beside the measurement (max(t0, comm) is the perfect-overlap one).
+
+Writes DIR/results.json (a list of row objects), DIR/results.md (tables with ratios against
+zero3 and zeropp), DIR/results.png, DIR/meta.json and, with the scaling series, DIR/scaling.png.
+Rank output goes to DIR/runs/<row>/launch.log. The CPU is shared: numbers are as noisy as the
+machine is busy (meta.json records the load average before and after).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from megatron_topo.emulation import (  # noqa: E402
+    Cluster, ClusterSpec, EmulationError, Interrupted, check_privileges, format_rate, launch, parse_rate,
+    summarize,
+)
+from megatron_topo.emulation import formulas as F  # noqa: E402
+from megatron_topo.emulation import rates as R  # noqa: E402
+from megatron_topo.emulation.launch import install_signal_handlers, restore_signal_handlers  # noqa: E402
+
+LEVELS = ("intra_gpu", "intra_node", "inter_node")
+ALL_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "topo_sec8", "paro_iig", "fsdp2_full", "fsdp2_hsdp")
+SCALING_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "fsdp2_full", "fsdp2_hsdp")
+MODEL_SET = ("num_layers=4", "hidden_size=256", "num_attention_heads=4", "seq_length=128",
+             "max_position_embeddings=128", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=4",
+             "precision=bf16")
+LOG_DIR = "{LOG_DIR}"  # replaced by each run's own directory
+PRESET_FILE = {"ddp": "ddp", "zero3": "zero3", "zeropp": "zeropp", "mics": "mics", "topo": "topo",
+               "topo_sec8": "topo", "paro_iig": "paro_iig"}
+
+
+@dataclass
+class RunDef:
+    strategy: str
+    kind: str  # train | fsdp
+    argv: list  # after the python executable
+    configs: list
+    sets: list
+    nodes: int
+    gpus_per_node: int
+    gcds_per_gpu: int
+    notes: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str) -> RunDef:
+    per_node = gpus * gcds
+    sets = [*a.model_set, f"topology.gpus_per_node={gpus}", f"topology.gcds_per_gpu={gcds}",
+            f"train_iters={a.steps}", "log_interval=1", "eval_interval=0", "save=null", "load=null",
+            f"log_dir={log_dir}", "progress_bar=false", "zero_topo.quant_block_size=256",
+            "zero_topo.grad_quant_block_size=256"]
+    configs = [a.model, "configs/local_cpu.yml"]
+    notes = ""
+    if strategy in PRESET_FILE:
+        configs.append(f"configs/{PRESET_FILE[strategy]}.yml")
+        if strategy == "topo":
+            sets.append(f"zero_topo.secondary_degree={gcds}")
+            notes = f"secondary degree {gcds} (the GCD pair)"
+        elif strategy == "topo_sec8":
+            sets.append(f"zero_topo.secondary_degree={per_node}")
+            notes = f"secondary degree {per_node} (the node's ranks; 8 on Frontier)"
+        argv = ["train.py", *configs] + [x for s in sets for x in ("--set", s)]
+        return RunDef(strategy, "train", argv, configs, sets, nodes, gpus, gcds, notes)
+    if strategy in ("fsdp2_full", "fsdp2_hsdp"):
+        mode = strategy.split("_")[1]
+        sets = [s for s in sets if not s.startswith("zero_topo.")]
+        argv = ["tools/fsdp_baseline.py", *configs, "--mode", mode] + [x for s in sets for x in ("--set", s)]
+        notes = ("fully_shard over the world" if mode == "full" else
+                 "2-D mesh replicate(nodes) x shard(node); all-reduce on the last micro-batch only")
+        return RunDef(strategy, "fsdp", argv, configs, sets, nodes, gpus, gcds, notes)
+    raise SystemExit(f"bench_sharding: unknown strategy '{strategy}'; valid: {', '.join(ALL_STRATEGIES)}")
+
+
+# ------------------------------------------------------------------------------ formulas
+def formula_bytes(rd: RunDef) -> tuple[dict, str]:
+    """Expected bytes per step summed over ranks (DESIGN §4) and how exact the match must be."""
+    from megatron_topo.config import load_config
+    from megatron_topo.topology import Topology, topology_from_config
+    from megatron_topo.zero_topo.plan import resolve_plan
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        cfg = load_config(rd.configs, [s for s in rd.sets if not s.startswith("log_dir")])
+    finally:
+        os.chdir(cwd)
+    W = rd.nodes * rd.gpus_per_node * rd.gcds_per_gpu
+    topo = topology_from_config(cfg.topology, W, rd.gpus_per_node * rd.gcds_per_gpu)
+    e = {"bf16": 2, "fp16": 2, "fp32": 4}[cfg.precision]
+    micro = cfg.train.gradient_accumulation_steps
+    if rd.kind == "train":
+        plan = resolve_plan(cfg.zero_topo, topo, cfg.zero_optimization)
+        Ls = F.unit_lengths(cfg.model, plan, W)
+        exact = "exact"
+    else:  # FSDP2 = zero3 (full) / mics (hsdp) plans on unpadded units (FSDP2 pads per parameter)
+        plan = F.plan_for("zero3" if rd.strategy == "fsdp2_full" else "mics", Topology(W, topo.gcds_per_gpu,
+                                                                                        topo.gpus_per_node))
+        Ls = F.raw_unit_lengths(cfg.model)
+        exact = "approx"
+    per_rank = F.expected_bytes_per_rank(plan, topo, Ls, micro, elem_bytes=e)
+    return F.total_over_ranks(per_rank, W), exact
+
+
+# ------------------------------------------------------------------------------ one run
+def read_metrics(path: str) -> list[dict]:
+    if not os.path.isfile(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    return [r for r in out if "step_time_s" in r]
+
+
+def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
+    spec = ClusterSpec(rd.nodes, rd.gpus_per_node, rd.gcds_per_gpu,
+                       inter_node_bps=a.inter_bps if shaped else None,
+                       intra_node_bps=a.intra_bps if shaped else None,
+                       intra_gpu_bps=a.intra_gpu_bps if shaped else None, mtu=a.mtu)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir, exist_ok=True)
+    logf = open(os.path.join(run_dir, "launch.log"), "w")
+    cluster = Cluster(spec)
+    row = {"ok": False}
+    try:
+        cluster.up()
+        before = cluster.counters()
+        argv = [x.replace(LOG_DIR, run_dir) for x in rd.argv]
+        res = launch(cluster, [sys.executable, *argv], stdout_ranks="0", out=logf, err=logf, cwd=ROOT,
+                     timeout_s=a.timeout)
+        after = cluster.counters()
+    finally:
+        cluster.down()
+        logf.close()
+    per_pkg = Cluster.delta(after, before)
+    summ = summarize(per_pkg)
+    recs = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    row.update({"returncode": res.returncode, "wall_s": res.wall_s, "peak_rss_bytes": max(res.max_rss_bytes),
+                "peak_rss_bytes_per_rank": res.max_rss_bytes, "cpu_s_per_rank": res.cpu_s,
+                "cpu_utilisation": sum(res.cpu_s) / max(res.wall_s, 1e-9)})
+    if res.returncode or len(recs) < a.steps:
+        row["error"] = f"exit {res.returncode}, {len(recs)} of {a.steps} steps logged; see {run_dir}/launch.log"
+        return row
+    timed = [r["step_time_s"] for r in recs if r["step"] > a.warmup]
+    med = statistics.median(timed)
+    last = recs[-1]
+    gb_tokens = last["tokens_per_sec"] * last["step_time_s"]
+    steps = len(recs)
+    wire = {lvl: summ["wire_bytes"][lvl] / steps for lvl in LEVELS}
+    busiest_intra = max(max(p["tx_bytes"].get("intra_node", 0), p["rx_bytes"].get("intra_node", 0))
+                        for p in per_pkg) / steps
+    row.update({
+        "ok": True, "step_time_s": med, "step_times_s": [r["step_time_s"] for r in recs],
+        "step_time_iqr_s": _iqr(timed), "tokens_per_sec": gb_tokens / med, "tokens_per_step": gb_tokens,
+        "loss_first": recs[0]["loss"], "loss_last": last["loss"],
+        **{f"comm_bytes_{lvl}": int(last.get(f"comm_bytes_{lvl}", 0)) for lvl in LEVELS},
+        "comm_bytes_constant": all(r.get("comm_bytes_inter_node") == last.get("comm_bytes_inter_node")
+                                   for r in recs),
+        **{f"wire_bytes_{lvl}": int(wire[lvl]) for lvl in LEVELS},
+        "busiest_nic_bytes": int(summ["busiest_nic_bytes"] / steps),
+        "busiest_intra_node_link_bytes": int(busiest_intra),
+        "tx_drops": summ["tx_drops"], "wire_packages": per_pkg,
+    })
+    return row
+
+
+def _iqr(xs):
+    if len(xs) < 4:
+        return 0.0
+    q = statistics.quantiles(xs, n=4)
+    return q[2] - q[0]
+
+
+def measure(rd: RunDef, a, series: str, out: str) -> dict:
+    tag = f"{series}_{rd.strategy}_n{rd.nodes}"
+    row = {"series": series, "strategy": rd.strategy, "kind": rd.kind, "notes": rd.notes, "nodes": rd.nodes,
+           "gpus_per_node": rd.gpus_per_node, "gcds_per_gpu": rd.gcds_per_gpu,
+           "world_size": rd.nodes * rd.gpus_per_node * rd.gcds_per_gpu,
+           "inter_node_rate_bps": a.inter_bps, "intra_node_rate_bps": a.intra_bps,
+           "command": " ".join(["python", *rd.argv]).replace(LOG_DIR, os.path.join(out, "runs", tag))}
+    t0 = time.time()
+    shaped = run_one(rd, a, True, os.path.join(out, "runs", tag))
+    row.update(shaped)
+    try:
+        want, exact = formula_bytes(rd)
+    except Exception as e:  # a formula problem must not lose the measurement
+        want, exact = None, f"error: {e}"
+    if want is not None:
+        row.update({f"formula_bytes_{lvl}": int(round(want[lvl])) for lvl in LEVELS})
+        if row.get("ok"):
+            got = {lvl: row[f"comm_bytes_{lvl}"] for lvl in LEVELS}
+            if exact == "exact":
+                verdict, diffs = F.check(got, want, abs_tol=row["world_size"])
+            else:
+                verdict, diffs = F.check(got, want, rel=0.02, abs_tol=4096)
+                verdict = verdict if verdict == "MISMATCH" else "OK (±2%, FSDP2 pads per parameter)"
+            row["formula_check"] = verdict
+            row["formula_rel_diff"] = diffs
+    else:
+        row["formula_check"] = exact
+    if a.unshaped and row.get("ok"):
+        base = run_one(rd, a, False, os.path.join(out, "runs", tag + "_unshaped"))
+        if base.get("ok"):
+            t0c = base["step_time_s"]
+            row["unshaped_step_time_s"] = t0c
+            row["unshaped_peak_rss_bytes"] = base["peak_rss_bytes"]
+            t_inter = row["busiest_nic_bytes"] * 8 / a.inter_bps if a.inter_bps else 0.0
+            t_intra = row["busiest_intra_node_link_bytes"] * 8 / a.intra_bps if a.intra_bps else 0.0
+            t_formula = (row["comm_bytes_inter_node"] / (rd.nodes * rd.gpus_per_node)) * 8 / a.inter_bps \
+                if a.inter_bps else 0.0
+            row.update({
+                "comm_time_inter_s": t_inter, "comm_time_intra_node_s": t_intra,
+                "comm_time_formula_inter_s": t_formula,
+                "lower_bound_s": t0c + max(t_inter, t_intra),  # compute, then the busiest link, no overlap
+                "lower_bound_overlap_s": max(t0c, t_inter, t_intra),  # perfect overlap: a strict bound
+                "lower_bound_formula_s": t0c + t_formula,  # our counters spread over every NIC
+            })
+        else:
+            row["unshaped_error"] = base.get("error")
+    row["bench_seconds"] = time.time() - t0
+    return row
+
+
+# ------------------------------------------------------------------------------ reports
+def _mb(x):
+    return "—" if x is None else f"{x / 1e6:.1f}"
+
+
+def _ratio(a, b):
+    return f"{a / b:.2f}x" if a and b else "—"
+
+
+def table_main(rows: list[dict]) -> str:
+    ok = {r["strategy"]: r for r in rows if r.get("ok")}
+    z3 = ok.get("zero3", {}).get("tokens_per_sec")
+    zpp = ok.get("zeropp", {}).get("tokens_per_sec")
+    lines = ["| strategy | step s (median) | tokens/s | vs zero3 | vs zeropp | unshaped s | bound s (t0+comm) "
+             "| bound s (overlap) | inter-node MB/step ours / formula / wire | check | intra-node MB ours / wire "
+             "| intra-gpu MB ours / wire | busiest NIC MB | peak RSS MiB |",
+             "|" + "---|" * 14]
+    for r in rows:
+        if not r.get("ok"):
+            lines.append(f"| {r['strategy']} | failed: {r.get('error', '?')} |" + " |" * 12)
+            continue
+        tps = r["tokens_per_sec"]
+        lines.append(
+            f"| {r['strategy']} | {r['step_time_s']:.2f} | {tps:.0f} | {_ratio(tps, z3)} | {_ratio(tps, zpp)} | "
+            f"{r.get('unshaped_step_time_s', float('nan')):.2f} | {r.get('lower_bound_s', float('nan')):.2f} | "
+            f"{r.get('lower_bound_overlap_s', float('nan')):.2f} | "
+            f"{_mb(r['comm_bytes_inter_node'])} / {_mb(r.get('formula_bytes_inter_node'))} / "
+            f"{_mb(r['wire_bytes_inter_node'])} | {r.get('formula_check', '—')} | "
+            f"{_mb(r['comm_bytes_intra_node'])} / {_mb(r['wire_bytes_intra_node'])} | "
+            f"{_mb(r['comm_bytes_intra_gpu'])} / {_mb(r['wire_bytes_intra_gpu'])} | {_mb(r['busiest_nic_bytes'])} | "
+            f"{r['peak_rss_bytes'] / 2**20:.0f} |")
+    return "\n".join(lines)
+
+
+def table_scaling(rows: list[dict]) -> str:
+    by = {}
+    for r in rows:
+        by.setdefault(r["strategy"], {})[r["nodes"]] = r
+    nodes = sorted({r["nodes"] for r in rows})
+    head = "| strategy | " + " | ".join(f"{n} node(s) tokens/s" for n in nodes) + " | " + \
+        " | ".join(f"eff. {n}" for n in nodes[1:]) + " | " + " | ".join(f"comm eff. {n}" for n in nodes) + " |"
+    lines = [head, "|" + "---|" * (1 + len(nodes) + len(nodes) - 1 + len(nodes))]
+    for s, per in by.items():
+        base = per.get(nodes[0], {}).get("tokens_per_sec") if per.get(nodes[0], {}).get("ok") else None
+        tps = [per[n]["tokens_per_sec"] if per.get(n, {}).get("ok") else None for n in nodes]
+        eff = [(t / (base * n / nodes[0]) if t and base else None) for t, n in zip(tps[1:], nodes[1:])]
+        ceff = []
+        for n in nodes:
+            r = per.get(n, {})
+            ceff.append(r["unshaped_step_time_s"] / r["step_time_s"] if r.get("ok") and r.get("unshaped_step_time_s")
+                        else None)
+        f = lambda x, fmt: "—" if x is None else fmt.format(x)  # noqa: E731
+        lines.append(f"| {s} | " + " | ".join(f(t, "{:.0f}") for t in tps) + " | " +
+                     " | ".join(f(e, "{:.2f}") for e in eff) + " | " + " | ".join(f(e, "{:.2f}") for e in ceff) + " |")
+    return "\n".join(lines)
+
+
+def plot_main(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    ok = [r for r in rows if r.get("ok")]
+    if not ok:
+        return None
+    names = [r["strategy"] for r in ok]
+    x = range(len(ok))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    ax1.bar(x, [r["tokens_per_sec"] for r in ok], color="tab:blue", label="measured")
+    bound = [r["tokens_per_step"] / r["lower_bound_s"] if r.get("lower_bound_s") else 0 for r in ok]
+    ax1.scatter(list(x), bound, color="black", marker="_", s=400, label="t0 + comm bound", zorder=3)
+    ax1.set_xticks(list(x), names, rotation=30, ha="right")
+    ax1.set_ylabel("tokens/s (global)")
+    ax1.set_title("throughput on the emulated cluster")
+    ax1.legend()
+    w = 0.27
+    for i, (key, lab) in enumerate((("comm_bytes_inter_node", "our counters"),
+                                    ("formula_bytes_inter_node", "DESIGN §4 formula"),
+                                    ("wire_bytes_inter_node", "measured on the veths"))):
+        ax2.bar([k + (i - 1) * w for k in x], [(r.get(key) or 0) / 1e6 for r in ok], width=w, label=lab)
+    ax2.set_xticks(list(x), names, rotation=30, ha="right")
+    ax2.set_ylabel("inter-node MB per step (sum over ranks)")
+    ax2.set_title("inter-node traffic")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_scaling(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    by = {}
+    for r in rows:
+        if r.get("ok"):
+            by.setdefault(r["strategy"], []).append((r["nodes"], r["tokens_per_sec"]))
+    for s, pts in by.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s)
+    ax.set_xlabel("emulated nodes")
+    ax.set_ylabel("tokens/s (global)")
+    ax.set_title("weak scaling (fixed batch per rank)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def machine() -> dict:
+    info = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+    try:
+        import torch
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu_model"] = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+        with open("/proc/meminfo") as f:
+            info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return info
+
+
+def write_reports(out, rows, meta):
+    tmp = os.path.join(out, "results.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(rows, f, indent=1)
+    os.replace(tmp, os.path.join(out, "results.json"))
+    with open(os.path.join(out, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    main = [r for r in rows if r["series"] == "main"]
+    scal = [r for r in rows if r["series"] == "scaling"]
+    md = ["# bench_sharding results", "",
+          f"Emulated cluster: {meta.get('main_spec', '')}. Model: {' '.join(meta['model_set'])}; "
+          f"{meta['steps']} steps, median over steps > {meta['warmup']}. Machine: {meta['machine']}. "
+          f"Load average before/after: {meta.get('load_before')} / {meta.get('load_after')}.", ""]
+    if main:
+        md += ["## Strategies", "", table_main(main), ""]
+    if scal:
+        md += ["## Weak scaling", "", meta.get("scaling_spec", ""), "", table_scaling(scal), "",
+               "eff. N = tokens/s at N nodes / (N x tokens/s at the first node count); comm eff. = unshaped "
+               "step time / shaped step time at that size.", ""]
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write("\n".join(md))
+    if main:
+        plot_main(main, os.path.join(out, "results.png"))
+    if scal:
+        plot_scaling(scal, os.path.join(out, "scaling.png"))
+
+
+# ------------------------------------------------------------------------------ main
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--gpus-per-node", type=int, default=2)
+    ap.add_argument("--gcds-per-gpu", type=int, default=2)
+    ap.add_argument("--model", default="configs/tiny.yml", help="model YAML (relative to the repo root)")
+    ap.add_argument("--model-set", nargs="*", default=list(MODEL_SET), metavar="KEY=VALUE",
+                    help="overrides applied to the model YAML (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--out", default="runs/bench_sharding")
+    ap.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES), choices=ALL_STRATEGIES)
+    ap.add_argument("--inter-node", default=R.DEFAULT_INTER_NODE)
+    ap.add_argument("--intra-node", default=R.DEFAULT_INTRA_NODE)
+    ap.add_argument("--intra-gpu", default=R.DEFAULT_INTRA_GPU)
+    ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--no-unshaped", dest="unshaped", action="store_false",
+                    help="skip the shaping-off run per strategy (no bounds)")
+    ap.add_argument("--series", nargs="+", default=["main"], choices=("main", "scaling"))
+    ap.add_argument("--scaling-nodes", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--scaling-gpus-per-node", type=int, default=1)
+    ap.add_argument("--scaling-gcds-per-gpu", type=int, default=2)
+    ap.add_argument("--scaling-strategies", nargs="+", default=list(SCALING_STRATEGIES), choices=ALL_STRATEGIES)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is stopped")
+    ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    return ap
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    prog = "bench_sharding"
+    if a.steps <= a.warmup:
+        print(f"{prog}: --steps {a.steps} must exceed --warmup {a.warmup}", file=sys.stderr)
+        return 2
+    try:
+        a.inter_bps, a.intra_bps = parse_rate(a.inter_node), parse_rate(a.intra_node)
+        a.intra_gpu_bps = parse_rate(a.intra_gpu)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(a.out)
+    plan = []
+    if "main" in a.series:
+        for s in a.strategies:
+            plan.append(("main", s, a.nodes, a.gpus_per_node, a.gcds_per_gpu))
+    if "scaling" in a.series:
+        for n in a.scaling_nodes:
+            for s in a.scaling_strategies:
+                if s == "topo_sec8" and a.scaling_gpus_per_node == 1:
+                    continue  # = topo when a node is one GPU
+                plan.append(("scaling", s, n, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu))
+    defs = [(series, run_def(s, a, n, g, c, LOG_DIR)) for series, s, n, g, c in plan]
+    if a.dry_run:
+        for series, rd in defs:
+            print(f"[{series}] {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} {rd.strategy}: "
+                  f"python {' '.join(rd.argv)}")
+        return 0
+    why = check_privileges()
+    if why:
+        print(f"{prog}: cannot emulate a cluster here: {why}", file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    meta = {"machine": machine(), "model": a.model, "model_set": a.model_set, "steps": a.steps,
+            "warmup": a.warmup, "rates": {"inter_node": format_rate(a.inter_bps),
+                                          "intra_node": format_rate(a.intra_bps),
+                                          "intra_gpu": format_rate(a.intra_gpu_bps)},
+            "load_before": os.getloadavg(), "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if "main" in a.series:
+        meta["main_spec"] = ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, a.inter_bps, a.intra_bps,
+                                        a.intra_gpu_bps).describe()
+    if "scaling" in a.series:
+        meta["scaling_spec"] = "Per node: " + ClusterSpec(1, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu,
+                                                          a.inter_bps, a.intra_bps, a.intra_gpu_bps).describe()
+    rows = []
+    old = install_signal_handlers()
+    try:
+        for i, (series, rd) in enumerate(defs):
+            print(f"[{i + 1}/{len(defs)}] {series} {rd.strategy} on {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} ...",
+                  flush=True)
+            try:
+                row = measure(rd, a, series, out)
+            except EmulationError as e:
+                row = {"series": series, "strategy": rd.strategy, "nodes": rd.nodes, "ok": False, "error": str(e)}
+            rows.append(row)
+            print("    " + summary_line(row), flush=True)
+            meta["load_after"] = os.getloadavg()
+            write_reports(out, rows, meta)
+    except Interrupted as e:
+        print(f"{prog}: interrupted ({e}); partial results in {out}", file=sys.stderr)
+        write_reports(out, rows, meta)
+        return 128 + e.signum
+    finally:
+        restore_signal_handlers(old)
+    print(f"{prog}: wrote {out}/results.json, results.md, results.png")
+    with open(os.path.join(out, "results.md")) as f:
+        print(f.read())
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def summary_line(r: dict) -> str:
+    if not r.get("ok"):
+        return f"FAILED: {r.get('error')}"
+    s = (f"step {r['step_time_s']:.2f} s, {r['tokens_per_sec']:.0f} tok/s, inter-node ours "
+         f"{r['comm_bytes_inter_node'] / 1e6:.1f} MB (formula {r.get('formula_bytes_inter_node', 0) / 1e6:.1f} MB: "
+         f"{r.get('formula_check')}), wire {r['wire_bytes_inter_node'] / 1e6:.1f} MB, busiest NIC "
+         f"{r['busiest_nic_bytes'] / 1e6:.1f} MB, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+    if r.get("unshaped_step_time_s") is not None:
+        s += (f"; unshaped {r['unshaped_step_time_s']:.2f} s, bound t0+comm {r['lower_bound_s']:.2f} s "
+              f"(overlap {r['lower_bound_overlap_s']:.2f} s)")
+    return s
+
+
+if __name__ == "__main__":
+    sys.exit(main())
