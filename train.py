@@ -12,8 +12,13 @@ import os
 import sys
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + error
+        self.exit(2, f"error: {message} (usage: python train.py CONFIG.yml [MORE.yml ...] [--set KEY=VALUE ...])\n")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("configs", nargs="+", help="YAML files merged in order")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set train_iters=10 --set zero_topo.preset=zero3")
@@ -21,19 +26,37 @@ def main(argv=None) -> int:
 
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.data import DataError
+    from megatron_topo.faults import describe_failure
     from megatron_topo.training import Trainer, TrainingError, setup_runtime
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
-    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    rt = None
     try:
         cfg = load_config(args.configs, args.overrides)
         rt = setup_runtime(cfg)
         trainer = Trainer(cfg, rt)
         last = trainer.train()
     except (ConfigError, DataError, CheckpointError, TrainingError) as e:
+        if rt is not None and rt.heartbeat is not None:
+            rt.heartbeat.stop()  # leaving on purpose: the other ranks must not report this rank as lost
         print(f"error: {e}", file=sys.stderr)
         return 2 if not isinstance(e, TrainingError) else 1
-    if rank == 0:
+    except Exception as e:
+        # a vanished peer or a collective time-out: one line naming the lost rank, then exit at
+        # once (tearing down a broken process group can hang)
+        line = describe_failure(e, rt.rank, rt.world_size, rt.heartbeat, cfg.distributed.collective_timeout_s) \
+            if rt is not None and rt.distributed else None
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
+        if isinstance(e, OSError) and e.filename is not None:
+            print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        raise
+    if rt.heartbeat is not None:
+        rt.heartbeat.stop()
+    if rt.rank == 0:
         lg = cfg.logging
         print(f"done: step {trainer.state.step}, loss {last.get('loss', float('nan')):.4f}")
         print(f"metrics:     {os.path.join(lg.log_dir, 'metrics.jsonl')}")

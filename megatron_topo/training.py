@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from . import faults
 from . import metrics as M
 from .config import Config, ConfigError, write_effective_config
 from .model import build_model
@@ -58,6 +59,7 @@ class Runtime:
     topo: Topology
     device: torch.device
     distributed: bool
+    heartbeat: Optional[object] = None  # faults.Heartbeat: names a vanished rank when a collective fails
 
     def barrier(self):
         if self.distributed:
@@ -65,8 +67,13 @@ class Runtime:
 
 
 def setup_runtime(cfg: Config) -> Runtime:
-    env = launcher_env()
+    try:
+        env = launcher_env()
+    except ValueError as e:
+        raise ConfigError(f"launcher environment: {e} (WORLD_SIZE, RANK, LOCAL_RANK must be integers)") from None
     world, rank = env["world_size"], env["rank"]
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"launcher environment: RANK={rank} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}")
     dcfg = cfg.distributed
     use_cuda = dcfg.device == "cuda" or (dcfg.device == "auto" and torch.cuda.is_available())
     if dcfg.device == "cuda" and not torch.cuda.is_available():
@@ -83,11 +90,14 @@ def setup_runtime(cfg: Config) -> Runtime:
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if not os.environ.get(var):
                 raise ConfigError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
+        if not str(os.environ["MASTER_PORT"]).isdigit():
+            raise ConfigError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number")
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
                                 device_id=device if use_cuda else None)
     topo = topology_from_config(cfg.topology, world, env["local_world_size"])
-    return Runtime(rank, world, env["local_rank"], topo, device, distributed)
+    heartbeat = faults.Heartbeat.start(rank, world) if distributed else None
+    return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)
 
 
 def seed_everything(seed: int):
@@ -149,6 +159,9 @@ class Trainer:
     def __init__(self, cfg: Config, rt: Runtime, datasets=None, log=print):
         self.cfg, self.rt = cfg, rt
         self.log = log if rt.rank == 0 else (lambda *a, **k: None)
+        ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
+        if cfg.checkpoint.load:
+            ckpt.resolve(cfg.checkpoint.load)
         seed_everything(cfg.train.seed)
         self.engine = build_engine(cfg, rt)
         self.plan = self.engine.plan
@@ -208,12 +221,16 @@ class Trainer:
         eng = self.engine
         eng.train()
         losses = []
-        for m in range(t.gradient_accumulation_steps):
+        step, accum = self.state.step + 1, t.gradient_accumulation_steps
+        for m in range(accum):
             x, y = self.train_batches.micro(self.state.consumed_samples, m)
-            loss = loss_fn(eng(x), y)
+            loss = faults.corrupt_loss(step, loss_fn(eng(x), y), self.rt.rank)
             losses.append(loss.detach())
-            eng.backward(loss / t.gradient_accumulation_steps)
-        lr = learning_rate(self.cfg, self.state.step + 1)
+            eng.backward(loss / accum)
+            faults.after_backward(step, m, accum, eng, self.rt.rank)
+        # which units' gradient shards are non-finite (read before eng.step zeroes them)
+        finite = None if eng.scaler else torch.stack([u.grad_acc.isfinite().all() for u in eng.units])
+        lr = learning_rate(self.cfg, step)
         stats = eng.step(lr)
         self.state.consumed_samples += self.batches_per_step
         self.state.step += 1
@@ -224,11 +241,25 @@ class Trainer:
             if self.state.bad_steps >= t.max_bad_steps:
                 raise TrainingError(
                     f"step {self.state.step}: non-finite gradients for {self.state.bad_steps} consecutive "
-                    f"steps in {self.cfg.precision}; lower the learning rate or check the data"
+                    f"steps in {self.cfg.precision} ({self._bad_units(finite)}; loss {stats['loss'].item():.4g}); "
+                    f"lower the learning rate or check the data"
                 )
         else:
             self.state.bad_steps = 0
         return stats
+
+    def _bad_units(self, finite: torch.Tensor) -> str:
+        """'unit 2 (layers.1)': the units whose gradient is non-finite on any rank."""
+        bad = (~finite).to(torch.float32)
+        if self.rt.distributed:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        mods = {id(m): n for n, m in self.engine.module.named_modules()}
+        idx = [i for i, b in enumerate(bad.tolist()) if b > 0]
+        if not idx:
+            return "no unit's gradient shard was non-finite"
+        names = [f"{i} ({mods.get(id(self.engine.units[i].module), '?')})" for i in idx]
+        return ("unit " if len(names) == 1 else "units ") + ", ".join(names[:4]) + (
+            f" and {len(names) - 4} more" if len(names) > 4 else "")
 
     @torch.no_grad()
     def evaluate(self) -> Optional[float]:

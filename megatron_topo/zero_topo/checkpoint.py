@@ -1,38 +1,66 @@
-"""Sharded checkpoints: each rank writes its optimizer shards with their ranges in the global
-flat buffers; loading rebuilds any rank's shards from any other plan or world size.
+"""Sharded checkpoints: each rank writes its optimizer shards with their ranges in the global flat
+buffers; loading rebuilds any rank's shards from any other plan or world size.
 
 Layout of ``{save}/global_step{N}/``:
 
-* ``meta.json``   step, world size, plan, topology, every unit's parameter table and the trainer
-                  state (consumed samples, scheduler); written by rank 0.
-* ``rank_XXXXX.pt`` this rank's master/exp_avg/exp_avg_sq per unit with its [lo, hi) range in
-                  the unit's padded flat buffer, plus RNG and loss-scaler state.
-* ``config.yml``  the effective config.
+* ``meta.json``     format version, step, world size, plan, topology, precision, every unit's
+                    parameter table and padded size, the trainer state (consumed samples, ...),
+                    which ranks hold the tensors (``shard_holders``) and each rank file's size and
+                    SHA-256; written by rank 0 once every rank file is on disk.
+* ``rank_XXXXX.pt`` one per rank: for every unit the rank's optimizer-shard range ``[lo, hi)`` in
+                    the unit's padded flat buffer (plus ``padded``/``numel``), and -- on the ranks
+                    ``0 .. optimizer_factor-1``, which between them hold every shard exactly once --
+                    the fp32 master, ``exp_avg``, ``exp_avg_sq`` and Adam ``step``; the other ranks
+                    hold replicas of those shards and store only the ranges. Every rank stores its
+                    RNG state and the fp16 loss-scaler state.
+* ``config.yml``    the effective config (``load_config`` reads it back).
 
-The step directory is written under a temporary name and renamed when complete; ``latest`` is
-replaced last, so a crash during a save leaves the previous checkpoint untouched. Files load
-with ``torch.load(weights_only=True)`` and JSON: nothing in a checkpoint can run code.
+Atomicity: everything is written into ``.tmp_global_step{N}`` (each file: write, flush, fsync,
+rename), rank 0 renames the directory to ``global_step{N}`` when all ranks are done, fsyncs the
+parent and only then replaces ``latest``; so a crash at any point during a save leaves the
+previous checkpoint and ``latest`` untouched. ``keep_last`` prunes old steps afterwards, never
+the one ``latest`` names. Leftovers of an interrupted save are removed by the next save.
+
+Loading never runs code from a file: rank files load with ``torch.load(weights_only=True)``,
+``meta.json`` is JSON and ``config.yml`` goes through the safe YAML loader. Any problem with a
+checkpoint raises :class:`CheckpointError` whose message is one line naming the file.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
 import shutil
 from dataclasses import asdict
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from .. import faults
+
 LATEST = "latest"
+FORMAT_VERSION = 2
+STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
+_META_KEYS = ("step", "world_size", "plan", "units", "trainer")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message is one line for the user."""
 
 
+def _one_line(text) -> str:
+    lines = [s.strip() for s in str(text).splitlines() if s.strip()]
+    return lines[0] if lines else ""
+
+
+# ------------------------------------------------------------------------------- file helpers
 def step_dir(root: str, step: int) -> str:
     return os.path.join(root, f"global_step{step}")
+
+
+def rank_file(step_path: str, rank: int) -> str:
+    return os.path.join(step_path, f"rank_{rank:05d}.pt")
 
 
 def _fsync_dir(path: str):
@@ -55,6 +83,47 @@ def _atomic_write_bytes(path: str, data: bytes):
     os.replace(tmp, path)
 
 
+def file_digest(path: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 22)
+            if not b:
+                break
+            h.update(b)
+            size += len(b)
+    return size, h.hexdigest()
+
+
+def _atomic_torch_save(obj, path: str) -> tuple[int, str]:
+    part = path + ".part"
+    with open(part, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    size, digest = file_digest(part)  # of what is on disk, not of what we meant to write
+    os.replace(part, path)
+    return size, digest
+
+
+def check_save_dir(root: Optional[str]) -> None:
+    """Fail early (before training) when ``checkpoint.save`` cannot be a checkpoint directory."""
+    if not root:
+        return
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise CheckpointError(f"checkpoint.save {root} exists and is not a directory; point save at a directory")
+    parent = os.path.dirname(os.path.abspath(root))
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise CheckpointError(f"checkpoint.save {root}: {parent} is a file, not a directory")
+    probe = root if os.path.isdir(root) else parent
+    if probe and not os.access(probe, os.W_OK | os.X_OK):
+        raise CheckpointError(f"checkpoint.save {root}: {probe} is not writable")
+
+
+# ------------------------------------------------------------------------------- tables
 def unit_table(engine) -> list[dict]:
     names = {id(p): n for n, p in engine.module.named_parameters()}
     return [
@@ -64,64 +133,118 @@ def unit_table(engine) -> list[dict]:
     ]
 
 
-def save(engine, root: str, step: int, trainer_state: dict, config_yaml: str, rank: int, barrier,
-         keep_last: int = 2) -> str:
+def _holders(plan: dict) -> int:
+    """Ranks 0..os-1 hold every optimizer shard exactly once (shard index depends on rank % os)."""
+    return int(plan["optimizer_factor"])
+
+
+# ------------------------------------------------------------------------------- save
+def _gather_digests(engine, item: bytes) -> list[bytes]:
+    """All ranks' (size, digest) records on every rank; doubles as the 'all files written' barrier.
+    Uses torch.distributed directly so the engine's traffic counters are not disturbed."""
+    if not engine.comm.distributed:
+        return [item]
+    import torch.distributed as dist
+
+    dev = engine.optimizer.params[0].device
+    t = torch.tensor(list(item), dtype=torch.uint8, device=dev)
+    out = torch.empty(t.numel() * engine.topo.world_size, dtype=torch.uint8, device=dev)
+    dist.all_gather_into_tensor(out, t)
+    raw = out.cpu().numpy().tobytes()
+    n = len(item)
+    return [raw[i * n:(i + 1) * n] for i in range(engine.topo.world_size)]
+
+
+def _clean_leftovers(root: str, keep: str) -> None:
+    """Remove what interrupted saves left behind (never a complete global_step directory)."""
+    for d in os.listdir(root):
+        p = os.path.join(root, d)
+        if p == keep:
+            continue
+        if d.startswith(".tmp_global_step") and os.path.isdir(p):
+            shutil.rmtree(p, ignore_errors=True)
+        elif d.startswith("global_step") and d.endswith(".old") and os.path.isdir(p):
+            live = p[:-len(".old")]
+            if os.path.isfile(os.path.join(live, "meta.json")):  # the new copy is complete
+                shutil.rmtree(p, ignore_errors=True)
+        elif d.startswith(f"{LATEST}.tmp."):
+            try:
+                os.remove(p)
+            except OSError:
+                pass
+
+
+def save(engine, root: str, step: int, trainer_state: dict, config_yaml: str, rank: int,
+         barrier: Callable[[], None], keep_last: int = 2) -> str:
     """Collective: every rank calls it. Returns the final step directory."""
     final = step_dir(root, step)
     tmp = os.path.join(root, f".tmp_global_step{step}")
     if rank == 0:
+        check_save_dir(root)
         os.makedirs(root, exist_ok=True)
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp)
+        _clean_leftovers(root, keep="")
         os.makedirs(tmp)
     barrier()
+    holder = rank < engine.plan.optimizer_factor
     shards = []
     for i, u in enumerate(engine.units):
-        st = engine.optimizer.shard_state(i)
-        shards.append({"lo": u.optim_range[0], "hi": u.optim_range[1], **{
-            k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in st.items()}})
+        lo, hi = u.optim_range
+        entry = {"unit": i, "lo": lo, "hi": hi, "padded": u.layout.padded, "numel": u.numel}
+        if holder:
+            st = engine.optimizer.shard_state(i)
+            entry.update({k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in st.items()})
+        shards.append(entry)
     payload = {
+        "format": FORMAT_VERSION,
         "rank": rank,
+        "step": step,
+        "holder": holder,
         "shards": shards,
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         "scaler": engine.scaler.state_dict() if engine.scaler else None,
     }
-    path = os.path.join(tmp, f"rank_{rank:05d}.pt")
-    torch.save(payload, path + ".part")
-    with open(path + ".part", "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(path + ".part", path)
-    barrier()
+    size, digest = _atomic_torch_save(payload, rank_file(tmp, rank))
+    faults.maybe_fail("save", rank=rank, step=step)
+    records = _gather_digests(engine, size.to_bytes(8, "little") + bytes.fromhex(digest))
     if rank == 0:
+        files = {os.path.basename(rank_file(tmp, r)): {"bytes": int.from_bytes(rec[:8], "little"),
+                                                       "sha256": rec[8:].hex()}
+                 for r, rec in enumerate(records)}
         meta = {
+            "format": FORMAT_VERSION,
             "step": step,
             "world_size": engine.topo.world_size,
             "topology": asdict(engine.topo),
             "plan": asdict(engine.plan),
             "precision": engine.precision,
+            "shard_holders": engine.plan.optimizer_factor,
             "units": unit_table(engine),
             "trainer": trainer_state,
+            "files": files,
         }
-        _atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
         _atomic_write_bytes(os.path.join(tmp, "config.yml"), config_yaml.encode())
+        _atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
         _fsync_dir(tmp)
+        faults.maybe_fail("publish", rank=rank, step=step)
         if os.path.isdir(final):  # re-saving the same step: move the old one aside first
             old = final + ".old"
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
             os.replace(tmp, final)
+            _fsync_dir(root)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        _fsync_dir(root)
+            _fsync_dir(root)
         _atomic_write_bytes(os.path.join(root, LATEST), f"global_step{step}\n".encode())
-        _prune(root, keep_last)
+        _fsync_dir(root)
+        _prune(root, keep_last, protect=os.path.basename(final))
     barrier()
     return final
 
 
-def _prune(root: str, keep_last: int):
+def _prune(root: str, keep_last: int, protect: str = ""):
     if keep_last <= 0:
         return
     steps = sorted(
@@ -129,119 +252,283 @@ def _prune(root: str, keep_last: int):
         if d.startswith("global_step") and d[len("global_step"):].isdigit()
     )
     for _, d in steps[:-keep_last]:
-        shutil.rmtree(os.path.join(root, d), ignore_errors=True)
+        if d != protect:
+            shutil.rmtree(os.path.join(root, d), ignore_errors=True)
 
 
+# ------------------------------------------------------------------------------- reading
 def resolve(path: str) -> str:
     """A ``save`` directory (its latest checkpoint) or one step's directory -> step directory."""
-    if not os.path.exists(path):
+    if not path or not os.path.exists(path):
         raise CheckpointError(f"checkpoint path does not exist: {path}")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint path {path} is a file; give a save directory or a global_stepN directory")
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
     latest = os.path.join(path, LATEST)
     if os.path.isfile(latest):
-        with open(latest) as f:
-            name = f.read().strip()
+        try:
+            with open(latest) as f:
+                name = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{latest} is unreadable: {_one_line(e)}") from None
+        if not name or os.sep in name or name in (".", ".."):
+            raise CheckpointError(f"{latest} holds {name!r}, not a global_stepN directory name")
         d = os.path.join(path, name)
-        if not os.path.isfile(os.path.join(d, "meta.json")):
-            raise CheckpointError(f"{latest} points to {name}, which is missing or incomplete")
-        return d
-    raise CheckpointError(f"{path}: no meta.json and no '{LATEST}' file; not a checkpoint directory")
+        if os.path.isfile(os.path.join(d, "meta.json")):
+            return d
+        old = d + ".old"  # a crash while re-saving the same step left the complete old copy here
+        if not os.path.exists(d) and os.path.isfile(os.path.join(old, "meta.json")):
+            return old
+        raise CheckpointError(f"{latest} points to {name}, which is missing or incomplete (no {name}/meta.json)")
+    steps = [d for d in os.listdir(path) if d.startswith("global_step") and d[len("global_step"):].isdigit()]
+    hint = f" (it holds {', '.join(sorted(steps))}; pass one of them)" if steps else ""
+    raise CheckpointError(f"{path}: no meta.json and no '{LATEST}' file; not a checkpoint directory{hint}")
 
 
 def read_meta(step_path: str) -> dict:
+    path = os.path.join(step_path, "meta.json")
     try:
-        with open(os.path.join(step_path, "meta.json")) as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{step_path}/meta.json is unreadable: {e}") from None
+        with open(path) as f:
+            meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is unreadable: {_one_line(e)}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    missing = [k for k in _META_KEYS if k not in meta]
+    if missing:
+        raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+    try:
+        ws = int(meta["world_size"])
+        units = meta["units"]
+        ok = ws >= 1 and isinstance(units, list) and all(
+            isinstance(u, dict) and int(u["numel"]) >= 0 and int(u["padded"]) >= int(u["numel"])
+            and isinstance(u["params"], list) for u in units)
+        _holders(meta.get("plan") or {"optimizer_factor": ws})
+    except (TypeError, ValueError, KeyError):
+        ok = False
+    if not ok:
+        raise CheckpointError(f"{path} is malformed: bad world_size, plan or unit table")
+    return meta
 
 
-def load_rank_file(step_path: str, rank: int) -> dict:
-    path = os.path.join(step_path, f"rank_{rank:05d}.pt")
+def _verify_file(path: str, record: Optional[dict]) -> None:
+    if not record:
+        return
+    size = os.path.getsize(path)
+    if size != record.get("bytes"):
+        raise CheckpointError(
+            f"{path} is truncated or was replaced: {size} bytes, meta.json recorded {record.get('bytes')}")
+    if file_digest(path)[1] != record.get("sha256"):
+        raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one recorded in meta.json")
+
+
+def load_rank_file(step_path: str, rank: int, meta: Optional[dict] = None) -> dict:
+    path = rank_file(step_path, rank)
     if not os.path.isfile(path):
         raise CheckpointError(f"missing shard file {path}")
+    # Refuse code before anything else looks at the bytes: weights_only rejects every global but
+    # tensors and plain containers, so a crafted pickle fails here and runs nothing.
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise CheckpointError(
-            f"{path} holds objects other than tensors and plain data; refusing to load it ({str(e).splitlines()[0]})"
-        ) from None
+            f"{path} holds objects other than tensors and plain data; refusing to load it "
+            f"({_one_line(e)[:200]})") from None
     except Exception as e:  # truncated/corrupt
-        raise CheckpointError(f"{path} is corrupt or truncated: {type(e).__name__}: {e}") from None
+        raise CheckpointError(f"{path} is corrupt or truncated: {type(e).__name__}: {_one_line(e)[:200]}") from None
+    if meta is not None:
+        _verify_file(path, (meta.get("files") or {}).get(os.path.basename(path)))
+    if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
+        raise CheckpointError(f"{path} is not a zero_topo rank file (no 'shards' list)")
+    if meta is not None and len(data["shards"]) != len(meta["units"]):
+        raise CheckpointError(f"{path} has {len(data['shards'])} unit shards, meta.json lists {len(meta['units'])} units")
+    return data
+
+
+def _shard_tensors(path: str, sh: dict, unit: int) -> dict:
+    lo, hi = int(sh["lo"]), int(sh["hi"])
+    out = {}
+    for k in STATE_KEYS:
+        v = sh.get(k)
+        if v is None:
+            continue
+        if not torch.is_tensor(v) or v.dim() != 1 or v.numel() != hi - lo:
+            got = tuple(v.shape) if torch.is_tensor(v) else type(v).__name__
+            raise CheckpointError(f"{path}: unit {unit} {k} has shape {got}, expected ({hi - lo},) for [{lo}, {hi})")
+        out[k] = v.float()
+    return out
 
 
 def full_unit_state(step_path: str, meta: dict, unit: int, files: Optional[dict] = None) -> dict:
-    """Reassemble a unit's unpadded flat master/exp_avg/exp_avg_sq from every rank's shards."""
-    n = meta["units"][unit]["numel"]
-    out = {k: torch.zeros(n, dtype=torch.float32) for k in ("master", "exp_avg", "exp_avg_sq")}
+    """Reassemble a unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) from the shards."""
+    n = int(meta["units"][unit]["numel"])
+    out = {k: torch.zeros(n, dtype=torch.float32) for k in STATE_KEYS}
     have = torch.zeros(n, dtype=torch.bool)
     step = None
     files = files if files is not None else {}
-    for r in range(meta["world_size"]):
+    holders = int(meta.get("shard_holders") or meta["world_size"])
+    for r in range(holders):
         if r not in files:
-            files[r] = load_rank_file(step_path, r)
+            files[r] = load_rank_file(step_path, r, meta)
         sh = files[r]["shards"][unit]
-        lo, hi = sh["lo"], min(sh["hi"], n)
-        if lo >= hi or have[lo:hi].all():
+        lo, hi = int(sh["lo"]), min(int(sh["hi"]), n)
+        if lo >= hi or bool(have[lo:hi].all()):
             continue
-        for k in out:
-            if sh.get(k) is not None:
-                out[k][lo:hi] = sh[k][: hi - lo]
+        tens = _shard_tensors(rank_file(step_path, r), sh, unit)
+        if "master" not in tens:
+            raise CheckpointError(f"{rank_file(step_path, r)}: unit {unit} has no master weights")
+        for k, v in tens.items():
+            out[k][lo:hi] = v[: hi - lo]
         have[lo:hi] = True
-        step = sh.get("step", step)
-    if not have.all():
+        if sh.get("step") is not None:
+            step = sh["step"]
+    if not bool(have.all()):
         raise CheckpointError(f"{step_path}: unit {unit} is not fully covered by the shard files")
     out["step"] = step
     return out
 
 
-def load(engine, path: str, rank: int, strict_world: bool = False) -> dict:
-    """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json."""
-    sp = resolve(path)
-    meta = read_meta(sp)
-    mine = unit_table(engine)
+def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
+    """The checkpoint's unit parameter tables must equal the model's (names, offsets, shapes)."""
     if len(meta["units"]) != len(mine):
         raise CheckpointError(
             f"{sp}: checkpoint has {len(meta['units'])} units, the model has {len(mine)} (different num_layers?)"
         )
     for i, (a, b) in enumerate(zip(meta["units"], mine)):
-        if [p[:3] + [tuple(p[3])] for p in a["params"]] != [p[:3] + [tuple(p[3])] for p in b["params"]]:
-            diff = next((pa, pb) for pa, pb in zip(a["params"], b["params"]) if pa != pb) if len(
-                a["params"]) == len(b["params"]) else (len(a["params"]), len(b["params"]))
-            raise CheckpointError(f"{sp}: unit {i} does not match the model: checkpoint {diff[0]} vs model {diff[1]}")
+        pa = [[p[0], p[1], p[2], list(p[3])] for p in a["params"]]
+        pb = [[p[0], p[1], p[2], list(p[3])] for p in b["params"]]
+        if pa != pb:
+            if len(pa) != len(pb):
+                raise CheckpointError(f"{sp}: unit {i} has {len(pa)} parameters in the checkpoint, "
+                                      f"{len(pb)} in the model")
+            x, y = next((x, y) for x, y in zip(pa, pb) if x != y)
+            raise CheckpointError(
+                f"{sp}: parameter {y[0]} has shape {tuple(x[3])} in the checkpoint but {tuple(y[3])} in the "
+                f"model (unit {i}); the model config differs from the one that was saved")
+
+
+# ------------------------------------------------------------------------------- load
+def load(engine, path: str, rank: int, strict_world: bool = False) -> dict:
+    """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json."""
+    sp = resolve(path)
+    meta = read_meta(sp)
+    check_compatible(sp, meta, unit_table(engine))
     same = meta["world_size"] == engine.topo.world_size and meta["plan"] == asdict(engine.plan)
     if strict_world and not same:
         raise CheckpointError(f"{sp}: saved on {meta['world_size']} ranks with another plan")
-    own = load_rank_file(sp, rank) if same else None
+    holders = int(meta.get("shard_holders") or meta["world_size"])
+    own = None
+    if same:
+        own = load_rank_file(sp, rank, meta)
+        src = own if rank < holders else load_rank_file(sp, rank % holders, meta)
     files: dict = {}
     for i, u in enumerate(engine.units):
         lo, hi = u.optim_range
         if own is not None:
-            sh = own["shards"][i]
-            st = {k: sh[k] for k in ("master", "exp_avg", "exp_avg_sq", "step")}
+            sh = src["shards"][i]
+            if (int(sh["lo"]), int(sh["hi"])) != (lo, hi):
+                raise CheckpointError(f"{rank_file(sp, rank % holders)}: unit {i} range [{sh['lo']}, {sh['hi']}) "
+                                      f"differs from this rank's [{lo}, {hi}) under the same plan")
+            st = _shard_tensors(rank_file(sp, rank % holders), sh, i)
+            if "master" not in st:
+                raise CheckpointError(f"{rank_file(sp, rank % holders)}: unit {i} has no master weights")
+            st["step"] = sh.get("step")
         else:
             full = full_unit_state(sp, meta, i, files)
             st = {"step": full["step"]}
-            for k in ("master", "exp_avg", "exp_avg_sq"):
+            for k in STATE_KEYS:
                 buf = torch.zeros(hi - lo, dtype=torch.float32)
                 a, b = lo, min(hi, u.numel)
                 if a < b:
                     buf[: b - a] = full[k][a:b]
                 st[k] = buf
         dev = engine.optimizer.params[i].device
+        has_moments = st["step"] is not None and "exp_avg" in st and "exp_avg_sq" in st
         engine.optimizer.load_shard_state(
-            i, st["master"].to(dev), st["exp_avg"].to(dev) if st["step"] is not None else None,
-            st["exp_avg_sq"].to(dev) if st["step"] is not None else None, st["step"])
+            i, st["master"].to(dev), st["exp_avg"].to(dev) if has_moments else None,
+            st["exp_avg_sq"].to(dev) if has_moments else None, st["step"])
     if own is None and engine.scaler:
-        first = files.get(0) or load_rank_file(sp, 0)
-        if first["scaler"]:
+        first = files.get(0) or load_rank_file(sp, 0, meta)
+        if first.get("scaler"):
             engine.scaler.load_state_dict(first["scaler"])
     if own is not None:
         torch.set_rng_state(own["rng"]["torch"])
         if own["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(own["rng"]["cuda"])
-        if engine.scaler and own["scaler"]:
+        if engine.scaler and own.get("scaler"):
             engine.scaler.load_state_dict(own["scaler"])
     engine.republish()
     return meta["trainer"]
+
+
+# ------------------------------------------------------------------------------- full states
+def read_full_state(path: str) -> dict:
+    """The whole model and optimizer state of a checkpoint, in one process (no engine needed).
+
+    Returns ``{"step_dir", "meta", "config_yaml", "params": {name: fp32 tensor},
+    "optimizer": {name: {"exp_avg", "exp_avg_sq"}}, "adam_step": {name: float}, "units": [per-unit
+    flat state]}`` with every tensor reassembled from the shard files.
+    """
+    sp = resolve(path)
+    meta = read_meta(sp)
+    files: dict = {}
+    params, optim, steps, units = {}, {}, {}, []
+    for i, u in enumerate(meta["units"]):
+        full = full_unit_state(sp, meta, i, files)
+        units.append(full)
+        step = None if full["step"] is None else float(full["step"])
+        for name, off, numel, shape in u["params"]:
+            sl = slice(int(off), int(off) + int(numel))
+            params[name] = full["master"][sl].view(*shape).clone()
+            if step is not None:
+                optim[name] = {k: full[k][sl].view(*shape).clone() for k in ("exp_avg", "exp_avg_sq")}
+                steps[name] = step
+    cfg_path = os.path.join(sp, "config.yml")
+    config_yaml = open(cfg_path).read() if os.path.isfile(cfg_path) else None
+    return {"step_dir": sp, "meta": meta, "config_yaml": config_yaml, "params": params, "optimizer": optim,
+            "adam_step": steps, "units": units}
+
+
+def load_model_config(state: dict):
+    """The ModelConfig a checkpoint was saved with (from its config.yml, via the safe loader)."""
+    from ..config import ConfigError, load_config
+
+    sp = state["step_dir"]
+    path = os.path.join(sp, "config.yml")
+    if state.get("config_yaml") is None:
+        raise CheckpointError(f"{sp} has no config.yml; cannot tell the model's shape")
+    try:
+        return load_config([path]).model
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+@torch.no_grad()
+def gather_full_state(engine) -> list[dict]:
+    """Collective: every unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) as the
+    engine holds them now, gathered over the optimizer group (tests, live export)."""
+    from . import layout as L
+
+    saved = dict(engine.comm.bytes)
+    out = []
+    grp = engine.groups.optim
+    for i, u in enumerate(engine.units):
+        st = engine.optimizer.shard_state(i)
+        entry = {"step": None if st["step"] is None else float(st["step"])}
+        for k in STATE_KEYS:
+            v = st[k]
+            if v is None:
+                entry[k] = None
+                continue
+            n = v.numel()
+            tmp = torch.empty(n * grp.size, dtype=torch.float32, device=v.device)
+            engine.comm.all_gather(tmp, v.detach().float().contiguous(), grp)
+            full = torch.empty(n * u.plan.optimizer_factor, dtype=torch.float32, device=v.device)
+            for j, r in enumerate(grp.ranks):
+                s = L.shard_index(r, u.layout.chain())
+                full[s * n:(s + 1) * n].copy_(tmp[j * n:(j + 1) * n])
+            entry[k] = full[:u.numel].cpu()
+        out.append(entry)
+    engine.comm.bytes.update(saved)
+    return out
