@@ -4,10 +4,10 @@ Every run writes ``{log_dir}/metrics.jsonl`` (one JSON object per line, ``{"step
 TensorBoard scalars (``{log_dir}/tensorboard`` unless told otherwise). ``tools/plot_metrics.py``
 reads the JSONL back.
 
-Canonical keys (what the training loop should log, and what the plotting tool looks for first):
-``loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``iter_time_s``, ``tokens_per_s``,
-``tflops_per_gpu``, ``mfu``, ``peak_memory_bytes`` and the communication counters
-``comm_bytes/intra_gpu``, ``comm_bytes/intra_node``, ``comm_bytes/inter_node``.
+Keys the training loop logs (``training.py``) and the plotting tool looks for first: ``loss``,
+``eval_loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``step_time_s``, ``tokens_per_sec``,
+``samples_per_sec``, ``tflops_per_gpu``, ``peak_mem_bytes`` and the per-level communication
+counters ``intra_gpu``, ``intra_node``, ``inter_node``, ``control`` (bytes per step).
 
 Non-finite floats are written as the JSON *strings* ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``
 (plain JSON has no token for them; ``json.dumps`` would emit invalid bare ``NaN``). Every line
@@ -34,7 +34,7 @@ METRICS_FILE = "metrics.jsonl"
 # canonical key names (see module docstring)
 LOSS = "loss"
 TFLOPS_PER_GPU = "tflops_per_gpu"
-TOKENS_PER_S = "tokens_per_s"
+TOKENS_PER_S = "tokens_per_sec"
 
 _NONFINITE_OUT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 _NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
@@ -232,8 +232,9 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
     with ``"NaN"``/``"Infinity"``/``"-Infinity"`` turned back into floats.
 
     A line that is not valid JSON (a crash mid-write) is skipped with a warning naming the file
-    and line. ``last_per_step=True`` keeps only the last record of each step (a resumed run
-    repeats the steps after its checkpoint) and sorts by step.
+    and line. ``last_per_step=True`` returns one record per step, sorted by step, merging the
+    records of a step in file order so later values win (a resumed run repeats the steps after
+    its checkpoint; an eval record may share a step with the training record).
     Raises ``FileNotFoundError`` when there is no metrics file.
     """
     path = metrics_path(path_or_run_dir)
@@ -255,8 +256,8 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
                 continue
             out.append(_restore(rec))
     if last_per_step:
-        by_step = {}
+        by_step: dict = {}
         for rec in out:
-            by_step[rec["step"]] = rec
+            by_step.setdefault(rec["step"], {}).update(rec)
         out = [by_step[s] for s in sorted(by_step)]
     return out

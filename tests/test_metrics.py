@@ -128,6 +128,16 @@ def test_resume_after_truncated_line(tmp_path):
         assert [r["loss"] for r in read_metrics(str(run), last_per_step=True)] == [2.0, 0.9]
 
 
+def test_last_per_step_merges_records_of_a_step(tmp_path):
+    w = MetricsWriter(str(tmp_path), tensorboard=False)
+    w.log(10, {"loss": 3.0, "tokens_per_sec": 100.0})
+    w.log(10, {"eval_loss": 3.5})  # an eval record at the same step
+    w.log(5, {"loss": 4.0})
+    w.close()
+    recs = read_metrics(str(tmp_path), last_per_step=True)
+    assert recs == [{"step": 5, "loss": 4.0}, {"step": 10, "loss": 3.0, "tokens_per_sec": 100.0, "eval_loss": 3.5}]
+
+
 def test_read_metrics_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.jsonl"):
         read_metrics(str(tmp_path))

@@ -23,7 +23,9 @@ def _fake_run(path, speed, steps=40, nan_at=None):
     w = MetricsWriter(str(path), tensorboard=False)
     for s in range(1, steps + 1):
         loss = float("nan") if s == nan_at else 6.0 * math.exp(-s / 15) + 2.0
-        w.log(s, {"loss": loss, "tflops_per_gpu": 0.1 * speed, "tokens_per_s": 1000.0 * speed})
+        w.log(s, {"loss": loss, "tflops_per_gpu": 0.1 * speed, "tokens_per_sec": 1000.0 * speed})
+        if s % 10 == 0:
+            w.log(s, {"eval_loss": loss + 0.3})
     w.close()
 
 

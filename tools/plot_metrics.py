@@ -6,8 +6,8 @@
 Each RUN_DIR must hold the ``metrics.jsonl`` written by ``megatron_topo.metrics.MetricsWriter``
 (a path to the .jsonl file itself works too). One subplot per metric, one line per run; the
 legend shows ``--labels`` or the run directory's name. ``--smooth N`` draws an N-point trailing
-moving average over the faint raw curve. A resumed run's repeated steps count once (the last
-record of each step wins). Bad input prints one line on stderr and exits 2.
+moving average over the faint raw curve; ``eval_loss`` is drawn dashed in the loss panel. A
+resumed run's repeated steps count once (the last record of each step wins). Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from megatron_topo.metrics import metrics_path, read_metrics  # noqa: E402
 PANELS = {
     "loss": ("loss", ("loss", "lm_loss", "train/loss", "train_loss", "train/lm_loss")),
     "tflops": ("TFLOPS / GPU", ("tflops_per_gpu", "tflops", "runtime/tflops_per_gpu", "TFLOPS/GPU")),
-    "tokens": ("tokens / s", ("tokens_per_s", "tokens_per_sec", "tokens/s", "runtime/tokens_per_s")),
+    "tokens": ("tokens / s", ("tokens_per_sec", "tokens_per_s", "tokens/s", "runtime/tokens_per_s")),
 }
 ALWAYS = ("loss", "tflops")  # drawn even when no run has them ("no data"); tokens/s when present
 
@@ -136,6 +136,11 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None) -> st
             else:
                 ax.plot(steps, vals, color=c, linewidth=1.5, label=label, marker="." if len(steps) < 30 else None)
             drew = True
+            if keys is PANELS["loss"][1]:  # held-out loss of the same run, dashed
+                es, ev, _ = series(recs, ("eval_loss",))
+                if es:
+                    ax.plot(es, ev, color=c, linestyle="--", linewidth=1.2, marker="o", markersize=3,
+                            label=f"{label} (eval)")
         ax.set_title(ttl)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
