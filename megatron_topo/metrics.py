@@ -6,8 +6,9 @@ reads the JSONL back.
 
 Keys the training loop logs (``training.py``) and the plotting tool looks for first: ``loss``,
 ``eval_loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``step_time_s``, ``tokens_per_sec``,
-``samples_per_sec``, ``tflops_per_gpu``, ``peak_mem_bytes`` and the per-level communication
-counters ``intra_gpu``, ``intra_node``, ``inter_node``, ``control`` (bytes per step).
+``samples_per_sec``, ``tflops_per_gpu``, ``peak_mem_bytes``, ``consumed_samples``, the per-level
+communication counters ``comm_bytes_{intra_gpu,intra_node,inter_node,control}`` (bytes per step)
+and ``model_state_bytes_*``.
 
 Non-finite floats are written as the JSON *strings* ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``
 (plain JSON has no token for them; ``json.dumps`` would emit invalid bare ``NaN``). Every line
