@@ -209,12 +209,14 @@ def parse_args(argv=None):
     p.add_argument("--seq-length", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--checkpoint-activations", action="store_true", default=None)
-    p.add_argument("--batch", type=int, default=8, help="micro batch (sequences per step)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences per step (default: the config's train_micro_batch_size_per_gpu, else 8)")
     p.add_argument("--steps", type=int, default=2, help="timed steps per repeat")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps of each path first")
     p.add_argument("--repeats", type=int, default=15, help="A B rounds (short rounds, many of them: robust to "
                    "other processes on the machine)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="default: the config's precision (fp16 falls back to fp32), else fp32")
     p.add_argument("--plain-bf16", choices=("autocast", "pure"), default="autocast",
                    help="plain loop's bf16: autocast over fp32 weights (default) or bf16 weights")
     p.add_argument("--plain-optimizer", choices=tuple(OPT_IMPL), default="default",
@@ -236,10 +238,18 @@ DEFAULT_MODEL = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_l
 
 
 def model_config(args) -> ModelConfig:
+    """The model to benchmark; also fills ``args.batch`` / ``args.precision`` when not given."""
     if args.config:
-        cfg = load_config(args.config).model
+        full = load_config(args.config)
+        cfg = full.model
+        if args.batch is None:
+            args.batch = full.train.train_micro_batch_size_per_gpu
+        if args.precision is None:
+            args.precision = full.precision if full.precision in ("fp32", "bf16") else "fp32"
     else:
         cfg = ModelConfig(**DEFAULT_MODEL)
+    args.batch = 8 if args.batch is None else args.batch
+    args.precision = args.precision or "fp32"
     for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
                 "checkpoint_activations"):
         v = getattr(args, key)
