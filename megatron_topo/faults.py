@@ -166,17 +166,32 @@ class Heartbeat:
             except Exception:
                 return
 
-    def stop(self, deliberate: bool = True):
-        """Stop beating; ``deliberate`` tells the others this rank is leaving on purpose."""
+    @property
+    def hosts_store(self) -> bool:
+        """Rank 0 serves the store unless torchrun's agent does (then it outlives the ranks)."""
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        return self.rank == 0 and not agent
+
+    def stop(self, deliberate: bool = True, lost: tuple = (), linger_s: float = 15.0):
+        """Stop beating; ``deliberate`` tells the others this rank is leaving on purpose. The rank
+        that hosts the store waits (up to ``linger_s``) until every other rank has left or is
+        ``lost``, so the others can still read the heartbeats while they diagnose."""
         if self._stop.is_set():
             return
         self._stop.set()
-        if deliberate:
-            try:
-                with self._lock:
+        try:
+            with self._lock:
+                if deliberate:
                     self.store.add(self._key("exit", self.rank), 1)
-            except Exception:
-                pass
+            if self.hosts_store:
+                deadline = time.monotonic() + linger_s
+                while time.monotonic() < deadline:
+                    exited = self._read("exit")
+                    if all(exited[r] or r in lost for r in range(self.world) if r != self.rank):
+                        break
+                    time.sleep(0.2)
+        except Exception:
+            pass
 
     def _read(self, kind: str) -> list[int]:
         with self._lock:
@@ -232,18 +247,19 @@ def describe_failure(exc: BaseException, rank: int, world: int, heartbeat: Optio
             else f"the connection to {peer} closed")
     who = None
     if heartbeat is not None:
+        lost: list = []
         try:
             lost = heartbeat.lost_ranks()
             if lost:
                 who = (f"lost rank {lost[0]}" if len(lost) == 1 else
                        f"lost ranks {', '.join(map(str, lost))}") + " (its heartbeat stopped)"
         except Exception:
+            lost = []
             agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
             host = f"{heartbeat.host}:{heartbeat.port}"
             who = (f"lost the launcher's rendezvous store at {host}" if agent else
                    f"lost rank 0 (it hosts the rendezvous store at {host}, which stopped answering)")
-        finally:
-            heartbeat.stop(deliberate=True)
+        heartbeat.stop(deliberate=True, lost=tuple(lost))
     if who is None:
         who = "a rank stopped responding (could not tell which: no heartbeat store)"
     detail = first if len(first) <= 160 else first[:157] + "..."

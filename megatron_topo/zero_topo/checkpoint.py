@@ -149,7 +149,7 @@ def _gather_digests(engine, item: bytes) -> list[bytes]:
     dev = engine.optimizer.params[0].device
     t = torch.tensor(list(item), dtype=torch.uint8, device=dev)
     out = torch.empty(t.numel() * engine.topo.world_size, dtype=torch.uint8, device=dev)
-    dist.all_gather_into_tensor(out, t)
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t)
     raw = out.cpu().numpy().tobytes()
     n = len(item)
     return [raw[i * n:(i + 1) * n] for i in range(engine.topo.world_size)]
@@ -360,33 +360,69 @@ def _shard_tensors(path: str, sh: dict, unit: int) -> dict:
     return out
 
 
-def full_unit_state(step_path: str, meta: dict, unit: int, files: Optional[dict] = None) -> dict:
-    """Reassemble a unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) from the shards."""
+def _holder_ranges(meta: dict, unit: int) -> Optional[list[tuple[int, int, int]]]:
+    """(rank, lo, hi) of every holder's optimizer shard of ``unit``, computed from the saved plan
+    (no file opened); None for checkpoints that do not record their holders."""
+    from . import layout as L
+
+    if not meta.get("shard_holders"):
+        return None
+    u, plan = meta["units"][unit], meta["plan"]
+    try:
+        lay = L.UnitLayout(int(u["numel"]), int(u["padded"]), int(plan["weight_factor"]),
+                           int(plan["grad_factor"]), int(plan["optimizer_factor"]))
+        return [(r, *lay.optim_range(r)) for r in range(int(meta["shard_holders"]))]
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        raise CheckpointError(f"meta.json: plan {plan} does not describe unit {unit}'s layout") from None
+
+
+def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, files: Optional[dict] = None) -> dict:
+    """master/exp_avg/exp_avg_sq of elements ``[a, b)`` of ``unit``'s flat buffer (zeros beyond
+    the real parameters) and the Adam step, reading only the shard files that overlap."""
     n = int(meta["units"][unit]["numel"])
-    out = {k: torch.zeros(n, dtype=torch.float32) for k in STATE_KEYS}
-    have = torch.zeros(n, dtype=torch.bool)
-    step = None
+    out = {k: torch.zeros(b - a, dtype=torch.float32) for k in STATE_KEYS}
+    end = min(b, n)
+    have = torch.zeros(max(end - a, 0), dtype=torch.bool)
     files = files if files is not None else {}
-    holders = int(meta.get("shard_holders") or meta["world_size"])
-    for r in range(holders):
+    step = None
+    ranges = _holder_ranges(meta, unit)
+    if ranges is None:  # older checkpoints: every rank file, ranges from the files themselves
+        ranges = [(r, None, None) for r in range(int(meta["world_size"]))]
+    for r, olo, ohi in ranges:
+        if olo is not None and (min(ohi, end) <= max(olo, a)):
+            continue
         if r not in files:
             files[r] = load_rank_file(step_path, r, meta)
         sh = files[r]["shards"][unit]
-        lo, hi = int(sh["lo"]), min(int(sh["hi"]), n)
-        if lo >= hi or bool(have[lo:hi].all()):
+        lo, hi = int(sh["lo"]), int(sh["hi"])
+        if olo is not None and (lo, hi) != (olo, ohi):
+            raise CheckpointError(f"{rank_file(step_path, r)}: unit {unit} range [{lo}, {hi}) does not match "
+                                  f"the saved plan's [{olo}, {ohi})")
+        x, y = max(a, lo), min(end, hi)
+        if x >= y or bool(have[x - a:y - a].all()):
             continue
         tens = _shard_tensors(rank_file(step_path, r), sh, unit)
         if "master" not in tens:
             raise CheckpointError(f"{rank_file(step_path, r)}: unit {unit} has no master weights")
         for k, v in tens.items():
-            out[k][lo:hi] = v[: hi - lo]
-        have[lo:hi] = True
+            out[k][x - a:y - a] = v[x - lo:y - lo]
+        have[x - a:y - a] = True
         if sh.get("step") is not None:
             step = sh["step"]
     if not bool(have.all()):
         raise CheckpointError(f"{step_path}: unit {unit} is not fully covered by the shard files")
+    if step is None and ranges:  # [a, b) is all padding: the Adam step is still the unit's step
+        r = ranges[0][0]
+        if r not in files:
+            files[r] = load_rank_file(step_path, r, meta)
+        step = files[r]["shards"][unit].get("step")
     out["step"] = step
     return out
+
+
+def full_unit_state(step_path: str, meta: dict, unit: int, files: Optional[dict] = None) -> dict:
+    """Reassemble a unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) from the shards."""
+    return unit_state_range(step_path, meta, unit, 0, int(meta["units"][unit]["numel"]), files)
 
 
 def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
@@ -434,22 +470,15 @@ def load(engine, path: str, rank: int, strict_world: bool = False) -> dict:
             if "master" not in st:
                 raise CheckpointError(f"{rank_file(sp, rank % holders)}: unit {i} has no master weights")
             st["step"] = sh.get("step")
-        else:
-            full = full_unit_state(sp, meta, i, files)
-            st = {"step": full["step"]}
-            for k in STATE_KEYS:
-                buf = torch.zeros(hi - lo, dtype=torch.float32)
-                a, b = lo, min(hi, u.numel)
-                if a < b:
-                    buf[: b - a] = full[k][a:b]
-                st[k] = buf
+        else:  # another plan or world size: read only the saved shards overlapping [lo, hi)
+            st = unit_state_range(sp, meta, i, lo, hi, files)
         dev = engine.optimizer.params[i].device
         has_moments = st["step"] is not None and "exp_avg" in st and "exp_avg_sq" in st
         engine.optimizer.load_shard_state(
             i, st["master"].to(dev), st["exp_avg"].to(dev) if has_moments else None,
             st["exp_avg_sq"].to(dev) if has_moments else None, st["step"])
     if own is None and engine.scaler:
-        first = files.get(0) or load_rank_file(sp, 0, meta)
+        first = files.get(0) or load_rank_file(sp, 0, meta)  # the scaler state is the same on every rank
         if first.get("scaler"):
             engine.scaler.load_state_dict(first["scaler"])
     if own is not None:
@@ -507,7 +536,8 @@ def load_model_config(state: dict):
 @torch.no_grad()
 def gather_full_state(engine) -> list[dict]:
     """Collective: every unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) as the
-    engine holds them now, gathered over the optimizer group (tests, live export)."""
+    engine holds them now, gathered over the optimizer group (tests, live export). The engine's
+    traffic counters are left as they were."""
     from . import layout as L
 
     saved = dict(engine.comm.bytes)
@@ -515,19 +545,19 @@ def gather_full_state(engine) -> list[dict]:
     grp = engine.groups.optim
     for i, u in enumerate(engine.units):
         st = engine.optimizer.shard_state(i)
+        keys = [k for k in STATE_KEYS if st[k] is not None]
+        n = st["master"].numel()
+        local = torch.cat([st[k].detach().float().reshape(-1) for k in keys])
+        tmp = torch.empty(local.numel() * grp.size, dtype=torch.float32, device=local.device)
+        engine.comm.all_gather(tmp, local, grp)
+        parts = tmp.view(grp.size, len(keys), n)
         entry = {"step": None if st["step"] is None else float(st["step"])}
-        for k in STATE_KEYS:
-            v = st[k]
-            if v is None:
-                entry[k] = None
-                continue
-            n = v.numel()
-            tmp = torch.empty(n * grp.size, dtype=torch.float32, device=v.device)
-            engine.comm.all_gather(tmp, v.detach().float().contiguous(), grp)
-            full = torch.empty(n * u.plan.optimizer_factor, dtype=torch.float32, device=v.device)
+        entry.update({k: None for k in STATE_KEYS})
+        for a, k in enumerate(keys):
+            full = torch.empty(n * u.plan.optimizer_factor, dtype=torch.float32, device=local.device)
             for j, r in enumerate(grp.ranks):
                 s = L.shard_index(r, u.layout.chain())
-                full[s * n:(s + 1) * n].copy_(tmp[j * n:(j + 1) * n])
+                full[s * n:(s + 1) * n].copy_(parts[j, a])
             entry[k] = full[:u.numel].cpu()
         out.append(entry)
     engine.comm.bytes.update(saved)

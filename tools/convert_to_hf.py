@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""Convert a zero_topo checkpoint into a HuggingFace ``GPTNeoXForCausalLM`` directory.
+
+    python tools/convert_to_hf.py --checkpoint runs/tiny/checkpoints --output hf/tiny
+    python -c "import transformers as t; t.GPTNeoXForCausalLM.from_pretrained('hf/tiny')"
+
+``--checkpoint`` is a ``save`` directory (its ``latest`` step) or one ``global_stepN`` directory,
+saved under any plan and world size. The output directory gets ``config.json`` (from the
+checkpoint's own config.yml) and ``model.safetensors`` with the published GPT-NeoX tensor names
+(``gpt_neox.*`` and ``embed_out.weight``, which transformers >= 5 maps onto ``lm_head``).
+``--dtype`` picks the stored precision (default fp32: the master weights, bit for bit).
+
+The directory is written under a temporary name and renamed; an existing non-empty output is
+never touched without ``--force``. Bad input prints one line on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"error: {message} (usage: {self.format_usage().strip()[len('usage: '):]})\n")
+
+
+def parse_args(argv=None):
+    p = _Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
+    p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")
+    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    return p.parse_args(argv)
+
+
+def hf_config_dict(model_cfg, dtype: str) -> dict:
+    from megatron_topo.model.hf import hf_config_kwargs
+
+    kw = hf_config_kwargs(model_cfg)
+    try:
+        import transformers
+
+        d = transformers.GPTNeoXConfig(**kw).to_dict()
+    except ImportError:
+        d = {"model_type": "gpt_neox", **kw}
+    d["architectures"] = ["GPTNeoXForCausalLM"]
+    d["torch_dtype"] = DTYPES[dtype]
+    d.pop("dtype", None)
+    d["dtype"] = DTYPES[dtype]
+    return d
+
+
+def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = False) -> str:
+    import torch
+    from safetensors.torch import save_file
+
+    from megatron_topo.model.hf import to_hf_state_dict
+    from megatron_topo.zero_topo.checkpoint import CheckpointError, load_model_config, read_full_state
+
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise CheckpointError(f"--output {output} exists and is not a directory")
+    if os.path.isdir(output) and os.listdir(output) and not force:
+        raise CheckpointError(f"--output {output} exists and is not empty; pass --force to replace it")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise CheckpointError(f"--output {output}: directory {parent} does not exist")
+    st = read_full_state(checkpoint)
+    mcfg = load_model_config(st)
+    if not mcfg.no_weight_tying:
+        raise CheckpointError(f"{st['step_dir']}: tied embeddings are not supported by this converter")
+    tdt = getattr(torch, DTYPES[dtype])
+    weights = {k: v.to(tdt).contiguous() for k, v in to_hf_state_dict(st["params"], "embed_out").items()}
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(output))}.tmp.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(hf_config_dict(mcfg, dtype), f, indent=2, sort_keys=True)
+        save_file(weights, os.path.join(tmp, "model.safetensors"),
+                  metadata={"format": "pt", "source": "megatron_topo", "step": str(st["meta"]["step"])})
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        if os.path.isdir(output):
+            old = f"{tmp}.old"
+            os.replace(output, old)
+            os.replace(tmp, output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, output)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return output
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from megatron_topo.zero_topo.checkpoint import CheckpointError
+
+    try:
+        out = convert(args.checkpoint, args.output, args.dtype, args.force)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}/config.json and {out}/model.safetensors")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+#!/usr/bin/env python
+"""Generate tokens from a zero_topo checkpoint (one process, CPU or one GPU).
+
+    python tools/generate.py --checkpoint runs/tiny/checkpoints --prompt "def main(" --max-new-tokens 40 --greedy
+    python tools/generate.py --checkpoint runs/tiny/checkpoints/global_step150 --prompt-ids 100,101,58 \\
+        --max-new-tokens 8 --temperature 0.8 --top-k 40 --seed 1
+
+Prints ``ids: ...`` (the generated token ids, space separated) and, when the checkpoint's config
+names a tokenizer that can be built (``tokenizer_type``/``vocab_file``), ``text: "..."`` (JSON
+quoted: one line). ``--prompt`` needs that tokenizer; ``--prompt-ids`` never does. The context is
+the last ``seq_length`` tokens. Bad input prints one line on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"error: {message} (usage: {self.format_usage().strip()[len('usage: '):]})\n")
+
+
+def parse_args(argv=None):
+    p = _Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the config's tokenizer)")
+    src.add_argument("--prompt-ids", metavar="I,J,K", help="prompt as comma-separated token ids")
+    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    return p.parse_args(argv)
+
+
+class GenerateError(ValueError):
+    pass
+
+
+def parse_ids(text: str, vocab: int) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise GenerateError(f"--prompt-ids {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
+    if not ids:
+        raise GenerateError("--prompt-ids is empty; give at least one token id")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise GenerateError(f"--prompt-ids: token id {bad[0]} is outside the model's vocabulary 0..{vocab - 1}")
+    return ids
+
+
+def build_tokenizer_or_none(cfg):
+    from megatron_topo.data import DataError, build_tokenizer
+
+    try:
+        return build_tokenizer(cfg.data.tokenizer_type, cfg.data.vocab_file, cfg.model.vocab_size), None
+    except (DataError, ImportError, OSError) as e:
+        return None, str(e)
+
+
+def load_model(checkpoint: str, device: str = "cpu"):
+    """(model in eval mode, full Config) from any checkpoint."""
+    import torch
+
+    from megatron_topo.config import ConfigError, load_config
+    from megatron_topo.model import GPTNeoX
+    from megatron_topo.zero_topo.checkpoint import CheckpointError, read_full_state
+
+    st = read_full_state(checkpoint)
+    path = os.path.join(st["step_dir"], "config.yml")
+    if st["config_yaml"] is None:
+        raise CheckpointError(f"{st['step_dir']} has no config.yml; cannot tell the model's shape")
+    try:
+        cfg = load_config([path])
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    with torch.device(device):
+        model = GPTNeoX(cfg.model)  # rotary buffers built here; weights replaced below
+    try:
+        missing, unexpected = model.load_state_dict(st["params"], strict=False)
+    except RuntimeError as e:
+        raise CheckpointError(f"{st['step_dir']}: weights do not fit config.yml's model: "
+                              f"{str(e).strip().splitlines()[-1].strip()}") from None
+    if missing or unexpected:
+        raise CheckpointError(f"{st['step_dir']}: parameters do not match config.yml "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model.eval(), cfg
+
+
+def generate(model, ids: list[int], n: int, greedy: bool, temperature: float, top_k: int, seed: int,
+             context: int) -> list[int]:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dev = next(model.parameters()).device
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            x = torch.tensor([out[-context:]], dtype=torch.long, device=dev)
+            logits = model(x)[0, -1].float().cpu()
+            if greedy:
+                nxt = int(torch.argmax(logits))
+            else:
+                logits = logits / max(temperature, 1e-6)
+                if top_k > 0:
+                    kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
+            out.append(nxt)
+    return out[len(ids):]
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from megatron_topo.zero_topo.checkpoint import CheckpointError
+
+    try:
+        if args.max_new_tokens < 0:
+            raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must be >= 0")
+        if not args.greedy and (args.temperature <= 0 or args.top_k < 0):
+            raise GenerateError("--temperature must be > 0 and --top-k >= 0 when sampling; or use --greedy")
+        model, cfg = load_model(args.checkpoint, args.device)
+        tok, why = build_tokenizer_or_none(cfg)
+        if args.prompt is not None:
+            if tok is None:
+                raise GenerateError(f"--prompt needs the checkpoint's tokenizer, which cannot be built ({why}); "
+                                    f"use --prompt-ids")
+            ids = tok.tokenize(args.prompt)
+            if not ids:
+                raise GenerateError("--prompt is empty after tokenization")
+        else:
+            ids = parse_ids(args.prompt_ids, cfg.model.vocab_size)
+        new = generate(model, ids, args.max_new_tokens, args.greedy, args.temperature, args.top_k, args.seed,
+                       cfg.model.seq_length)
+    except (CheckpointError, GenerateError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("ids: " + " ".join(map(str, new)))
+    if tok is not None:
+        print("text: " + json.dumps(tok.detokenize(new), ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
