@@ -178,7 +178,6 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
         row["error"] = f"exit {res.returncode}, {len(recs)} of {a.steps} steps logged; see {run_dir}/launch.log"
         return row
     timed = [r["step_time_s"] for r in recs if r["step"] > a.warmup]
-    med = statistics.median(timed)
     last = recs[-1]
     gb_tokens = last["tokens_per_sec"] * last["step_time_s"]
     steps = len(recs)
@@ -186,8 +185,8 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
     busiest_intra = max(max(p["tx_bytes"].get("intra_node", 0), p["rx_bytes"].get("intra_node", 0))
                         for p in per_pkg) / steps
     row.update({
-        "ok": True, "step_time_s": med, "step_times_s": [r["step_time_s"] for r in recs],
-        "step_time_iqr_s": _iqr(timed), "tokens_per_sec": gb_tokens / med, "tokens_per_step": gb_tokens,
+        "ok": True, "step_time_s": statistics.median(timed), "step_times_s": [r["step_time_s"] for r in recs],
+        "timed_s": timed, "tokens_per_step": gb_tokens,
         "loss_first": recs[0]["loss"], "loss_last": last["loss"],
         **{f"comm_bytes_{lvl}": int(last.get(f"comm_bytes_{lvl}", 0)) for lvl in LEVELS},
         "comm_bytes_constant": all(r.get("comm_bytes_inter_node") == last.get("comm_bytes_inter_node")
@@ -207,8 +206,9 @@ def _iqr(xs):
     return q[2] - q[0]
 
 
-def measure(rd: RunDef, a, series: str, out: str) -> dict:
-    tag = f"{series}_{rd.strategy}_n{rd.nodes}"
+def measure(rd: RunDef, a, series: str, out: str, round_: int = 0) -> dict:
+    """One round for one strategy: the shaped run, the formula check and the unshaped run."""
+    tag = f"{series}_{rd.strategy}_n{rd.nodes}" + (f"_r{round_}" if round_ else "")
     row = {"series": series, "strategy": rd.strategy, "kind": rd.kind, "notes": rd.notes, "nodes": rd.nodes,
            "gpus_per_node": rd.gpus_per_node, "gcds_per_gpu": rd.gcds_per_gpu,
            "world_size": rd.nodes * rd.gpus_per_node * rd.gcds_per_gpu,
@@ -234,27 +234,60 @@ def measure(rd: RunDef, a, series: str, out: str) -> dict:
             row["formula_rel_diff"] = diffs
     else:
         row["formula_check"] = exact
-    if a.unshaped and row.get("ok"):
+    if a.unshaped and row.get("ok") and rd.nodes == 1 and rd.gpus_per_node == 1 and not a.intra_gpu_bps:
+        row["unshaped_timed_s"] = list(row["timed_s"])  # one package: no shaped link, same run
+        row["unshaped_peak_rss_bytes"] = row["peak_rss_bytes"]
+    elif a.unshaped and row.get("ok"):
         base = run_one(rd, a, False, os.path.join(out, "runs", tag + "_unshaped"))
         if base.get("ok"):
-            t0c = base["step_time_s"]
-            row["unshaped_step_time_s"] = t0c
+            row["unshaped_timed_s"] = base["timed_s"]
             row["unshaped_peak_rss_bytes"] = base["peak_rss_bytes"]
-            t_inter = row["busiest_nic_bytes"] * 8 / a.inter_bps if a.inter_bps else 0.0
-            t_intra = row["busiest_intra_node_link_bytes"] * 8 / a.intra_bps if a.intra_bps else 0.0
-            t_formula = (row["comm_bytes_inter_node"] / (rd.nodes * rd.gpus_per_node)) * 8 / a.inter_bps \
-                if a.inter_bps else 0.0
-            row.update({
-                "comm_time_inter_s": t_inter, "comm_time_intra_node_s": t_intra,
-                "comm_time_formula_inter_s": t_formula,
-                "lower_bound_s": t0c + max(t_inter, t_intra),  # compute, then the busiest link, no overlap
-                "lower_bound_overlap_s": max(t0c, t_inter, t_intra),  # perfect overlap: a strict bound
-                "lower_bound_formula_s": t0c + t_formula,  # our counters spread over every NIC
-            })
         else:
             row["unshaped_error"] = base.get("error")
     row["bench_seconds"] = time.time() - t0
+    return finalize(row, a)
+
+
+def finalize(row: dict, a) -> dict:
+    """Median step time, tokens/s and the bounds from the pooled timed steps of every round."""
+    if not row.get("ok"):
+        return row
+    med = statistics.median(row["timed_s"])
+    row.update({"step_time_s": med, "step_time_iqr_s": _iqr(row["timed_s"]),
+                "tokens_per_sec": row["tokens_per_step"] / med})
+    if row.get("unshaped_timed_s"):
+        t0c = statistics.median(row["unshaped_timed_s"])
+        t_inter = row["busiest_nic_bytes"] * 8 / a.inter_bps if a.inter_bps else 0.0
+        t_intra = row["busiest_intra_node_link_bytes"] * 8 / a.intra_bps if a.intra_bps else 0.0
+        t_formula = (row["comm_bytes_inter_node"] / (row["nodes"] * row["gpus_per_node"])) * 8 / a.inter_bps \
+            if a.inter_bps else 0.0
+        row.update({
+            "unshaped_step_time_s": t0c,
+            "comm_time_inter_s": t_inter, "comm_time_intra_node_s": t_intra,
+            "comm_time_formula_inter_s": t_formula,
+            "lower_bound_s": t0c + max(t_inter, t_intra),  # compute, then the busiest link, no overlap
+            "lower_bound_overlap_s": max(t0c, t_inter, t_intra),  # perfect overlap: a strict bound
+            "lower_bound_formula_s": t0c + t_formula,  # our counters spread over every NIC
+        })
     return row
+
+
+def merge(rows: list[dict], a) -> dict:
+    """Pool the rounds of one strategy (bytes must agree between rounds; times are pooled)."""
+    good = [r for r in rows if r.get("ok")]
+    if not good:
+        return rows[0]
+    m = dict(good[0])
+    m["rounds"] = len(rows)
+    m["rounds_failed"] = len(rows) - len(good)
+    m["timed_s"] = [t for r in good for t in r["timed_s"]]
+    m["step_times_s"] = [r["step_times_s"] for r in good]
+    m["unshaped_timed_s"] = [t for r in good for t in r.get("unshaped_timed_s", [])]
+    m["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in good)
+    m["bytes_equal_across_rounds"] = all(
+        r[f"comm_bytes_{lvl}"] == m[f"comm_bytes_{lvl}"] for r in good for lvl in LEVELS)
+    m["bench_seconds"] = sum(r.get("bench_seconds", 0) for r in rows)
+    return finalize(m, a)
 
 
 # ------------------------------------------------------------------------------ reports
@@ -329,7 +362,9 @@ def plot_main(rows, path):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
     ax1.bar(x, [r["tokens_per_sec"] for r in ok], color="tab:blue", label="measured")
     bound = [r["tokens_per_step"] / r["lower_bound_s"] if r.get("lower_bound_s") else 0 for r in ok]
-    ax1.scatter(list(x), bound, color="black", marker="_", s=400, label="t0 + comm bound", zorder=3)
+    ax1.scatter(list(x), bound, color="black", marker="_", s=400, label="t0 + comm (no overlap)", zorder=3)
+    best = [r["tokens_per_step"] / r["lower_bound_overlap_s"] if r.get("lower_bound_overlap_s") else 0 for r in ok]
+    ax1.scatter(list(x), best, color="tab:red", marker="_", s=400, label="max(t0, comm) (perfect overlap)", zorder=3)
     ax1.set_xticks(list(x), names, rotation=30, ha="right")
     ax1.set_ylabel("tokens/s (global)")
     ax1.set_title("throughput on the emulated cluster")
@@ -402,7 +437,8 @@ def write_reports(out, rows, meta):
     scal = [r for r in rows if r["series"] == "scaling"]
     md = ["# bench_sharding results", "",
           f"Emulated cluster: {meta.get('main_spec', '')}. Model: {' '.join(meta['model_set'])}; "
-          f"{meta['steps']} steps, median over steps > {meta['warmup']}. Machine: {meta['machine']}. "
+          f"{meta['steps']} steps, median over steps > {meta['warmup']}"
+          f"{' pooled over %d interleaved rounds' % meta['repeats'] if meta.get('repeats', 1) > 1 else ''}. Machine: {meta['machine']}. "
           f"Load average before/after: {meta.get('load_before')} / {meta.get('load_after')}.", ""]
     if main:
         md += ["## Strategies", "", table_main(main), ""]
@@ -429,6 +465,8 @@ def build_parser():
                     help="overrides applied to the model YAML (default: %(default)s)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds over all strategies (interleaved); step times are pooled over rounds")
     ap.add_argument("--out", default="runs/bench_sharding")
     ap.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES), choices=ALL_STRATEGIES)
     ap.add_argument("--inter-node", default=R.DEFAULT_INTER_NODE)
@@ -450,6 +488,9 @@ def build_parser():
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     prog = "bench_sharding"
+    if a.repeats < 1:
+        print(f"{prog}: --repeats must be >= 1", file=sys.stderr)
+        return 2
     if a.steps <= a.warmup:
         print(f"{prog}: --steps {a.steps} must exceed --warmup {a.warmup}", file=sys.stderr)
         return 2
@@ -482,7 +523,7 @@ def main(argv=None) -> int:
         return 2
     os.makedirs(out, exist_ok=True)
     meta = {"machine": machine(), "model": a.model, "model_set": a.model_set, "steps": a.steps,
-            "warmup": a.warmup, "rates": {"inter_node": format_rate(a.inter_bps),
+            "warmup": a.warmup, "repeats": a.repeats, "rates": {"inter_node": format_rate(a.inter_bps),
                                           "intra_node": format_rate(a.intra_bps),
                                           "intra_gpu": format_rate(a.intra_gpu_bps)},
             "load_before": os.getloadavg(), "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -493,19 +534,26 @@ def main(argv=None) -> int:
         meta["scaling_spec"] = "Per node: " + ClusterSpec(1, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu,
                                                           a.inter_bps, a.intra_bps, a.intra_gpu_bps).describe()
     rows = []
+    rounds: dict = {}
     old = install_signal_handlers()
     try:
-        for i, (series, rd) in enumerate(defs):
-            print(f"[{i + 1}/{len(defs)}] {series} {rd.strategy} on {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} ...",
-                  flush=True)
-            try:
-                row = measure(rd, a, series, out)
-            except EmulationError as e:
-                row = {"series": series, "strategy": rd.strategy, "nodes": rd.nodes, "ok": False, "error": str(e)}
-            rows.append(row)
-            print("    " + summary_line(row), flush=True)
-            meta["load_after"] = os.getloadavg()
-            write_reports(out, rows, meta)
+        total = len(defs) * a.repeats
+        k = 0
+        for rep in range(a.repeats):  # rounds interleave the strategies: load drifts hit all alike
+            for series, rd in defs:
+                k += 1
+                print(f"[{k}/{total}] {series} {rd.strategy} on {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu}"
+                      f"{f' (round {rep + 1})' if a.repeats > 1 else ''} ...", flush=True)
+                try:
+                    row = measure(rd, a, series, out, rep)
+                except EmulationError as e:
+                    row = {"series": series, "strategy": rd.strategy, "nodes": rd.nodes, "ok": False,
+                           "error": str(e)}
+                print("    " + summary_line(row), flush=True)
+                rounds.setdefault((series, rd.strategy, rd.nodes), []).append(row)
+                rows = [merge(v, a) for v in rounds.values()]
+                meta["load_after"] = os.getloadavg()
+                write_reports(out, rows, meta)
     except Interrupted as e:
         print(f"{prog}: interrupted ({e}); partial results in {out}", file=sys.stderr)
         write_reports(out, rows, meta)
@@ -525,7 +573,9 @@ def summary_line(r: dict) -> str:
          f"{r['comm_bytes_inter_node'] / 1e6:.1f} MB (formula {r.get('formula_bytes_inter_node', 0) / 1e6:.1f} MB: "
          f"{r.get('formula_check')}), wire {r['wire_bytes_inter_node'] / 1e6:.1f} MB, busiest NIC "
          f"{r['busiest_nic_bytes'] / 1e6:.1f} MB, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
-    if r.get("unshaped_step_time_s") is not None:
+    if r.get("unshaped_timed_s"):
+        r = dict(r, unshaped_step_time_s=statistics.median(r["unshaped_timed_s"]))
+    if r.get("unshaped_step_time_s") is not None and r.get("lower_bound_s") is not None:
         s += (f"; unshaped {r['unshaped_step_time_s']:.2f} s, bound t0+comm {r['lower_bound_s']:.2f} s "
               f"(overlap {r['lower_bound_overlap_s']:.2f} s)")
     return s
