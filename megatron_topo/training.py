@@ -166,6 +166,8 @@ class Trainer:
         self.engine = build_engine(cfg, rt)
         self.plan = self.engine.plan
         self.state = TrainState()
+        if cfg.checkpoint.load:  # a bad checkpoint fails before data is built or logs are written
+            self._load(cfg.checkpoint.load)
         t = cfg.train
         self.batches_per_step = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * rt.world_size
         if datasets is None:
@@ -180,8 +182,6 @@ class Trainer:
             write_effective_config(cfg, lg.log_dir)
         self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step,
                                                     cfg.model.checkpoint_activations)
-        if cfg.checkpoint.load:
-            self._load(cfg.checkpoint.load)
 
     # ---------------------------------------------------------------- data
     def _build_data(self):
