@@ -136,6 +136,10 @@ def main(argv=None) -> int:
             ids = tok.tokenize(args.prompt)
             if not ids:
                 raise GenerateError("--prompt is empty after tokenization")
+            bad = [i for i in ids if not 0 <= i < cfg.model.vocab_size]
+            if bad:
+                raise GenerateError(f"--prompt: token {bad[0]} ({tok.name}) is outside the model's vocabulary "
+                                    f"0..{cfg.model.vocab_size - 1}")
         else:
             ids = parse_ids(args.prompt_ids, cfg.model.vocab_size)
         new = generate(model, ids, args.max_new_tokens, args.greedy, args.temperature, args.top_k, args.seed,
