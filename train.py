@@ -26,13 +26,14 @@ def main(argv=None) -> int:
 
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.data import DataError
-    from megatron_topo.faults import describe_failure
+    from megatron_topo.faults import active as active_faults, describe_failure
     from megatron_topo.training import Trainer, TrainingError, setup_runtime
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     rt = None
     try:
         cfg = load_config(args.configs, args.overrides)
+        active_faults()  # a malformed MEGATRON_TOPO_FAULT fails here, not mid-run
         rt = setup_runtime(cfg)
         trainer = Trainer(cfg, rt)
         last = trainer.train()
