@@ -32,11 +32,12 @@ FORMAT = "megatron_topo.consolidated/1"
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        self.exit(2, f"error: {message} (usage: {self.format_usage().strip()[len('usage: '):]})\n")
+        usage = " ".join(self.format_usage().split())[len("usage: "):]
+        self.exit(2, f"error: {message} (usage: {usage})\n")
 
 
 def parse_args(argv=None):
-    p = _Parser(description=__doc__.splitlines()[0])
+    p = _Parser(prog="consolidate_checkpoint.py", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     p.add_argument("--output", required=True, metavar="FILE", help="FILE.pt, or FILE.safetensors (+ FILE.optim.pt)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")

@@ -28,11 +28,12 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        self.exit(2, f"error: {message} (usage: {self.format_usage().strip()[len('usage: '):]})\n")
+        usage = " ".join(self.format_usage().split())[len("usage: "):]
+        self.exit(2, f"error: {message} (usage: {usage})\n")
 
 
 def parse_args(argv=None):
-    p = _Parser(description=__doc__.splitlines()[0])
+    p = _Parser(prog="convert_to_hf.py", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")

@@ -22,11 +22,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        self.exit(2, f"error: {message} (usage: {self.format_usage().strip()[len('usage: '):]})\n")
+        usage = " ".join(self.format_usage().split())[len("usage: "):]
+        self.exit(2, f"error: {message} (usage: {usage})\n")
 
 
 def parse_args(argv=None):
-    p = _Parser(description=__doc__.splitlines()[0])
+    p = _Parser(prog="generate.py", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the config's tokenizer)")

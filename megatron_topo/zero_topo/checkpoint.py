@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 from dataclasses import asdict
 from typing import Callable, Optional
@@ -332,11 +333,13 @@ def load_rank_file(step_path: str, rank: int, meta: Optional[dict] = None) -> di
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        m = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global| Please|\.\s|$)", str(e))
+        why = m.group(1).strip() if m else _one_line(e)[:120]
         raise CheckpointError(
-            f"{path} holds objects other than tensors and plain data; refusing to load it "
-            f"({_one_line(e)[:200]})") from None
+            f"{path} holds objects other than tensors and plain data; refusing to load it ({why})") from None
     except Exception as e:  # truncated/corrupt
-        raise CheckpointError(f"{path} is corrupt or truncated: {type(e).__name__}: {_one_line(e)[:200]}") from None
+        why = re.sub(r"\s+", " ", str(e)).split(". ")[0].strip()[:160]
+        raise CheckpointError(f"{path} is corrupt or truncated ({why})") from None
     if meta is not None:
         _verify_file(path, (meta.get("files") or {}).get(os.path.basename(path)))
     if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
