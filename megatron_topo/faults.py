@@ -200,7 +200,7 @@ class Heartbeat:
     def lost_ranks(self, wait: Optional[float] = None) -> list[int]:
         """Ranks whose counter did not move for ``wait`` seconds and that did not exit on purpose.
         Raises when the store cannot be reached."""
-        wait = 2.5 * self.interval if wait is None else wait
+        wait = 3.0 * self.interval if wait is None else wait
         a = self._read("hb")
         time.sleep(wait)
         b = self._read("hb")
