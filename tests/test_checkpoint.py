@@ -36,16 +36,6 @@ def _trainer(tmp_path, tag, steps=2, total=4, save=None, load=None, rank=0, worl
     return tr
 
 
-def _tree(root):
-    out = {}
-    for dp, _, fs in os.walk(root):
-        for f in fs:
-            p = os.path.join(dp, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = fh.read()
-    return out
-
-
 # ------------------------------------------------------------------------------------ layout
 def test_layout_metadata_keep_last_and_interrupted_saves(tmp_path):
     root = tmp_path / "ck"
