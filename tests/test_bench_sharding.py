@@ -101,7 +101,7 @@ def test_reports_ratios_table_and_plots(tmp_path):
     scal = [dict(_row(s, t, 1e7), series="scaling", nodes=n) for s, n, t in
             (("zero3", 1, 1.0), ("zero3", 2, 2.0), ("topo", 1, 1.0), ("topo", 2, 1.25))]
     st = B.table_scaling(scal)
-    assert "| topo | 1000 | 800 | 0.40 |" in st
+    assert "| topo | 1000 | 800 | 0.80 | 0.40 |" in st
     meta = {"model_set": [], "steps": 3, "warmup": 1, "machine": {}, "main_spec": "x", "scaling_spec": "y"}
     B.write_reports(str(tmp_path), rows + scal, meta)
     assert json.loads((tmp_path / "results.json").read_text())[0]["strategy"] == "zero3"

@@ -325,25 +325,31 @@ def table_main(rows: list[dict]) -> str:
 
 
 def table_scaling(rows: list[dict]) -> str:
+    """Per strategy and node count: tokens/s; tokens/s relative to the first node count (on a
+    machine with fixed cores the CPU-bound ideal is 1.0); the classic weak-scaling efficiency
+    (relative / node ratio, the ideal on a real cluster); comm eff. = unshaped / shaped step time."""
     by = {}
     for r in rows:
         by.setdefault(r["strategy"], {})[r["nodes"]] = r
     nodes = sorted({r["nodes"] for r in rows})
-    head = "| strategy | " + " | ".join(f"{n} node(s) tokens/s" for n in nodes) + " | " + \
-        " | ".join(f"eff. {n}" for n in nodes[1:]) + " | " + " | ".join(f"comm eff. {n}" for n in nodes) + " |"
-    lines = [head, "|" + "---|" * (1 + len(nodes) + len(nodes) - 1 + len(nodes))]
+    head = ("| strategy | " + " | ".join(f"tokens/s {n}N" for n in nodes) + " | " +
+            " | ".join(f"rel. {n}N" for n in nodes[1:]) + " | " + " | ".join(f"eff. {n}N" for n in nodes[1:]) +
+            " | " + " | ".join(f"comm eff. {n}N" for n in nodes) + " |")
+    lines = [head, "|" + "---|" * (1 + len(nodes) + 2 * (len(nodes) - 1) + len(nodes))]
+    f = lambda x, fmt: "—" if x is None else fmt.format(x)  # noqa: E731
     for s, per in by.items():
-        base = per.get(nodes[0], {}).get("tokens_per_sec") if per.get(nodes[0], {}).get("ok") else None
         tps = [per[n]["tokens_per_sec"] if per.get(n, {}).get("ok") else None for n in nodes]
-        eff = [(t / (base * n / nodes[0]) if t and base else None) for t, n in zip(tps[1:], nodes[1:])]
+        base = tps[0]
+        rel = [(t / base if t and base else None) for t in tps[1:]]
+        eff = [(x * nodes[0] / n if x else None) for x, n in zip(rel, nodes[1:])]
         ceff = []
         for n in nodes:
             r = per.get(n, {})
             ceff.append(r["unshaped_step_time_s"] / r["step_time_s"] if r.get("ok") and r.get("unshaped_step_time_s")
                         else None)
-        f = lambda x, fmt: "—" if x is None else fmt.format(x)  # noqa: E731
         lines.append(f"| {s} | " + " | ".join(f(t, "{:.0f}") for t in tps) + " | " +
-                     " | ".join(f(e, "{:.2f}") for e in eff) + " | " + " | ".join(f(e, "{:.2f}") for e in ceff) + " |")
+                     " | ".join(f(x, "{:.2f}") for x in rel) + " | " + " | ".join(f(x, "{:.2f}") for x in eff) +
+                     " | " + " | ".join(f(x, "{:.2f}") for x in ceff) + " |")
     return "\n".join(lines)
 
 
@@ -444,8 +450,10 @@ def write_reports(out, rows, meta):
         md += ["## Strategies", "", table_main(main), ""]
     if scal:
         md += ["## Weak scaling", "", meta.get("scaling_spec", ""), "", table_scaling(scal), "",
-               "eff. N = tokens/s at N nodes / (N x tokens/s at the first node count); comm eff. = unshaped "
-               "step time / shaped step time at that size.", ""]
+               "rel. N = tokens/s at N nodes / tokens/s at the first node count (all ranks share the same "
+               "cores, so the CPU-bound ideal here is 1.0); eff. N = rel. N / node ratio (weak-scaling "
+               "efficiency, ideal 1.0 on a real cluster); comm eff. = unshaped / shaped step time at that "
+               "size (1.0 = communication fully hidden or free).", ""]
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
     if main:
