@@ -51,13 +51,14 @@ from megatron_topo.emulation.launch import install_signal_handlers, restore_sign
 
 LEVELS = ("intra_gpu", "intra_node", "inter_node")
 ALL_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "topo_sec8", "paro_iig", "fsdp2_full", "fsdp2_hsdp")
+EXTRA_STRATEGIES = ("topo_rs", "topo_w16")  # on demand: DESIGN §4 step 4's reduce-scatter; 16-bit pair gathers
 SCALING_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "fsdp2_full", "fsdp2_hsdp")
 MODEL_SET = ("num_layers=4", "hidden_size=256", "num_attention_heads=4", "seq_length=128",
              "max_position_embeddings=128", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=4",
              "precision=bf16")
 LOG_DIR = "{LOG_DIR}"  # replaced by each run's own directory
 PRESET_FILE = {"ddp": "ddp", "zero3": "zero3", "zeropp": "zeropp", "mics": "mics", "topo": "topo",
-               "topo_sec8": "topo", "paro_iig": "paro_iig"}
+               "topo_sec8": "topo", "paro_iig": "paro_iig", "topo_rs": "topo", "topo_w16": "topo"}
 
 
 @dataclass
@@ -87,6 +88,12 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str) ->
         if strategy == "topo":
             sets.append(f"zero_topo.secondary_degree={gcds}")
             notes = f"secondary degree {gcds} (the GCD pair)"
+        elif strategy == "topo_rs":
+            sets += [f"zero_topo.secondary_degree={gcds}", "zero_topo.inter_node_reduce=reduce_scatter"]
+            notes = "cross-node gradient combine as a reduce-scatter (half the bytes of the all-reduce)"
+        elif strategy == "topo_w16":
+            sets += [f"zero_topo.secondary_degree={gcds}", "zero_topo.weight_bits=16", "zero_topo.secondary_bits=16"]
+            notes = "bf16 weight gathers inside the GCD pair (no INT8 quantization work)"
         elif strategy == "topo_sec8":
             sets.append(f"zero_topo.secondary_degree={per_node}")
             notes = f"secondary degree {per_node} (the node's ranks; 8 on Frontier)"
@@ -99,7 +106,8 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str) ->
         notes = ("fully_shard over the world" if mode == "full" else
                  "2-D mesh replicate(nodes) x shard(node); all-reduce on the last micro-batch only")
         return RunDef(strategy, "fsdp", argv, configs, sets, nodes, gpus, gcds, notes)
-    raise SystemExit(f"bench_sharding: unknown strategy '{strategy}'; valid: {', '.join(ALL_STRATEGIES)}")
+    raise SystemExit(f"bench_sharding: unknown strategy '{strategy}'; valid: "
+                     f"{', '.join(ALL_STRATEGIES + EXTRA_STRATEGIES)}")
 
 
 # ------------------------------------------------------------------------------ formulas
@@ -444,7 +452,8 @@ def write_reports(out, rows, meta):
     md = ["# bench_sharding results", "",
           f"Emulated cluster: {meta.get('main_spec', '')}. Model: {' '.join(meta['model_set'])}; "
           f"{meta['steps']} steps, median over steps > {meta['warmup']}"
-          f"{' pooled over %d interleaved rounds' % meta['repeats'] if meta.get('repeats', 1) > 1 else ''}. Machine: {meta['machine']}. "
+          f"{' pooled over %d interleaved rounds' % meta['repeats'] if meta.get('repeats', 1) > 1 else ''}. "
+          f"Machine: {meta['machine']}. "
           f"Load average before/after: {meta.get('load_before')} / {meta.get('load_after')}.", ""]
     if main:
         md += ["## Strategies", "", table_main(main), ""]
@@ -476,7 +485,8 @@ def build_parser():
     ap.add_argument("--repeats", type=int, default=1,
                     help="rounds over all strategies (interleaved); step times are pooled over rounds")
     ap.add_argument("--out", default="runs/bench_sharding")
-    ap.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES), choices=ALL_STRATEGIES)
+    ap.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES),
+                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
     ap.add_argument("--inter-node", default=R.DEFAULT_INTER_NODE)
     ap.add_argument("--intra-node", default=R.DEFAULT_INTRA_NODE)
     ap.add_argument("--intra-gpu", default=R.DEFAULT_INTRA_GPU)
@@ -487,7 +497,8 @@ def build_parser():
     ap.add_argument("--scaling-nodes", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--scaling-gpus-per-node", type=int, default=1)
     ap.add_argument("--scaling-gcds-per-gpu", type=int, default=2)
-    ap.add_argument("--scaling-strategies", nargs="+", default=list(SCALING_STRATEGIES), choices=ALL_STRATEGIES)
+    ap.add_argument("--scaling-strategies", nargs="+", default=list(SCALING_STRATEGIES),
+                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is stopped")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     return ap

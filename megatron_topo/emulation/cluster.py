@@ -121,7 +121,8 @@ def check_privileges() -> Optional[str]:
     try:
         p = _run(["ip", "netns", "add", probe], check=False)
         if p.returncode != 0:
-            return f"`ip netns add` failed: {(p.stderr or p.stdout).strip().splitlines()[-1] if (p.stderr or p.stdout).strip() else 'unknown error'}"
+            msg = (p.stderr or p.stdout).strip()
+            return f"`ip netns add` failed: {msg.splitlines()[-1] if msg else 'unknown error'}"
         _run(["ip", "-n", probe, "link", "set", "lo", "up"], check=False)
         q = _run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb"], check=False)
         if q.returncode != 0:
