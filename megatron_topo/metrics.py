@@ -26,9 +26,15 @@ import sys
 import warnings
 from typing import Any, Iterable, Optional, Union
 
-import torch
-
 from .config import ModelConfig
+
+# torch is imported lazily so that reading metrics (tools/plot_metrics.py) does not pay for it;
+# a value can only be a tensor if torch is already loaded.
+
+
+def _is_tensor(value) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -85,9 +91,11 @@ def mfu(flops_per_iter: float, iter_time_s: float, world_size: int, peak_tflops:
 
 
 # ----------------------------------------------------------------------------------- memory
-def peak_memory_bytes(device: Union[str, torch.device, None] = None) -> int:
+def peak_memory_bytes(device: Union[str, "torch.device", None] = None) -> int:  # noqa: F821
     """Peak memory of this process: CUDA/ROCm max allocated bytes on a GPU device; on CPU the
     process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``) in bytes."""
+    import torch
+
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if dev.type == "cuda":
         return int(torch.cuda.max_memory_allocated(dev))
@@ -99,7 +107,7 @@ def peak_memory_bytes(device: Union[str, torch.device, None] = None) -> int:
 # ------------------------------------------------------------------------------ JSON values
 def _plain(value: Any) -> Any:
     """A JSON-safe version of a metric value (tensors/numpy scalars -> Python, non-finite -> str)."""
-    if isinstance(value, torch.Tensor):
+    if _is_tensor(value):
         value = value.detach().item() if value.numel() == 1 else value.detach().cpu().tolist()
     elif hasattr(value, "tolist") and callable(value.tolist) and not isinstance(value, (str, bytes)):
         value = value.tolist()  # numpy scalar -> Python number, numpy array -> list
@@ -123,7 +131,7 @@ def _scalars(values: dict, prefix: str = "") -> Iterable[tuple[str, float]]:
     """(tag, number) for every numeric value; nested dicts become ``outer/inner`` tags."""
     for k, v in values.items():
         tag = f"{prefix}{k}"
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
+        if _is_tensor(v) and v.numel() == 1:
             v = v.item()
         if isinstance(v, dict):
             yield from _scalars(v, tag + "/")
