@@ -382,7 +382,8 @@ def plot_main(rows, path):
     ax1.set_xticks(list(x), names, rotation=30, ha="right")
     ax1.set_ylabel("tokens/s (global)")
     ax1.set_title("throughput on the emulated cluster")
-    ax1.legend()
+    ax1.set_ylim(0, 1.3 * max([r["tokens_per_sec"] for r in ok] + best + bound))
+    ax1.legend(fontsize=8, loc="upper right")
     w = 0.27
     for i, (key, lab) in enumerate((("comm_bytes_inter_node", "our counters"),
                                     ("formula_bytes_inter_node", "DESIGN §4 formula"),
