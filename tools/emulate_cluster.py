@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -135,8 +136,7 @@ def main(argv=None) -> int:
     finally:
         # a second Ctrl-C must not abort the teardown
         for sig in old:
-            import signal as _s
-            _s.signal(sig, _s.SIG_IGN)
+            signal.signal(sig, signal.SIG_IGN)
         try:
             cluster.down()
         except EmulationError as e:

@@ -77,8 +77,11 @@ def _pump(stream, out: TextIO, prefix: str, lock: threading.Lock):
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
         with lock:
-            out.write(f"{prefix}{line}\n")
-            out.flush()
+            try:
+                out.write(f"{prefix}{line}\n")
+                out.flush()
+            except (ValueError, OSError):  # sink closed (launcher finishing) or broken pipe
+                pass
     stream.close()
 
 
@@ -102,6 +105,7 @@ def launch(cluster: Cluster, command: Sequence[str], *, master_port: int = 29500
     rss = [0] * s.world_size
     cpu = [0.0] * s.world_size
     first_fail = None
+    devnull = open(os.devnull, "w")
     try:
         for r in range(s.world_size):
             node, gpu, _ = s.placement(r)
@@ -112,7 +116,7 @@ def launch(cluster: Cluster, command: Sequence[str], *, master_port: int = 29500
             procs.append(p)
             prefix = f"[r{r:0{width}d}] "
             show = stdout_ranks == "all" or (stdout_ranks == "0" and r == 0)
-            sink = out if show else open(os.devnull, "w")
+            sink = out if show else devnull
             for stream, dst in ((p.stdout, sink), (p.stderr, err)):
                 t = threading.Thread(target=_pump, args=(stream, dst, prefix, lock), daemon=True)
                 t.start()
@@ -148,6 +152,7 @@ def launch(cluster: Cluster, command: Sequence[str], *, master_port: int = 29500
     finally:
         for t in threads:
             t.join(timeout=2.0)
+        devnull.close()
     if first_fail is None:
         first_fail = next((r for r, rc in enumerate(rcs) if rc), None)
     return LaunchResult([int(rc) for rc in rcs], rss, cpu, time.perf_counter() - t0, first_fail)
