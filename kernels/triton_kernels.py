@@ -202,7 +202,11 @@ def _dequant_sum_requant_kernel(q_ptr, s_ptr, qo_ptr, so_ptr, K, q_stride, s_str
 # ----------------------------------------------------------------------------- host wrappers
 def interpreted() -> bool:
     """True when the kernels were built for the CPU interpreter (TRITON_INTERPRET=1)."""
-    return available() and type(_quantize_kernel).__name__ == "InterpretedFunction"
+    # triton's own library (tl.max, ...) is decorated when `triton` is first imported: if that
+    # happened before TRITON_INTERPRET=1 (torch._dynamo imports triton), the interpreter cannot
+    # call it, so both must have been built for the interpreter
+    return (available() and type(_quantize_kernel).__name__ == "InterpretedFunction"
+            and type(tl.standard.max).__name__ == "InterpretedFunction")
 
 
 def _require(*tensors: torch.Tensor) -> None:
@@ -211,7 +215,8 @@ def _require(*tensors: torch.Tensor) -> None:
     for t in tensors:
         if not t.is_cuda and not interpreted():
             raise ValueError(f"triton backend got a tensor on {t.device}; CPU tensors need "
-                             "TRITON_INTERPRET=1 set before kernels.triton_kernels is imported")
+                             "TRITON_INTERPRET=1 set before triton is first imported (torch._dynamo "
+                             "imports it too)")
 
 
 def _launch(kernel, grid, device, *args, **meta):
