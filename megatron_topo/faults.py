@@ -107,8 +107,12 @@ def maybe_fail(point: str, *, rank: int, step: int) -> None:
             _kill_self(f"{point} of step {step}")
 
 
-def after_backward(step: int, micro: int, accum: int, engine, rank: int) -> None:
-    """Training-loop hook after each micro-batch's backward: mid-step kills, gradient poisoning."""
+def before_backward(step: int, micro: int, accum: int, engine, rank: int) -> None:
+    """Training-loop hook before each micro-batch's backward: mid-step kills, gradient poisoning.
+
+    Gradients are poisoned before the last backward of the step (the fp32 shard accumulates, so
+    the value survives the reduction) rather than after it: after it, the engine's cross-replica
+    combine may already be in flight on that buffer."""
     for f in active():
         if not f.hits(rank, step):
             continue

@@ -226,10 +226,8 @@ class Trainer:
             x, y = self.train_batches.micro(self.state.consumed_samples, m)
             loss = faults.corrupt_loss(step, loss_fn(eng(x), y), self.rt.rank)
             losses.append(loss.detach())
-            eng.backward(loss / accum)
-            faults.after_backward(step, m, accum, eng, self.rt.rank)
-        # which units' gradient shards are non-finite (read before eng.step zeroes them)
-        finite = None if eng.scaler else torch.stack([u.grad_acc.isfinite().all() for u in eng.units])
+            faults.before_backward(step, m, accum, eng, self.rt.rank)
+            eng.backward(loss / accum, last_micro_batch=m == accum - 1)
         lr = learning_rate(self.cfg, step)
         stats = eng.step(lr)
         self.state.consumed_samples += self.batches_per_step
@@ -241,20 +239,17 @@ class Trainer:
             if self.state.bad_steps >= t.max_bad_steps:
                 raise TrainingError(
                     f"step {self.state.step}: non-finite gradients for {self.state.bad_steps} consecutive "
-                    f"steps in {self.cfg.precision} ({self._bad_units(finite)}; loss {stats['loss'].item():.4g}); "
+                    f"steps in {self.cfg.precision} ({self._bad_units(stats['nonfinite_units'])}; loss {stats['loss'].item():.4g}); "
                     f"lower the learning rate or check the data"
                 )
         else:
             self.state.bad_steps = 0
         return stats
 
-    def _bad_units(self, finite: torch.Tensor) -> str:
-        """'unit 2 (layers.1)': the units whose gradient is non-finite on any rank."""
-        bad = (~finite).to(torch.float32)
-        if self.rt.distributed:
-            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    def _bad_units(self, idx: list[int]) -> str:
+        """'unit 2 (layers.1)': the units whose gradient is non-finite on any rank (the engine
+        found them with one flag per unit, max over every rank)."""
         mods = {id(m): n for n, m in self.engine.module.named_modules()}
-        idx = [i for i, b in enumerate(bad.tolist()) if b > 0]
         if not idx:
             return "no unit's gradient shard was non-finite"
         names = [f"{i} ({mods.get(id(self.engine.units[i].module), '?')})" for i in idx]

@@ -43,14 +43,16 @@ def make_engine(rank, world, zcfg: ZeroTopoConfig, precision="fp32", gcds=2, gpu
     return eng
 
 
-def train_steps(eng, rank, steps=5, accum=2):
+def train_steps(eng, rank, steps=5, accum=2, overlap=True):
+    """``overlap``: tell the engine which backward is the step's last, so the cross-replica
+    combine overlaps it (what the trainer does); False exercises the combine-in-step path."""
     losses = []
     for step in range(steps):
         tot = 0.0
         for m in range(accum):
             x, y = batch(step, rank, m, cfg=eng.module.cfg)
             loss = loss_fn(eng(x), y) / accum
-            eng.backward(loss)
+            eng.backward(loss, last_micro_batch=overlap and m == accum - 1)
             tot += loss.item()
         eng.step()
         losses.append(tot)

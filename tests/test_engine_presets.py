@@ -14,9 +14,10 @@ UNQUANTIZED = dict(weight_bits=16, secondary_bits=16, grad_bits=16)
 def _run_presets(rank, world, presets, extra):
     out = {}
     for name in presets:
-        zc = ZeroTopoConfig(preset=name, **UNQUANTIZED, **extra.get(name, {}))
+        preset, _, mode = name.partition("/")
+        zc = ZeroTopoConfig(preset=preset, **UNQUANTIZED, **extra.get(name, {}))
         eng = make_engine(rank, world, zc)
-        train_steps(eng, rank)
+        train_steps(eng, rank, overlap=mode != "combine-in-step")
         out[name] = eng.full_parameters()
         eng.remove_hooks()
     return out
@@ -30,8 +31,11 @@ CASES = {
 
 def test_every_preset_matches_reference():
     world = 8
-    presets = list(PRESETS)
-    results = run_distributed(_run_presets, world, presets, {})
+    # "/combine-in-step": the cross-replica combine runs in step() instead of overlapping the
+    # last backward; "/deterministic": the ordered all-gather + sum combine
+    presets = list(PRESETS) + ["topo/combine-in-step", "mics/combine-in-step", "topo/deterministic"]
+    extra = {"topo/deterministic": {"deterministic": True}}
+    results = run_distributed(_run_presets, world, presets, extra)
     ref = reference(world)
     for name in presets:
         for rank in (0, world - 1):

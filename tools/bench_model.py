@@ -147,7 +147,7 @@ class Ours:
         t0 = time.perf_counter()
         loss = loss_fn(self.engine(x), y)
         t1 = time.perf_counter()
-        self.engine.backward(loss)
+        self.engine.backward(loss, last_micro_batch=True)
         t2 = time.perf_counter()
         self.engine.step(self.lr)
         t3 = time.perf_counter()

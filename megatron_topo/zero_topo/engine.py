@@ -12,7 +12,10 @@ Forward: a pre-hook gathers a unit (prefetching the next one), a post-hook frees
 hook on its output that gathers it again -- from the secondary copy -- when backward reaches it.
 Backward: once every parameter of a unit has its gradient, the unit's gradient is reduced
 asynchronously into the fp32 gradient shard; all reductions are waited for at the end of
-``backward``.
+``backward``. On the last micro-batch of a step (``backward(loss, last_micro_batch=True)``) each
+unit's cross-replica combine is launched as soon as its reduction lands, overlapping the rest of
+backward. Step: the post-update all-gather that rebuilds primary shards runs in the background and
+each unit waits for its own at its next gather, so it overlaps the next forward.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ class ZeroTopoEngine:
         self.grad_clip = grad_clip
         self.max_in_flight = max_in_flight
         self.in_backward = False
+        self._last_micro = False
         self.micro_batches = 0
         wire = DTYPES[grad_comm_dtype] if grad_comm_dtype else self.dtype
         kernel_backend = None if kernel_backend in (None, "auto") else kernel_backend
@@ -174,9 +178,16 @@ class ZeroTopoEngine:
         u.reduced_this_backward = True
         u.start_reduce(self._grad_scale)
         u.free_full()
+        if self._last_micro and not u.reduce_handles:  # reduced synchronously
+            u.start_combine()
         pending = [x for x in self.units if x.reduce_handles]
         while len(pending) > self.max_in_flight:
-            pending.pop(0).wait_reduce()
+            self._finish_reduce(pending.pop(0))
+
+    def _finish_reduce(self, u: ShardedUnit):
+        u.wait_reduce()
+        if self._last_micro:
+            u.start_combine()
 
     # ---------------------------------------------------------------------------- training API
     def __call__(self, *args, **kw):
@@ -193,9 +204,14 @@ class ZeroTopoEngine:
     def loss_scale(self) -> float:
         return self.scaler.scale if self.scaler else 1.0
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of one micro-batch; gradients end up reduced in the fp32 shards."""
+    def backward(self, loss: torch.Tensor, last_micro_batch: bool = False) -> None:
+        """Backward of one micro-batch; gradients end up reduced in the fp32 shards.
+
+        ``last_micro_batch=True`` (the last backward before ``step``) also starts each unit's
+        cross-replica combine as soon as its reduction is done; ``step`` is correct either way.
+        """
         self._grad_scale = 1.0 / self.topo.world_size
+        self._last_micro = last_micro_batch
         for u in self.units:
             u.grads_ready = 0
             u.reduced_this_backward = False
@@ -206,9 +222,10 @@ class ZeroTopoEngine:
                 if not u.reduced_this_backward:
                     self._reduce_unit(u)
             for u in self.units:
-                u.wait_reduce()
+                self._finish_reduce(u)
         finally:
             self.in_backward = False
+            self._last_micro = False
             for u in self.units:
                 if u.gather_handle is not None:  # a prefetch nobody consumed
                     u.finish_gather()
@@ -222,9 +239,8 @@ class ZeroTopoEngine:
         grads = [u.combine_replicas() for u in self.units]
         optim_grp = self.groups.optim
         world = self.groups.world
-        local_sq = torch.zeros(1, dtype=torch.float64, device=grads[0].device)
-        for g in grads:
-            local_sq += g.double().pow(2).sum()
+        norms = torch.stack(torch._foreach_norm(grads, 2)).double()
+        local_sq = norms.pow(2).sum().reshape(1)
         finite = torch.isfinite(local_sq).to(torch.float64)
         # one scalar all-reduce carries both the squared norm and the overflow flag
         packed = torch.cat([local_sq.nan_to_num(0.0, 0.0, 0.0), 1.0 - finite])
@@ -236,10 +252,14 @@ class ZeroTopoEngine:
         stats = {"loss_scale": scale, "skipped": False, "grad_norm": float("nan")}
         self.micro_batches = 0
         if overflow:
+            # which units: a flag per unit, max over every rank (all ranks agreed on overflow)
+            bad_units = torch.stack([(~torch.isfinite(n)).double() for n in norms])
+            self.comm.all_reduce(bad_units, world, op=torch.distributed.ReduceOp.MAX, control=True)
             for u in self.units:
                 u.grad_acc.zero_()
             stats["skipped"] = True
             stats["nonfinite"] = True
+            stats["nonfinite_units"] = [i for i, b in enumerate(bad_units.tolist()) if b > 0]
             if self.scaler:
                 self.scaler.update(overflow=True)
                 stats["loss_scale"] = self.scaler.scale
@@ -254,7 +274,7 @@ class ZeroTopoEngine:
                 g.mul_(coef)
         self.optimizer.step(grads, lr=lr)
         for u, master in zip(self.units, self.optimizer.params):
-            u.publish(master)
+            u.start_publish(master)
         if self.scaler:
             self.scaler.update(overflow=False)
         return stats
@@ -265,6 +285,11 @@ class ZeroTopoEngine:
         secondaries are invalidated so backward can never see stale weights."""
         for u, master in zip(self.units, self.optimizer.params):
             u.publish(master)
+
+    def wait_publish(self) -> None:
+        """Wait for every unit's background post-step all-gather (forward does this per unit)."""
+        for u in self.units:
+            u.wait_publish()
 
     # ---------------------------------------------------------------------------- introspection
     def model_state_bytes(self) -> dict:

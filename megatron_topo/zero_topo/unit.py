@@ -80,6 +80,8 @@ class ShardedUnit:
         self.secondary = None  # (payload, scales) or 16-bit tensor
         self.gather_handle: Optional[Handle] = None
         self.reduce_handles: list[Handle] = []
+        self.combine_handle: Optional[Handle] = None
+        self.publish_handle: Optional[Handle] = None
         self.grads_ready = 0
         self.reduced_this_backward = False
         self.needs_weights_in_backward = True
@@ -122,6 +124,7 @@ class ShardedUnit:
 
     def start_gather(self, backward: bool) -> None:
         """Launch the all-gather that materialises the full unit (async)."""
+        self.wait_publish()  # the primary shard (and, for w == 1, the module's weights) is current
         if self.gathered or self.gather_handle is not None:
             return
         plan, Ltot = self.plan, self.layout.padded
@@ -202,24 +205,46 @@ class ShardedUnit:
     # -------------------------------------------------------------------------- gradients
     def flat_grad(self, scale: float) -> torch.Tensor:
         """The unit's gradient as one flat buffer (wire dtype), pre-divided by the DP size."""
-        g = torch.zeros(self.layout.padded, dtype=self.grad_comm_dtype, device=self.device)
+        g = torch.empty(self.layout.padded, dtype=self.grad_comm_dtype, device=self.device)
+        end = 0
         for s in self.specs:
+            if s.offset > end:
+                g[end:s.offset].zero_()
             if s.param.grad is not None:
                 g[s.offset:s.offset + s.numel].copy_(s.param.grad.reshape(-1))
                 s.param.grad = None
+            else:
+                g[s.offset:s.offset + s.numel].zero_()
+            end = s.offset + s.numel
+        g[end:].zero_()  # alignment padding
         if scale != 1.0:
             g.mul_(scale)
         return g
 
+    def _accumulate_local(self, scale: float) -> None:
+        """No gradient sharding: add each parameter's gradient straight into its slice of the
+        fp32 shard (same arithmetic as flattening first: cast to the wire dtype, scale, add)."""
+        acc, wire = self.grad_acc, self.grad_comm_dtype
+        for s in self.specs:
+            if s.param.grad is None:
+                continue
+            g = s.param.grad.reshape(-1)
+            if g.dtype != wire:
+                g = g.to(wire)
+            if scale != 1.0:
+                g = g * scale
+            acc[s.offset:s.offset + s.numel].add_(g)
+            s.param.grad = None
+
     def start_reduce(self, scale: float) -> None:
         """Reduce this micro-batch's gradient into the fp32 gradient shard (async)."""
         plan, lay = self.plan, self.layout
-        G = self.flat_grad(scale)
         gsz = plan.grad_factor
         acc = self.grad_acc
         if gsz == 1:
-            acc.add_(G)
+            self._accumulate_local(scale)
             return
+        G = self.flat_grad(scale)
         blk = plan.grad_quant_block_size
         if plan.grad_bits == 16:
             perm = L.reduce_perm(plan.weight_factor, gsz)
@@ -281,56 +306,103 @@ class ShardedUnit:
         self.reduce_handles.clear()
 
     # -------------------------------------------------------------------------- step
-    def combine_replicas(self) -> torch.Tensor:
-        """Once per step: sum gradient shards across replicas; return this rank's fp32
-        optimizer-shard gradient (a view when possible)."""
+    def start_combine(self) -> None:
+        """Launch the once-per-step sum of gradient shards across replicas (async). The engine
+        calls it as soon as the last micro-batch's reduction of this unit has landed, so the
+        cross-node traffic overlaps the rest of backward; ``combine_replicas`` waits for it."""
+        if self.combine_handle is not None:
+            return
         plan, lay = self.plan, self.layout
         rep = self.g.replicas
         acc = self.grad_acc
         o_lo = self.optim_range[0] - self.grad_range[0]
         o_hi = o_lo + lay.optim_numel
         if rep.size == 1:
-            return acc[o_lo:o_hi]
+            self.combine_handle = Handle([], lambda: acc[o_lo:o_hi])
+            return
         wire = self.grad_comm_dtype
-        if plan.deterministic:
+        if plan.deterministic:  # every rank sums the replicas in rank order: bitwise reproducible
             tmp = torch.empty(rep.size * acc.numel(), dtype=wire, device=self.device)
-            self.comm.all_gather(tmp, acc.to(wire), rep)
-            parts = tmp.view(rep.size, -1)
-            acc.copy_(parts[0])
-            for i in range(1, rep.size):
-                acc.add_(parts[i])
-            return acc[o_lo:o_hi]
+            work = self.comm.all_gather(tmp, acc.to(wire), rep, async_op=True)
+
+            def ordered_sum():
+                parts = tmp.view(rep.size, -1)
+                acc.copy_(parts[0])
+                for i in range(1, rep.size):
+                    acc.add_(parts[i])
+                return acc[o_lo:o_hi]
+
+            self.combine_handle = Handle([work], ordered_sum)
+            return
         if plan.inter_node_reduce == "reduce_scatter" and plan.optimizer_factor == self.comm.topo.world_size:
             send = acc.to(wire)
             out = torch.empty(lay.optim_numel, dtype=wire, device=self.device)
-            self.comm.reduce_scatter(out, send, rep)
-            return out.float() if wire != torch.float32 else out
-        if wire == torch.float32:
-            self.comm.all_reduce(acc, rep)
-            return acc[o_lo:o_hi]
-        buf = acc.to(wire)
-        self.comm.all_reduce(buf, rep)
-        return buf[o_lo:o_hi].float()
+            work = self.comm.reduce_scatter(out, send, rep, async_op=True)
 
-    def publish(self, master: torch.Tensor) -> None:
-        """After the update: rebuild the primary shard from the optimizer shards."""
+            def scattered():
+                del send_keepalive[:]  # the send buffer lives until the collective is done
+                return out.float() if wire != torch.float32 else out
+
+            send_keepalive = [send]
+            self.combine_handle = Handle([work], scattered)
+            return
+        if wire == torch.float32:
+            work = self.comm.all_reduce(acc, rep, async_op=True)
+            self.combine_handle = Handle([work], lambda: acc[o_lo:o_hi])
+            return
+        buf = acc.to(wire)
+        work = self.comm.all_reduce(buf, rep, async_op=True)
+        self.combine_handle = Handle([work], lambda: buf[o_lo:o_hi].float())
+
+    def combine_replicas(self) -> torch.Tensor:
+        """Once per step: sum gradient shards across replicas; return this rank's fp32
+        optimizer-shard gradient (a view when possible)."""
+        self.start_combine()
+        h, self.combine_handle = self.combine_handle, None
+        return h.wait()
+
+    # -------------------------------------------------------------------------- publish
+    def start_publish(self, master: torch.Tensor) -> None:
+        """After the update: rebuild the primary shard from the optimizer shards. The post-step
+        all-gather runs in the background; the unit's next gather (or forward) waits for it."""
+        self.wait_publish()
         plan = self.plan
         grp = self.g.post_gather
         new = master.detach().to(self.dtype)
+        self.invalidate_secondary()
+        self.grad_acc.zero_()
         if grp.size == 1:
             a = self.optim_range[0] - self.primary_range[0]
             self.primary[a:a + new.numel()].copy_(new)
-        else:
-            tmp = torch.empty(new.numel() * grp.size, dtype=self.dtype, device=self.device)
-            self.comm.all_gather(tmp, new, grp)
-            slots = L.post_gather_slots(grp.ranks, *plan.factors)
+            self._published()
+            return
+        tmp = torch.empty(new.numel() * grp.size, dtype=self.dtype, device=self.device)
+        if new.data_ptr() == master.data_ptr():  # fp32: do not send the live master
+            new = new.clone()
+        work = self.comm.all_gather(tmp, new, grp, async_op=True)
+        slots = L.post_gather_slots(grp.ranks, *plan.factors)
+
+        def place():
             n = new.numel()
             tmpv = tmp.view(grp.size, n)
             for i, slot in enumerate(slots):
                 self.primary[slot * n:(slot + 1) * n].copy_(tmpv[i])
-        self.invalidate_secondary()
-        self.grad_acc.zero_()
-        if plan.weight_factor == 1:
+            self._published()
+
+        self.publish_handle = Handle([work], place)
+
+    def wait_publish(self) -> None:
+        if self.publish_handle is not None:
+            h, self.publish_handle = self.publish_handle, None
+            h.wait()
+
+    def publish(self, master: torch.Tensor) -> None:
+        """Synchronous publish (checkpoint load)."""
+        self.start_publish(master)
+        self.wait_publish()
+
+    def _published(self) -> None:
+        if self.plan.weight_factor == 1:
             self._set_views(self.primary)
 
     def decay_ranges(self) -> list[tuple[int, int]]:
