@@ -50,11 +50,23 @@ the node's NICs are shared (seed 004 Eq. 5.7, ``beta_inter / min(G_node, concurr
     boundary hops cross the node, beta = NICs*bw / min(P, groups per node), capped by the
     intra-node hop when a group has several ranks on one node.
 
-Overlap, as the engine does it: forward and backward all-gathers are prefetched under compute
-(per micro-batch phase time = max(compute, comm) + the first unit's gather, which nothing hides);
-the per-micro-batch gradient reduction runs under the backward pass (+ the last unit's reduction);
-the once-per-step cross-replica combine, the post-step all-gather and the optimizer step are not
-overlapped. With ``prefetch=False`` gathers are exposed.
+Overlap, as the engine does it (since commit 3af3320): forward and backward all-gathers are
+prefetched under compute (per micro-batch phase time = max(compute, comm) + the first unit's
+gather, which nothing hides); the per-micro-batch gradient reduction runs under the backward pass
+(+ the last unit's reduction). Once per step:
+  * the cross-replica combine (the inter-node all-reduce of topo/mics/hsdp-like plans, ddp's and
+    zero1's all-reduce) of each unit is launched during the **last** micro-batch's backward as soon
+    as that unit's reduction has landed, so combines queue behind the backward: last backward =
+    ``max(B, C) + min(B, C)/n`` (B the backward phase, C all units' combines, n units; the last
+    unit's combine, or the first unit's backward when C > B, is exposed);
+  * the optimizer step waits for every combine and is not overlapped;
+  * the post-step all-gather (topo's cross-node publish, zero1/zero2/paro's) runs in the
+    background and each unit waits for its own before its next forward gather: first forward of
+    the next step = ``max(F, A) + min(F, A)/n`` (F the forward phase, A all units' gathers).
+  When the combine (post-step gather) spans the same level as the backward (forward) traffic, the
+  two share the link: its time is added to that phase's communication instead. With
+  ``prefetch=False`` gathers are exposed. ``step_overlap=False`` gives the engine before 3af3320
+  (combine, optimizer and post-step gather all exposed once per step).
 """
 from __future__ import annotations
 
@@ -304,6 +316,21 @@ def collective_time(c: Collective, topo: Topology, system: SystemConfig, n_units
     return c.launches * n_units * latency(c, system) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
 
 
+def _phase(compute: float, gather: float, reduce: float, n: int, prefetch: bool) -> float:
+    """One forward or backward pass over ``n`` units: prefetched gathers and asynchronous
+    reductions run under compute, the first unit's gather and the last unit's reduction are not
+    hidden; without prefetch the gathers are exposed."""
+    if prefetch:
+        return max(compute, gather + reduce) + (gather + reduce) / n
+    return gather + max(compute, reduce) + reduce / n
+
+
+def _pipeline(a: float, b: float, n: int) -> float:
+    """Two stages over ``n`` equal units, unit i of stage b starting once unit i of stage a is
+    done (the stages on different links): ``max(a, b) + min(a, b) / n``."""
+    return max(a, b) + min(a, b) / n
+
+
 @dataclass
 class StepEstimate:
     preset: str
@@ -313,7 +340,10 @@ class StepEstimate:
     compute_s: float  # per micro-batch
     forward_s: float  # per micro-batch, with exposed communication
     backward_s: float
-    step_comm_s: float  # combine + post-step gather, once per step
+    first_forward_s: float  # the step's first forward: waits for the post-step gathers
+    last_backward_s: float  # the step's last backward: launches the cross-replica combines
+    step_comm_s: float  # combine + post-step gather, once per step (not all of it exposed)
+    step_comm_exposed_s: float  # what they add to the step over two plain micro-batch phases
     optimizer_s: float
     step_s: float
     tflops_per_gcd: float
@@ -327,8 +357,11 @@ class StepEstimate:
 
 def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
                   grad_accum: int, recompute: bool = True, nic_sharing: str = "rank",
-                  convention: str = "engine") -> StepEstimate:
-    """Modelled time of one optimizer step (``grad_accum`` micro-batches) on every rank."""
+                  convention: str = "engine", step_overlap: bool = True) -> StepEstimate:
+    """Modelled time of one optimizer step (``grad_accum`` micro-batches) on every rank, in the
+    steady state (the post-step gather of the previous step overlaps this step's first forward).
+    ``step_overlap=False`` models the engine before commit 3af3320 (combine and post-step gather
+    blocking in ``step()``)."""
     psi, n = shape.params, shape.units
     flops = shape.microbatch_flops(micro_batch, recompute)
     compute = flops / (system.peak_tflops * 1e12 * system.compute_efficiency)
@@ -339,18 +372,32 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     fwd_ag = sum(t for c, t in zip(colls, times.values()) if c.phase == "forward")
     bwd_ag = times.get("backward_all_gather", 0.0)
     red = times.get("grad_reduce", 0.0) + times.get("grad_reduce_inter", 0.0)
-    if plan.prefetch:
-        fwd = max(t_f, fwd_ag) + fwd_ag / n
-        bwd = max(t_b, bwd_ag + red) + (bwd_ag + red) / n
-    else:
-        fwd = t_f + fwd_ag
-        bwd = bwd_ag + max(t_b, red) + red / n
-    step_comm = times.get("combine", 0.0) + times.get("post_step_all_gather", 0.0)
+    levels = {c.name: c.level for c in colls}
+    fwd_lv = {levels[k] for k in ("forward_all_gather",) if k in levels}
+    bwd_lv = {levels[k] for k in ("backward_all_gather", "grad_reduce", "grad_reduce_inter") if k in levels}
+    comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
+    fwd, bwd = _phase(t_f, fwd_ag, 0.0, n, plan.prefetch), _phase(t_b, bwd_ag, red, n, plan.prefetch)
+    if step_overlap:
+        # the last backward launches each unit's combine once its reduction lands; the next step's
+        # first forward waits, unit by unit, for that unit's post-step gather (module docstring)
+        if levels.get("combine") in bwd_lv:  # the combine shares a link with backward traffic
+            bwd_last = _phase(t_b, bwd_ag, red + comb, n, plan.prefetch)
+        else:
+            bwd_last = _pipeline(bwd, comb, n)
+        if levels.get("post_step_all_gather") in fwd_lv:
+            fwd_first = _phase(t_f, fwd_ag + post, 0.0, n, plan.prefetch)
+        else:
+            fwd_first = _pipeline(post, fwd, n)
+    else:  # the engine before commit 3af3320: combine and post-step gather blocking in step()
+        bwd_last, fwd_first = bwd + comb, fwd + post
+    step_comm = comb + post
+    exposed = fwd_first + bwd_last - fwd - bwd
     opt = OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * psi / plan.optimizer_factor / (system.hbm_bw_gbs * 1e9)
-    step = grad_accum * (fwd + bwd) + step_comm + opt
+    step = (grad_accum - 1) * (fwd + bwd) + fwd_first + bwd_last + opt
     return StepEstimate(
         preset=plan.preset, gcds=topo.world_size, micro_batch=micro_batch, grad_accum=grad_accum,
-        compute_s=compute, forward_s=fwd, backward_s=bwd, step_comm_s=step_comm, optimizer_s=opt,
+        compute_s=compute, forward_s=fwd, backward_s=bwd, first_forward_s=fwd_first, last_backward_s=bwd_last,
+        step_comm_s=step_comm, step_comm_exposed_s=exposed, optimizer_s=opt,
         step_s=step, tflops_per_gcd=grad_accum * flops / step / 1e12, comm_s=times,
         bytes_per_level=bytes_per_level(psi, plan, topo, grad_accum),
         memory_gib=model_state_memory(psi, plan, convention).total / GIB,
@@ -359,7 +406,8 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
 
 # ------------------------------------------------------------------------------ prediction
 def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharing: str = "rank",
-            system: Optional[SystemConfig] = None, **plan_overrides) -> list[StepEstimate]:
+            system: Optional[SystemConfig] = None, step_overlap: bool = True,
+            **plan_overrides) -> list[StepEstimate]:
     """Estimates for every preset at every GCD count, with the model/training setup of ``cfg``;
     ``plan_overrides`` maps a preset to zero_topo overrides, e.g. ``topo={"secondary_degree": 8}``."""
     system = system or cfg.system
@@ -374,7 +422,7 @@ def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharin
             plan = preset_plan(p, topo, **plan_overrides.get(p, {}))
             out.append(estimate_step(shape, plan, topo, system, t.train_micro_batch_size_per_gpu,
                                      t.gradient_accumulation_steps, cfg.model.checkpoint_activations,
-                                     nic_sharing))
+                                     nic_sharing, step_overlap=step_overlap))
     return out
 
 
