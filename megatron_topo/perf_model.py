@@ -50,26 +50,39 @@ the node's NICs are shared (seed 004 Eq. 5.7, ``beta_inter / min(G_node, concurr
     boundary hops cross the node, beta = NICs*bw / min(P, groups per node), capped by the
     intra-node hop when a group has several ranks on one node.
 
-Overlap, as the engine does it (since commit 3af3320): forward and backward all-gathers are
-prefetched under compute (per micro-batch phase time = max(compute, comm) + the first unit's
-gather, which nothing hides); the per-micro-batch gradient reduction runs under the backward pass
-(+ the last unit's reduction). Once per step:
-  * the cross-replica combine (the inter-node all-reduce of topo/mics/hsdp-like plans, ddp's and
-    zero1's all-reduce) of each unit is launched during the **last** micro-batch's backward as soon
-    as that unit's reduction has landed, so combines queue behind the backward: last backward =
-    ``max(B, C) + min(B, C)/n`` (B the backward phase, C all units' combines, n units; the last
-    unit's combine, or the first unit's backward when C > B, is exposed);
-  * the optimizer step waits for every combine and is not overlapped;
-  * the post-step all-gather (topo's cross-node publish, zero1/zero2/paro's) runs in the
-    background and each unit waits for its own before its next forward gather: first forward of
-    the next step = ``max(F, A) + min(F, A)/n`` (F the forward phase, A all units' gathers).
-  When the combine (post-step gather) spans the same level as the backward (forward) traffic, the
-  two share the link: its time is added to that phase's communication instead. With
-  ``prefetch=False`` gathers are exposed. ``step_overlap=False`` gives the engine before 3af3320
-  (combine, optimizer and post-step gather all exposed once per step).
+Overlap, as the engine does it (since commit 3af3320): gathers are prefetched under compute (a
+pass takes max(compute, comm) + the first unit's gather, which nothing hides); gradient reductions
+run under the backward pass (+ the last unit's). Once per step (n units):
+  * each unit's cross-replica combine (topo/mics' inter-node all-reduce, ddp/zero1's all-reduce)
+    starts during the **last** backward as soon as that unit's reduction has landed: last backward
+    = ``max(B, C) + min(B, C)/n`` (B a backward pass, C all units' combines);
+  * the optimizer step waits for every combine and is exposed;
+  * the post-step all-gather (topo's publish, zero1/zero2/paro's) runs in the background and each
+    unit waits for its own before its next forward gather: the next step's first forward is
+    ``max(F, A) + min(F, A)/n`` (F a forward pass, A all units' gathers).
+  A once-per-step collective on the same level as the pass it overlaps shares its link (its time is
+  added to the pass's communication). ``prefetch=False`` exposes the gathers; ``step_overlap=False``
+  is the engine before 3af3320 (combine, optimizer and post-step gather exposed once per step).
+
+Emulated cluster (``estimate_emulated``; tools/emulate_cluster.py: 8 CPU ranks on 2 cores, gloo,
+links shaped per GPU package; rates in configs/emulated_cpu.yml, docs/frontier.md §4.1):
+  * links: payload rates measured in docs/benchmark.md "Default rates and why" (midpoints: 372.5
+    Mbit/s per package intra-node, 184.5 Mbit/s per package NIC); loopback inside a package is
+    not shaped. ``gloo_wire_time`` puts each collective's bytes on the package links the way gloo
+    moves them (benchmark.md: rank-ordered rings, reduce-scatter at all-reduce volume).
+  * ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s: gloo point-to-point inside one namespace, 6.5-7 Gbit/s
+    (benchmark.md), taken as what the CPU can move machine-wide: every byte any rank sends costs
+    CPU time 1/0.84 ns/B, shared by all ranks.
+  * compute rate (FLOP/s per rank): ONE constant from the measured unshaped step time of ddp,
+    after its own transport (``calibrate_cpu``); no per-strategy number.
+  * seconds per element through a quantization kernel: ONE constant, least squares over the
+    unshaped step times of the quantized presets (topo, zeropp) after compute and transport.
+  CPU work (compute + transport + quantization) is the compute of ``_compose`` and the shaped
+  links' times its communication (``overlap="engine"``), or the two add up (``"serial"``).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
@@ -331,6 +344,34 @@ def _pipeline(a: float, b: float, n: int) -> float:
     return max(a, b) + min(a, b) / n
 
 
+def _compose(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
+             step_overlap: bool) -> tuple[float, float, float, float]:
+    """Forward, backward, first forward and last backward of a step from the compute of one pass
+    (``t_f``, ``t_b``) and each collective's time for the whole model (module docstring)."""
+    fwd_ag = sum(times.get(c.name, 0.0) for c in colls if c.phase == "forward")
+    bwd_ag = times.get("backward_all_gather", 0.0)
+    red = times.get("grad_reduce", 0.0) + times.get("grad_reduce_inter", 0.0)
+    levels = {c.name: c.level for c in colls}
+    fwd_lv = {levels[k] for k in ("forward_all_gather",) if k in levels}
+    bwd_lv = {levels[k] for k in ("backward_all_gather", "grad_reduce", "grad_reduce_inter") if k in levels}
+    comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
+    fwd, bwd = _phase(t_f, fwd_ag, 0.0, n, prefetch), _phase(t_b, bwd_ag, red, n, prefetch)
+    if step_overlap:
+        # the last backward launches each unit's combine once its reduction lands; the next step's
+        # first forward waits, unit by unit, for that unit's post-step gather (module docstring)
+        if levels.get("combine") in bwd_lv:  # the combine shares a link with backward traffic
+            bwd_last = _phase(t_b, bwd_ag, red + comb, n, prefetch)
+        else:
+            bwd_last = _pipeline(bwd, comb, n)
+        if levels.get("post_step_all_gather") in fwd_lv:
+            fwd_first = _phase(t_f, fwd_ag + post, 0.0, n, prefetch)
+        else:
+            fwd_first = _pipeline(post, fwd, n)
+    else:  # the engine before commit 3af3320: combine and post-step gather blocking in step()
+        bwd_last, fwd_first = bwd + comb, fwd + post
+    return fwd, bwd, fwd_first, bwd_last
+
+
 @dataclass
 class StepEstimate:
     preset: str
@@ -369,27 +410,8 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     t_f, t_b = compute / passes, compute * (passes - 1) / passes
     colls = plan_collectives(psi, plan, topo)
     times = {c.name: collective_time(c, topo, system, n, nic_sharing) for c in colls}
-    fwd_ag = sum(t for c, t in zip(colls, times.values()) if c.phase == "forward")
-    bwd_ag = times.get("backward_all_gather", 0.0)
-    red = times.get("grad_reduce", 0.0) + times.get("grad_reduce_inter", 0.0)
-    levels = {c.name: c.level for c in colls}
-    fwd_lv = {levels[k] for k in ("forward_all_gather",) if k in levels}
-    bwd_lv = {levels[k] for k in ("backward_all_gather", "grad_reduce", "grad_reduce_inter") if k in levels}
+    fwd, bwd, fwd_first, bwd_last = _compose(colls, times, t_f, t_b, n, plan.prefetch, step_overlap)
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
-    fwd, bwd = _phase(t_f, fwd_ag, 0.0, n, plan.prefetch), _phase(t_b, bwd_ag, red, n, plan.prefetch)
-    if step_overlap:
-        # the last backward launches each unit's combine once its reduction lands; the next step's
-        # first forward waits, unit by unit, for that unit's post-step gather (module docstring)
-        if levels.get("combine") in bwd_lv:  # the combine shares a link with backward traffic
-            bwd_last = _phase(t_b, bwd_ag, red + comb, n, plan.prefetch)
-        else:
-            bwd_last = _pipeline(bwd, comb, n)
-        if levels.get("post_step_all_gather") in fwd_lv:
-            fwd_first = _phase(t_f, fwd_ag + post, 0.0, n, plan.prefetch)
-        else:
-            fwd_first = _pipeline(post, fwd, n)
-    else:  # the engine before commit 3af3320: combine and post-step gather blocking in step()
-        bwd_last, fwd_first = bwd + comb, fwd + post
     step_comm = comb + post
     exposed = fwd_first + bwd_last - fwd - bwd
     opt = OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * psi / plan.optimizer_factor / (system.hbm_bw_gbs * 1e9)
@@ -455,18 +477,14 @@ def legal_plans(topo: Topology) -> list[Plan]:
     W = topo.world_size
     facs = [f for f in range(1, W + 1) if W % f == 0 and _legal(Plan("search", f, f, f), topo)]
     out = []
-    for w in facs:
-        for g in (f for f in facs if f % w == 0):
-            for o in (f for f in facs if f % g == 0):
-                secs = [None] + ([f for f in facs if f <= w and w % f == 0] if w > 1 else [])
-                for s in secs:
-                    for wb in ((16, 8) if w > 1 else (16,)):
-                        for sb in ((16, 8) if s else (16,)):
-                            for gb in ((16, 8, 4) if g > 1 else (16,)):
-                                for red in (("allreduce", "reduce_scatter") if g < W and o == W else ("allreduce",)):
-                                    p = Plan("search", w, g, o, s, wb, sb, gb, inter_node_reduce=red)
-                                    if _legal(p, topo):
-                                        out.append(p)
+    for w, g, o in ((w, g, o) for w in facs for g in facs for o in facs if g % w == 0 and o % g == 0):
+        secs = [None] + ([f for f in facs if f <= w and w % f == 0] if w > 1 else [])
+        reds = ("allreduce", "reduce_scatter") if g < W and o == W else ("allreduce",)
+        for s, wb in itertools.product(secs, (16, 8) if w > 1 else (16,)):  # same order as nested loops
+            for sb, gb, red in itertools.product((16, 8) if s else (16,), (16, 8, 4) if g > 1 else (16,), reds):
+                p = Plan("search", w, g, o, s, wb, sb, gb, inter_node_reduce=red)
+                if _legal(p, topo):
+                    out.append(p)
     return out
 
 
@@ -486,3 +504,117 @@ def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch
     out.sort(key=lambda pe: (math.floor(math.log(pe[1].step_s) / math.log(1.005)), pe[1].memory_gib,
                              -(pe[0].weight_bits + pe[0].secondary_bits + pe[0].grad_bits)))
     return out
+
+
+# ------------------------------------------------------------------ emulated cluster (gloo on CPU)
+EMULATED_TRANSPORT_GBS = 0.84  # gloo point-to-point inside one namespace: 6.5-7 Gbit/s (benchmark.md)
+
+
+@dataclass(frozen=True)
+class CpuRates:
+    """The emulated cluster's CPU: FLOP/s per rank (all ranks busy), bytes/s gloo moves machine-wide
+    when the CPU is the limit, seconds per element through a (de)quantization kernel per rank."""
+    flops: float
+    transport_gbs: float = EMULATED_TRANSPORT_GBS
+    quant_s_per_element: float = 0.0
+
+
+def gloo_wire_time(c: Collective, plan: Plan, topo: Topology, system: SystemConfig) -> float:
+    """Seconds the shaped package links need for ``c`` (whole model, every group at once) as gloo
+    moves it: reduce-scatter at all-reduce volume, rings in rank order both ways (half a rank's
+    bytes to each neighbour; all to the peer of a pair), all-to-all pairwise; loopback is free."""
+    from .zero_topo import layout as L
+    W, G, P = topo.world_size, topo.gcds_per_gpu, topo.ranks_per_node
+    w, g, o = plan.factors
+    groups = {"combine": lambda: L.strided(W, g), "post_step_all_gather": lambda: L.post_gather_groups(W, w, o),
+              "grad_reduce_inter": lambda: L.two_hop_peer_groups(W, g, P)}.get(c.name, lambda: L.blocks(W, c.group_size))
+    b = c.bytes_sent * (2 if c.op == "reduce_scatter" else 1)
+    load: dict = {}
+    for grp in groups():
+        d = len(grp)
+        if c.op == "all_to_all":
+            sends = [(a, x, b / (d - 1)) for a in grp for x in grp if x != a]
+        elif d == 2:
+            sends = [(grp[0], grp[1], b), (grp[1], grp[0], b)]
+        else:
+            sends = [(a, grp[(i + k) % d], b / 2) for i, a in enumerate(grp) for k in (1, -1)] if d > 2 else []
+        for src, dst, x in sends:
+            if src // G != dst // G:
+                kind = "nic" if src // P != dst // P else "node"
+                for key in ((src // G, kind, "out"), (dst // G, kind, "in")):
+                    load[key] = load.get(key, 0.0) + x
+    rate = {"nic": system.bw_inter_node_gbs * 1e9, "node": system.bw_intra_node_gbs * 1e9}
+    return max((v / rate[k[1]] for k, v in load.items()), default=0.0)
+
+
+def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
+    """Elements per rank and micro-batch through the quantization kernels, as zero_topo/unit.py calls
+    them: quantize the local shard, dequantize the gathered unit (an INT8 secondary of the gather's
+    bits reuses its blocks); quantize the gradient, dequantize every received piece (ZeRO++'s
+    2-hop also dequantizes, sums and requantizes 1/P of it between the hops)."""
+    w, g, _ = plan.factors
+    s, P, sec = plan.secondary_degree, topo.ranks_per_node, plan.secondary_bits < 16
+    fwd = bwd = 0.0
+    if w > 1 and plan.weight_bits < 16:
+        fwd += psi / w + psi + (psi / s if s and sec and plan.secondary_bits != plan.weight_bits else 0.0)
+        bwd += psi if s and sec else psi / w + psi
+    elif w > 1 and s and sec:
+        fwd, bwd = psi / s, psi
+    if g > 1 and plan.grad_bits < 16:
+        bwd += 2 * psi + (2 * psi / P if g > P else 0.0)
+    return {"forward": fwd, "backward": bwd}
+
+
+def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, recompute: bool,
+                   cpu: CpuRates) -> dict:
+    """CPU seconds of one rank per micro-batch ('forward', 'backward') and per step ('step'):
+    compute, gloo's transport of every byte sent (all ranks share the CPU), quantization."""
+    comp = shape.microbatch_flops(micro_batch, recompute) / cpu.flops
+    passes = 4.0 if recompute else 3.0
+    out = {"forward": comp / passes, "backward": comp * (passes - 1) / passes, "step": 0.0}
+    for c in plan_collectives(shape.params, plan, topo):
+        b = c.bytes_sent * (2 if c.op == "reduce_scatter" else 1)
+        out[c.phase] += topo.world_size * b / (cpu.transport_gbs * 1e9)
+    for ph, e in quant_elements(shape.params, plan, topo).items():
+        out[ph] += e * cpu.quant_s_per_element
+    return out
+
+
+def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
+                      grad_accum: int, cpu: CpuRates, recompute: bool = False, overlap: str = "engine",
+                      step_overlap: bool = True) -> dict:
+    """Step time on the emulated cluster: CPU work as the compute of ``_compose`` and the shaped
+    links as its communication (``overlap="engine"``), or the two added (``"serial"``)."""
+    cpu_s = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, cpu)
+    colls = plan_collectives(shape.params, plan, topo)
+    net = {c.name: gloo_wire_time(c, plan, topo, system) for c in colls}
+    t0 = grad_accum * (cpu_s["forward"] + cpu_s["backward"]) + cpu_s["step"]
+    if overlap == "serial":
+        step = t0 + sum(net[c.name] * (grad_accum if c.per_micro_batch else 1) for c in colls)
+    elif overlap == "engine":
+        fwd, bwd, ff, bl = _compose(colls, net, cpu_s["forward"], cpu_s["backward"], shape.units,
+                                    plan.prefetch, step_overlap)
+        step = (grad_accum - 1) * (fwd + bwd) + ff + bl + cpu_s["step"]
+    else:
+        raise ValueError(f"overlap '{overlap}' is not valid; use engine or serial")
+    return {"preset": plan.preset, "step_s": step, "unshaped_s": t0, "cpu_s": cpu_s, "net_s": net}
+
+
+def calibrate_cpu(shape: Shape, topo: Topology, micro_batch: int, grad_accum: int, t0_ddp: float,
+                  t0_quantized: Optional[dict] = None, recompute: bool = False,
+                  transport_gbs: float = EMULATED_TRANSPORT_GBS) -> CpuRates:
+    """CPU constants from measured unshaped step times: FLOP/s from ddp's (after its transport),
+    the cost per quantized element by least squares over ``{preset: t0}`` of quantized presets
+    (after compute and transport)."""
+    def transport(plan):
+        c = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, CpuRates(math.inf, transport_gbs))
+        return grad_accum * (c["forward"] + c["backward"]) + c["step"]
+
+    flops = grad_accum * shape.microbatch_flops(micro_batch, recompute)
+    rate = flops / (t0_ddp - transport(preset_plan("ddp", topo)))
+    num = den = 0.0
+    for p, t0 in (t0_quantized or {}).items():
+        plan = preset_plan(p, topo)
+        e = grad_accum * sum(quant_elements(shape.params, plan, topo).values())
+        num, den = num + (t0 - flops / rate - transport(plan)) * e, den + e * e
+    return CpuRates(rate, transport_gbs, num / den if den else 0.0)

@@ -9,27 +9,51 @@ system YAML's rates (every constant is documented in megatron_topo/perf_model.py
 TFLOPS/GCD per preset and GCD count, the ratios between zero3, zeropp and topo at the largest
 count next to the ZeRO-topo paper's 20B numbers, and each preset's weak-scaling efficiency from
 the smallest to the largest count. Bad input prints one line on stderr and exits 2.
+
+    python tools/perf_model.py --emulated runs/bench_sharding_overlap/results.json \
+        [--system configs/emulated_cpu.yml] [--overlap engine|serial] [--engine-before-3af3320]
+
+predicts the emulated cluster's step times for a tools/bench_sharding.py results.json and prints
+them next to the measured ones with the error (docs/frontier.md §4.1): link rates from the system
+YAML, scaled to the run's shaped rates; the CPU's FLOP rate from the run's unshaped ddp row and its
+cost per quantized element from the unshaped topo and zeropp rows (megatron_topo.perf_model).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo import perf_model as pm  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
+from megatron_topo.topology import Topology  # noqa: E402
+from megatron_topo.zero_topo.plan import PRESETS  # noqa: E402
 
 GB = 1e9
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMULATED_STRATEGIES = ("zero3", "zeropp", "mics", "topo", "ddp")
+NOMINAL_BPS = {"inter_node": 200e6, "intra_node": 400e6}  # the rates the YAML's payload rates were measured at
+BENCH_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
+              "vocab_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+              "checkpoint_activations", "precision")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model YAML (configs/20B.yml)")
-    p.add_argument("--system", required=True, help="system YAML (configs/frontier.yml)")
-    p.add_argument("--gcds", required=True, help="comma-separated GCD (rank) counts, e.g. 8,16,384")
+    p.add_argument("--model", help="model YAML (configs/20B.yml)")
+    p.add_argument("--system", help="system YAML (configs/frontier.yml; configs/emulated_cpu.yml with --emulated)")
+    p.add_argument("--gcds", help="comma-separated GCD (rank) counts, e.g. 8,16,384")
+    p.add_argument("--emulated", metavar="RESULTS_JSON",
+                   help="predict a tools/bench_sharding.py run on the emulated cluster and compare")
+    p.add_argument("--overlap", choices=("engine", "serial"), default="engine",
+                   help="--emulated: CPU work and shaped transfers overlap as the engine does, or add up")
+    p.add_argument("--engine-before-3af3320", dest="old_engine", action="store_true",
+                   help="--emulated: the run used the engine before 3af3320 (blocking combine/post-step gather)")
     p.add_argument("--presets", default="zero3,zeropp,topo", help="comma-separated presets")
     p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="rank",
                    help="how ranks share the node's NICs (see megatron_topo/perf_model.py)")
@@ -51,6 +75,11 @@ def _ints(text: str) -> list[int]:
 
 
 def run(args) -> dict:
+    if args.emulated:
+        return emulated(args.emulated, args.system or os.path.join(REPO, "configs", "emulated_cpu.yml"),
+                        args.overlap, not args.old_engine, args.overrides)
+    if not (args.model and args.system and args.gcds):
+        raise ConfigError("--model, --system and --gcds are needed (or --emulated RESULTS_JSON)")
     cfg = load_config([args.model, args.system], args.overrides)
     if cfg.system is None:
         raise ConfigError(f"{args.system}: no 'system:' block; use a system YAML such as configs/frontier.yml")
@@ -69,6 +98,68 @@ def run(args) -> dict:
         "scaling_efficiency": {p: pm.scaling_efficiency(est, p, lo, hi) for p in presets},
         "scaling_from_to": [lo, hi],
     }
+
+
+def bench_rows(path: str) -> dict:
+    """The main-series training rows of a bench_sharding results.json, by strategy."""
+    with open(path) as f:
+        rows = json.load(f)
+    if not isinstance(rows, list):
+        raise ConfigError(f"{path}: expected a JSON list of bench_sharding rows")
+    return {r["strategy"]: r for r in rows if isinstance(r, dict) and r.get("series", "main") == "main"
+            and r.get("kind", "train") == "train" and r.get("step_time_s")}
+
+
+def emulated(path: str, system_yaml: str, overlap: str, step_overlap: bool, overrides=()) -> dict:
+    """Predicted against measured step times of a bench_sharding run (module docstring)."""
+    by = bench_rows(path)
+    ref = by.get("ddp")
+    if ref is None or not ref.get("unshaped_step_time_s"):
+        raise ConfigError(f"{path}: no ddp row with an unshaped step time (the CPU's compute rate comes from it)")
+    sets = [f"{k}={v}" for k, v in re.findall(r"--set (\S+?)=(\S+)", ref.get("command", "")) if k in BENCH_KEYS]
+    topo_sets = [f"topology.gpus_per_node={ref['gpus_per_node']}", f"topology.gcds_per_gpu={ref['gcds_per_gpu']}"]
+    cfg = load_config([os.path.join(REPO, "configs", "tiny.yml"), system_yaml], sets + topo_sets + list(overrides))
+    if cfg.system is None:
+        raise ConfigError(f"{system_yaml}: no 'system:' block; use configs/emulated_cpu.yml")
+    system = dataclasses.replace(
+        cfg.system, bw_inter_node_gbs=cfg.system.bw_inter_node_gbs * ref.get("inter_node_rate_bps", 200e6)
+        / NOMINAL_BPS["inter_node"], bw_intra_node_gbs=cfg.system.bw_intra_node_gbs
+        * ref.get("intra_node_rate_bps", 400e6) / NOMINAL_BPS["intra_node"])
+    shape = pm.Shape.from_config(cfg.model)
+    topo = Topology(ref["world_size"], ref["gcds_per_gpu"], ref["gpus_per_node"])
+    t = cfg.train
+    mb, ga, rc = t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, cfg.model.checkpoint_activations
+    quant = {p: by[p]["unshaped_step_time_s"] for p in ("topo", "zeropp") if by.get(p, {}).get("unshaped_step_time_s")}
+    cpu = pm.calibrate_cpu(shape, topo, mb, ga, ref["unshaped_step_time_s"], quant, rc)
+    out = []
+    for s in [x for x in EMULATED_STRATEGIES if x in by] + sorted(set(by) - set(EMULATED_STRATEGIES)):
+        if s not in PRESETS:
+            continue  # FSDP2 and preset variants (topo_sec8, ...) are not plans of their own
+        e = pm.estimate_emulated(shape, pm.preset_plan(s, topo), topo, system, mb, ga, cpu, rc, overlap, step_overlap)
+        m = by[s]
+        out.append({"strategy": s, "predicted_s": e["step_s"], "measured_s": m["step_time_s"],
+                    "error": e["step_s"] / m["step_time_s"] - 1, "predicted_unshaped_s": e["unshaped_s"],
+                    "measured_unshaped_s": m.get("unshaped_step_time_s"), "net_s": e["net_s"], "cpu_s": e["cpu_s"]})
+    return {"results": path, "system": system.name, "overlap": overlap, "step_overlap": step_overlap,
+            "params": shape.params, "micro_batch": mb, "grad_accum": ga, "world_size": topo.world_size,
+            "cpu": dataclasses.asdict(cpu), "calibrated_on": {"compute": "ddp", "quantization": sorted(quant)},
+            "rows": out}
+
+
+def render_emulated(r: dict) -> str:
+    c = r["cpu"]
+    lines = [f"emulated cluster: {r['results']} ({r['world_size']} ranks, {r['params'] / 1e6:.2f} M params, "
+             f"micro-batch {r['micro_batch']} x {r['grad_accum']}), overlap '{r['overlap']}', "
+             f"{'engine since 3af3320' if r['step_overlap'] else 'engine before 3af3320'}",
+             f"CPU: {c['flops'] / 1e9:.2f} GFLOP/s per rank (from ddp's unshaped step), transport "
+             f"{c['transport_gbs']:.2f} GB/s, {c['quant_s_per_element'] * 1e9:.2f} ns per quantized element "
+             f"(from {', '.join(r['calibrated_on']['quantization']) or 'none'})", "",
+             f"{'strategy':<10} {'predicted s':>11} {'measured s':>10} {'error':>7}   {'unshaped pred':>13} {'meas':>6}"]
+    for x in r["rows"]:
+        mu = x["measured_unshaped_s"]
+        lines.append(f"{x['strategy']:<10} {x['predicted_s']:>11.2f} {x['measured_s']:>10.2f} {x['error'] * 100:>+6.0f}%"
+                     f"   {x['predicted_unshaped_s']:>13.2f} {mu if mu is None else format(mu, '.2f'):>6}")
+    return "\n".join(lines)
 
 
 def render(r: dict) -> str:
@@ -121,12 +212,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         r = run(args)
-        if args.plot:
+        if args.plot and not args.emulated:
             plot(r, args.plot)
-    except (ConfigError, ValueError, OSError) as e:
+    except (ConfigError, ValueError, OSError, KeyError) as e:
         print(f"perf_model.py: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(r, indent=1) if args.json else render(r))
+    print(json.dumps(r, indent=1) if args.json else render_emulated(r) if args.emulated else render(r))
     return 0
 
 
