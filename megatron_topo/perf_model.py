@@ -65,18 +65,17 @@ run under the backward pass (+ the last unit's). Once per step (n units):
   is the engine before 3af3320 (combine, optimizer and post-step gather exposed once per step).
 
 Emulated cluster (``estimate_emulated``; tools/emulate_cluster.py: 8 CPU ranks on 2 cores, gloo,
-links shaped per GPU package; rates in configs/emulated_cpu.yml, docs/frontier.md §4.1):
-  * links: payload rates measured in docs/benchmark.md "Default rates and why" (midpoints: 372.5
-    Mbit/s per package intra-node, 184.5 Mbit/s per package NIC); loopback inside a package is
-    not shaped. ``gloo_wire_time`` puts each collective's bytes on the package links the way gloo
-    moves them (benchmark.md: rank-ordered rings, reduce-scatter at all-reduce volume).
+links shaped per GPU package; configs/emulated_cpu.yml; docs/frontier.md §4.1). Constants:
+  * link payload rates, benchmark.md "Default rates and why": 364-381 Mbit/s per package on the
+    400 Mbit/s intra-node class, 179-190 Mbit/s per package NIC on 200 Mbit/s (midpoints used);
+    loopback between a package's 2 GCDs is not shaped. ``gloo_wire_time`` puts each collective's
+    bytes on the package links as gloo moves them (rank-ordered rings, reduce-scatter at all-reduce
+    volume; checked against the measured busiest-link bytes in the tests).
   * ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s: gloo point-to-point inside one namespace, 6.5-7 Gbit/s
-    (benchmark.md), taken as what the CPU can move machine-wide: every byte any rank sends costs
-    CPU time 1/0.84 ns/B, shared by all ranks.
-  * compute rate (FLOP/s per rank): ONE constant from the measured unshaped step time of ddp,
-    after its own transport (``calibrate_cpu``); no per-strategy number.
-  * seconds per element through a quantization kernel: ONE constant, least squares over the
-    unshaped step times of the quantized presets (topo, zeropp) after compute and transport.
+    (benchmark.md), read as what the CPU moves machine-wide: any rank's byte costs 1/0.84 ns of it.
+  * compute: ONE FLOP rate per rank, from the measured unshaped step time of ddp minus its transport.
+  * quantization: ONE cost per element through a (de)quantization kernel, least squares over the
+    unshaped step times of topo and zeropp minus their compute and transport (``calibrate_cpu``).
   CPU work (compute + transport + quantization) is the compute of ``_compose`` and the shaped
   links' times its communication (``overlap="engine"``), or the two add up (``"serial"``).
 """
