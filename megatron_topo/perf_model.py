@@ -64,20 +64,13 @@ run under the backward pass (+ the last unit's). Once per step (n units):
   added to the pass's communication). ``prefetch=False`` exposes the gathers; ``step_overlap=False``
   is the engine before 3af3320 (combine, optimizer and post-step gather exposed once per step).
 
-Emulated cluster (``estimate_emulated``; tools/emulate_cluster.py: 8 CPU ranks on 2 cores, gloo,
-links shaped per GPU package; configs/emulated_cpu.yml; docs/frontier.md §4.1). Constants:
-  * link payload rates, benchmark.md "Default rates and why": 364-381 Mbit/s per package on the
-    400 Mbit/s intra-node class, 179-190 Mbit/s per package NIC on 200 Mbit/s (midpoints used);
-    loopback between a package's 2 GCDs is not shaped. ``gloo_wire_time`` puts each collective's
-    bytes on the package links as gloo moves them (rank-ordered rings, reduce-scatter at all-reduce
-    volume; checked against the measured busiest-link bytes in the tests).
-  * ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s: gloo point-to-point inside one namespace, 6.5-7 Gbit/s
-    (benchmark.md), read as what the CPU moves machine-wide: any rank's byte costs 1/0.84 ns of it.
-  * compute: ONE FLOP rate per rank, from the measured unshaped step time of ddp minus its transport.
-  * quantization: ONE cost per element through a (de)quantization kernel, least squares over the
-    unshaped step times of topo and zeropp minus their compute and transport (``calibrate_cpu``).
-  CPU work (compute + transport + quantization) is the compute of ``_compose`` and the shaped
-  links' times its communication (``overlap="engine"``), or the two add up (``"serial"``).
+Emulated cluster (``estimate_emulated``, docs/frontier.md §4.1; 8 CPU ranks on 2 cores, gloo):
+link payload rates 364-381 Mbit/s (400 Mbit/s intra-node class) and 179-190 Mbit/s (200 Mbit/s
+NIC) per package (benchmark.md "Default rates and why"; configs/emulated_cpu.yml), placed on the
+package links as gloo moves them (``gloo_wire_time``); ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s, gloo
+point-to-point inside a namespace (6.5-7 Gbit/s), the CPU cost of any rank's byte; ONE FLOP rate
+per rank from the unshaped step time of ddp; ONE cost per quantized element from the unshaped
+topo and zeropp rows (``calibrate_cpu``). Nothing per strategy.
 """
 from __future__ import annotations
 
@@ -358,14 +351,11 @@ def _compose(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n
     if step_overlap:
         # the last backward launches each unit's combine once its reduction lands; the next step's
         # first forward waits, unit by unit, for that unit's post-step gather (module docstring)
-        if levels.get("combine") in bwd_lv:  # the combine shares a link with backward traffic
-            bwd_last = _phase(t_b, bwd_ag, red + comb, n, prefetch)
-        else:
-            bwd_last = _pipeline(bwd, comb, n)
-        if levels.get("post_step_all_gather") in fwd_lv:
-            fwd_first = _phase(t_f, fwd_ag + post, 0.0, n, prefetch)
-        else:
-            fwd_first = _pipeline(post, fwd, n)
+        # (on the same level as that pass's traffic they share its link)
+        bwd_last = (_phase(t_b, bwd_ag, red + comb, n, prefetch) if levels.get("combine") in bwd_lv
+                    else _pipeline(bwd, comb, n))
+        fwd_first = (_phase(t_f, fwd_ag + post, 0.0, n, prefetch) if levels.get("post_step_all_gather") in fwd_lv
+                     else _pipeline(post, fwd, n))
     else:  # the engine before commit 3af3320: combine and post-step gather blocking in step()
         bwd_last, fwd_first = bwd + comb, fwd + post
     return fwd, bwd, fwd_first, bwd_last
@@ -566,37 +556,45 @@ def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
 
 def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, recompute: bool,
                    cpu: CpuRates) -> dict:
-    """CPU seconds of one rank per micro-batch ('forward', 'backward') and per step ('step'):
-    compute, gloo's transport of every byte sent (all ranks share the CPU), quantization."""
+    """CPU seconds of one rank: compute + quantization per micro-batch ('forward', 'backward') and
+    gloo's transport of every byte each collective sends ('transport', by collective, per
+    occurrence; every rank's bytes cost the shared CPU)."""
     comp = shape.microbatch_flops(micro_batch, recompute) / cpu.flops
     passes = 4.0 if recompute else 3.0
-    out = {"forward": comp / passes, "backward": comp * (passes - 1) / passes, "step": 0.0}
-    for c in plan_collectives(shape.params, plan, topo):
-        b = c.bytes_sent * (2 if c.op == "reduce_scatter" else 1)
-        out[c.phase] += topo.world_size * b / (cpu.transport_gbs * 1e9)
-    for ph, e in quant_elements(shape.params, plan, topo).items():
-        out[ph] += e * cpu.quant_s_per_element
-    return out
+    q = quant_elements(shape.params, plan, topo)
+    return {"forward": comp / passes + q["forward"] * cpu.quant_s_per_element,
+            "backward": comp * (passes - 1) / passes + q["backward"] * cpu.quant_s_per_element,
+            "transport": {c.name: topo.world_size * c.bytes_sent * (2 if c.op == "reduce_scatter" else 1)
+                          / (cpu.transport_gbs * 1e9) for c in plan_collectives(shape.params, plan, topo)}}
+
+
+EMULATED_OVERLAP = ("engine", "compute", "serial")
 
 
 def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
                       grad_accum: int, cpu: CpuRates, recompute: bool = False, overlap: str = "engine",
                       step_overlap: bool = True) -> dict:
-    """Step time on the emulated cluster: CPU work as the compute of ``_compose`` and the shaped
-    links as its communication (``overlap="engine"``), or the two added (``"serial"``)."""
-    cpu_s = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, cpu)
+    """Step time on the emulated cluster, never below all ranks' CPU work (the unshaped step).
+    ``overlap="engine"``: ``_compose`` with compute + quantization as compute and each collective
+    taking its links' time plus its gloo transport (ring steps store and forward: copy, then wire);
+    "compute": transport counted as compute, overlapping its own transfer; "serial": t0 + comm."""
+    if overlap not in EMULATED_OVERLAP:
+        raise ValueError(f"overlap '{overlap}' is not valid; use one of {', '.join(EMULATED_OVERLAP)}")
+    cs = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, cpu)
     colls = plan_collectives(shape.params, plan, topo)
+    k = {c.name: grad_accum if c.per_micro_batch else 1 for c in colls}
     net = {c.name: gloo_wire_time(c, plan, topo, system) for c in colls}
-    t0 = grad_accum * (cpu_s["forward"] + cpu_s["backward"]) + cpu_s["step"]
-    if overlap == "serial":
-        step = t0 + sum(net[c.name] * (grad_accum if c.per_micro_batch else 1) for c in colls)
-    elif overlap == "engine":
-        fwd, bwd, ff, bl = _compose(colls, net, cpu_s["forward"], cpu_s["backward"], shape.units,
-                                    plan.prefetch, step_overlap)
-        step = (grad_accum - 1) * (fwd + bwd) + ff + bl + cpu_s["step"]
-    else:
-        raise ValueError(f"overlap '{overlap}' is not valid; use engine or serial")
-    return {"preset": plan.preset, "step_s": step, "unshaped_s": t0, "cpu_s": cpu_s, "net_s": net}
+    tr = cs["transport"]
+    t0 = grad_accum * (cs["forward"] + cs["backward"]) + sum(tr[x] * k[x] for x in tr)
+    step = t0 + sum(net[x] * k[x] for x in net)
+    if overlap != "serial":
+        eng = overlap == "engine"
+        comm = {x: net[x] + (tr[x] if eng else 0.0) for x in net}
+        ph = {p: sum(tr[c.name] for c in colls if c.phase == p and not eng) for p in ("forward", "backward", "step")}
+        fwd, bwd, ff, bl = _compose(colls, comm, cs["forward"] + ph["forward"], cs["backward"] + ph["backward"],
+                                    shape.units, plan.prefetch, step_overlap)
+        step = max(t0, (grad_accum - 1) * (fwd + bwd) + ff + bl + ph["step"])
+    return {"preset": plan.preset, "step_s": step, "unshaped_s": t0, "cpu_s": cs, "net_s": net}
 
 
 def calibrate_cpu(shape: Shape, topo: Topology, micro_batch: int, grad_accum: int, t0_ddp: float,
@@ -607,7 +605,8 @@ def calibrate_cpu(shape: Shape, topo: Topology, micro_batch: int, grad_accum: in
     (after compute and transport)."""
     def transport(plan):
         c = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, CpuRates(math.inf, transport_gbs))
-        return grad_accum * (c["forward"] + c["backward"]) + c["step"]
+        per_mb = {x.name: x.per_micro_batch for x in plan_collectives(shape.params, plan, topo)}
+        return sum(t * (grad_accum if per_mb[n] else 1) for n, t in c["transport"].items())
 
     flops = grad_accum * shape.microbatch_flops(micro_batch, recompute)
     rate = flops / (t0_ddp - transport(preset_plan("ddp", topo)))

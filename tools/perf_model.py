@@ -50,8 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--gcds", help="comma-separated GCD (rank) counts, e.g. 8,16,384")
     p.add_argument("--emulated", metavar="RESULTS_JSON",
                    help="predict a tools/bench_sharding.py run on the emulated cluster and compare")
-    p.add_argument("--overlap", choices=("engine", "serial"), default="engine",
-                   help="--emulated: CPU work and shaped transfers overlap as the engine does, or add up")
+    p.add_argument("--overlap", choices=pm.EMULATED_OVERLAP, default="engine",
+                   help="--emulated: how CPU work and shaped transfers overlap (megatron_topo.perf_model.estimate_emulated)")
     p.add_argument("--engine-before-3af3320", dest="old_engine", action="store_true",
                    help="--emulated: the run used the engine before 3af3320 (blocking combine/post-step gather)")
     p.add_argument("--presets", default="zero3,zeropp,topo", help="comma-separated presets")
