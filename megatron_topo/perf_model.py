@@ -546,7 +546,7 @@ def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
     fwd = bwd = 0.0
     if w > 1 and plan.weight_bits < 16:
         fwd += psi / w + psi + (psi / s if s and sec and plan.secondary_bits != plan.weight_bits else 0.0)
-        bwd += psi if s and sec else psi / w + psi
+        bwd += psi if s and sec else (0.0 if s else psi / w + psi)  # a 16-bit secondary is not quantized
     elif w > 1 and s and sec:
         fwd, bwd = psi / s, psi
     if g > 1 and plan.grad_bits < 16:

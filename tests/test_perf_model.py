@@ -311,6 +311,10 @@ def test_quantized_elements_by_hand():
     assert e == {"forward": pytest.approx(psi / 8 + psi), "backward": pytest.approx(psi + 2 * psi + 2 * psi / 4)}
     for p in ("ddp", "zero3", "mics"):
         assert pm.quant_elements(psi, pm.preset_plan(p, topo), topo) == {"forward": 0.0, "backward": 0.0}
+    e = pm.quant_elements(psi, pm.Plan("x", 2, 4, 8, 2, 8, 16, 16), topo)  # bf16 secondary, bf16 gradients
+    assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": 0.0}
+    e = pm.quant_elements(psi, pm.Plan("x", 2, 4, 8, None, 8, 16, 8), topo)  # no secondary: gather again
+    assert e == {"forward": pytest.approx(1.5 * psi), "backward": pytest.approx(1.5 * psi + 2 * psi)}
 
 
 def test_cpu_constants_come_from_the_unshaped_rows():
