@@ -67,7 +67,7 @@ run under the backward pass (+ the last unit's). Once per step (n units):
 Emulated cluster (``estimate_emulated``, docs/frontier.md §4.1; 8 CPU ranks on 2 cores, gloo):
 link payload rates 364-381 Mbit/s (400 Mbit/s intra-node class) and 179-190 Mbit/s (200 Mbit/s
 NIC) per package (benchmark.md "Default rates and why"; configs/emulated_cpu.yml), placed on the
-package links as gloo moves them (``gloo_wire_time``); ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s, gloo
+package links as gloo moves them (``gloo_link_bytes``); ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s, gloo
 point-to-point inside a namespace (6.5-7 Gbit/s), the CPU cost of any rank's byte; ONE FLOP rate
 per rank from the unshaped step time of ddp; ONE cost per quantized element from the unshaped
 topo and zeropp rows (``calibrate_cpu``). Nothing per strategy.
@@ -508,10 +508,12 @@ class CpuRates:
     quant_s_per_element: float = 0.0
 
 
-def gloo_wire_time(c: Collective, plan: Plan, topo: Topology, system: SystemConfig) -> float:
-    """Seconds the shaped package links need for ``c`` (whole model, every group at once) as gloo
-    moves it: reduce-scatter at all-reduce volume, rings in rank order both ways (half a rank's
-    bytes to each neighbour; all to the peer of a pair), all-to-all pairwise; loopback is free."""
+def gloo_link_bytes(c: Collective, plan: Plan, topo: Topology) -> dict:
+    """Bytes ``c`` (whole model, every group at once) puts on each shaped package link, keyed
+    (package, "nic" | "node", "out" | "in"), as gloo moves them: rings over the group in rank
+    order, all-gather sending to the previous member and all-reduce to the next (the directions
+    the measured busiest links show), reduce-scatter at all-reduce volume, all-to-all pairwise;
+    bytes between the GCDs of one package stay on the (unshaped) loopback."""
     from .zero_topo import layout as L
     W, G, P = topo.world_size, topo.gcds_per_gpu, topo.ranks_per_node
     w, g, o = plan.factors
@@ -520,20 +522,25 @@ def gloo_wire_time(c: Collective, plan: Plan, topo: Topology, system: SystemConf
     b = c.bytes_sent * (2 if c.op == "reduce_scatter" else 1)
     load: dict = {}
     for grp in groups():
-        d = len(grp)
-        if c.op == "all_to_all":
-            sends = [(a, x, b / (d - 1)) for a in grp for x in grp if x != a]
-        elif d == 2:
-            sends = [(grp[0], grp[1], b), (grp[1], grp[0], b)]
-        else:
-            sends = [(a, grp[(i + k) % d], b / 2) for i, a in enumerate(grp) for k in (1, -1)] if d > 2 else []
+        d, step = len(grp), -1 if c.op == "all_gather" else 1
+        sends = ([(a, x, b / (d - 1)) for a in grp for x in grp if x != a] if c.op == "all_to_all"
+                 else [(a, grp[(i + step) % d], b) for i, a in enumerate(grp)] if d > 1 else [])
         for src, dst, x in sends:
             if src // G != dst // G:
                 kind = "nic" if src // P != dst // P else "node"
                 for key in ((src // G, kind, "out"), (dst // G, kind, "in")):
                     load[key] = load.get(key, 0.0) + x
+    return load
+
+
+def link_time(loads: Iterable[dict], system: SystemConfig) -> float:
+    """Seconds the busiest shaped link needs for the summed ``loads`` (``gloo_link_bytes``)."""
+    total: dict = {}
+    for ld in loads:
+        for k, v in ld.items():
+            total[k] = total.get(k, 0.0) + v
     rate = {"nic": system.bw_inter_node_gbs * 1e9, "node": system.bw_intra_node_gbs * 1e9}
-    return max((v / rate[k[1]] for k, v in load.items()), default=0.0)
+    return max((v / rate[k[1]] for k, v in total.items()), default=0.0)
 
 
 def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
@@ -568,29 +575,38 @@ def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, r
                           / (cpu.transport_gbs * 1e9) for c in plan_collectives(shape.params, plan, topo)}}
 
 
-EMULATED_OVERLAP = ("engine", "compute", "serial")
+EMULATED_OVERLAP = ("engine", "store_forward", "serial")
 
 
 def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
                       grad_accum: int, cpu: CpuRates, recompute: bool = False, overlap: str = "engine",
                       step_overlap: bool = True) -> dict:
     """Step time on the emulated cluster, never below all ranks' CPU work (the unshaped step).
-    ``overlap="engine"``: ``_compose`` with compute + quantization as compute and each collective
-    taking its links' time plus its gloo transport (ring steps store and forward: copy, then wire);
-    "compute": transport counted as compute, overlapping its own transfer; "serial": t0 + comm."""
+    ``overlap="engine"``: ``_compose`` (the engine's rules) with all CPU work -- compute,
+    quantization, gloo's transport -- as compute and the busiest shaped link of each pass as its
+    communication; "store_forward": each collective's transport added to its link time instead
+    (the copy and the wire alternating); "serial": nothing overlaps (t0 + comm)."""
     if overlap not in EMULATED_OVERLAP:
         raise ValueError(f"overlap '{overlap}' is not valid; use one of {', '.join(EMULATED_OVERLAP)}")
     cs = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, cpu)
     colls = plan_collectives(shape.params, plan, topo)
     k = {c.name: grad_accum if c.per_micro_batch else 1 for c in colls}
-    net = {c.name: gloo_wire_time(c, plan, topo, system) for c in colls}
+    lb = {c.name: gloo_link_bytes(c, plan, topo) for c in colls}
+    net = {x: link_time([v], system) for x, v in lb.items()}
+    # the backward pass's collectives run together: time their union on the links, and give the
+    # reduction what it adds to the gather (they often load different links: opposite ring directions)
+    bag = [lb[x] for x in ("backward_all_gather",) if x in lb]
+    bwd = [lb[x] for x in ("backward_all_gather", "grad_reduce", "grad_reduce_inter") if x in lb]
+    if "grad_reduce" in lb:
+        net["grad_reduce"] = link_time(bwd, system) - link_time(bag, system)
+        net.update({"grad_reduce_inter": 0.0} if "grad_reduce_inter" in lb else {})
     tr = cs["transport"]
     t0 = grad_accum * (cs["forward"] + cs["backward"]) + sum(tr[x] * k[x] for x in tr)
     step = t0 + sum(net[x] * k[x] for x in net)
     if overlap != "serial":
-        eng = overlap == "engine"
-        comm = {x: net[x] + (tr[x] if eng else 0.0) for x in net}
-        ph = {p: sum(tr[c.name] for c in colls if c.phase == p and not eng) for p in ("forward", "backward", "step")}
+        sf = overlap == "store_forward"
+        comm = {x: net[x] + (tr[x] if sf else 0.0) for x in net}
+        ph = {p: sum(tr[c.name] for c in colls if c.phase == p and not sf) for p in ("forward", "backward", "step")}
         fwd, bwd, ff, bl = _compose(colls, comm, cs["forward"] + ph["forward"], cs["backward"] + ph["backward"],
                                     shape.units, plan.prefetch, step_overlap)
         step = max(t0, (grad_accum - 1) * (fwd + bwd) + ff + bl + ph["step"])

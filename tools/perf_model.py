@@ -11,7 +11,7 @@ count next to the ZeRO-topo paper's 20B numbers, and each preset's weak-scaling 
 the smallest to the largest count. Bad input prints one line on stderr and exits 2.
 
     python tools/perf_model.py --emulated runs/bench_sharding_overlap/results.json \\
-        [--system configs/emulated_cpu.yml] [--overlap engine|compute|serial] [--engine-before-3af3320]
+        [--system configs/emulated_cpu.yml] [--overlap engine|store_forward|serial] [--engine-before-3af3320]
 
 predicts the emulated cluster's step times for a tools/bench_sharding.py results.json and prints
 them next to the measured ones with the error (docs/frontier.md §4.1): link rates from the system
