@@ -50,27 +50,22 @@ the node's NICs are shared (seed 004 Eq. 5.7, ``beta_inter / min(G_node, concurr
     boundary hops cross the node, beta = NICs*bw / min(P, groups per node), capped by the
     intra-node hop when a group has several ranks on one node.
 
-Overlap, as the engine does it (since commit 3af3320): gathers are prefetched under compute (a
-pass takes max(compute, comm) + the first unit's gather, which nothing hides); gradient reductions
-run under the backward pass (+ the last unit's). Once per step (n units):
-  * each unit's cross-replica combine (topo/mics' inter-node all-reduce, ddp/zero1's all-reduce)
-    starts during the **last** backward as soon as that unit's reduction has landed: last backward
-    = ``max(B, C) + min(B, C)/n`` (B a backward pass, C all units' combines);
-  * the optimizer step waits for every combine and is exposed;
-  * the post-step all-gather (topo's publish, zero1/zero2/paro's) runs in the background and each
-    unit waits for its own before its next forward gather: the next step's first forward is
-    ``max(F, A) + min(F, A)/n`` (F a forward pass, A all units' gathers).
-  A once-per-step collective on the same level as the pass it overlaps shares its link (its time is
-  added to the pass's communication). ``prefetch=False`` exposes the gathers; ``step_overlap=False``
-  is the engine before 3af3320 (combine, optimizer and post-step gather exposed once per step).
+Overlap, as the engine does it since commit 3af3320 (``_compose``; docs/frontier.md §4): gathers
+are prefetched and gradient reductions run under compute (a pass = max(compute, comm) + the first
+gather / last reduction, which nothing hides). Each unit's cross-replica combine starts during the
+**last** backward once its reduction lands: last backward = ``max(B, C) + min(B, C)/n`` (B a pass,
+C all combines, n units). The optimizer waits for every combine. Each unit's post-step all-gather
+runs in the background and is waited for at its next forward gather: first forward =
+``max(F, A) + min(F, A)/n``. On the same level as that pass's traffic they share its link instead.
+``prefetch=False`` exposes the gathers; ``step_overlap=False`` is the engine before 3af3320.
 
 Emulated cluster (``estimate_emulated``, docs/frontier.md §4.1; 8 CPU ranks on 2 cores, gloo):
-link payload rates 364-381 Mbit/s (400 Mbit/s intra-node class) and 179-190 Mbit/s (200 Mbit/s
-NIC) per package (benchmark.md "Default rates and why"; configs/emulated_cpu.yml), placed on the
-package links as gloo moves them (``gloo_link_bytes``); ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s, gloo
-point-to-point inside a namespace (6.5-7 Gbit/s), the CPU cost of any rank's byte; ONE FLOP rate
-per rank from the unshaped step time of ddp; ONE cost per quantized element from the unshaped
-topo and zeropp rows (``calibrate_cpu``). Nothing per strategy.
+payload rates 364-381 Mbit/s (400 Mbit/s intra-node class) and 179-190 Mbit/s (200 Mbit/s NIC) per
+package (benchmark.md "Default rates and why"; configs/emulated_cpu.yml) on the links gloo uses
+(``gloo_link_bytes``); ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s, gloo point-to-point in a namespace
+(6.5-7 Gbit/s), the CPU cost of any rank's byte; ONE FLOP rate per rank from the
+unshaped step time of ddp; ONE cost per quantized element from the unshaped topo and zeropp rows.
+Nothing is per strategy.
 """
 from __future__ import annotations
 
@@ -501,19 +496,16 @@ EMULATED_TRANSPORT_GBS = 0.84  # gloo point-to-point inside one namespace: 6.5-7
 
 @dataclass(frozen=True)
 class CpuRates:
-    """The emulated cluster's CPU: FLOP/s per rank (all ranks busy), bytes/s gloo moves machine-wide
-    when the CPU is the limit, seconds per element through a (de)quantization kernel per rank."""
+    """FLOP/s per rank (all busy), GB/s gloo moves machine-wide, s per (de)quantized element."""
     flops: float
     transport_gbs: float = EMULATED_TRANSPORT_GBS
     quant_s_per_element: float = 0.0
 
 
 def gloo_link_bytes(c: Collective, plan: Plan, topo: Topology) -> dict:
-    """Bytes ``c`` (whole model, every group at once) puts on each shaped package link, keyed
-    (package, "nic" | "node", "out" | "in"), as gloo moves them: rings over the group in rank
-    order, all-gather sending to the previous member and all-reduce to the next (the directions
-    the measured busiest links show), reduce-scatter at all-reduce volume, all-to-all pairwise;
-    bytes between the GCDs of one package stay on the (unshaped) loopback."""
+    """Bytes ``c`` (whole model, all groups) puts on each shaped link (package, "nic"|"node", "out"|"in")
+    as gloo moves them (the tests check the busiest links): rank-order rings, all-gather to the previous
+    member, all-reduce to the next, reduce-scatter at all-reduce volume; all-to-all pairwise."""
     from .zero_topo import layout as L
     W, G, P = topo.world_size, topo.gcds_per_gpu, topo.ranks_per_node
     w, g, o = plan.factors
@@ -533,21 +525,17 @@ def gloo_link_bytes(c: Collective, plan: Plan, topo: Topology) -> dict:
     return load
 
 
-def link_time(loads: Iterable[dict], system: SystemConfig) -> float:
+def link_time(loads: Sequence[dict], system: SystemConfig) -> float:
     """Seconds the busiest shaped link needs for the summed ``loads`` (``gloo_link_bytes``)."""
-    total: dict = {}
-    for ld in loads:
-        for k, v in ld.items():
-            total[k] = total.get(k, 0.0) + v
     rate = {"nic": system.bw_inter_node_gbs * 1e9, "node": system.bw_intra_node_gbs * 1e9}
-    return max((v / rate[k[1]] for k, v in total.items()), default=0.0)
+    keys = {k for ld in loads for k in ld}
+    return max((sum(ld.get(k, 0.0) for ld in loads) / rate[k[1]] for k in keys), default=0.0)
 
 
 def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
-    """Elements per rank and micro-batch through the quantization kernels, as zero_topo/unit.py calls
-    them: quantize the local shard, dequantize the gathered unit (an INT8 secondary of the gather's
-    bits reuses its blocks); quantize the gradient, dequantize every received piece (ZeRO++'s
-    2-hop also dequantizes, sums and requantizes 1/P of it between the hops)."""
+    """Elements per rank and micro-batch through the quantization kernels as zero_topo/unit.py calls
+    them (local shard in, gathered unit out; a secondary of the gather's bits reuses its blocks;
+    gradient in, received pieces out; ZeRO++'s 2-hop requantizes 1/P of it between the hops)."""
     w, g, _ = plan.factors
     s, P, sec = plan.secondary_degree, topo.ranks_per_node, plan.secondary_bits < 16
     fwd = bwd = 0.0
@@ -563,9 +551,8 @@ def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
 
 def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, recompute: bool,
                    cpu: CpuRates) -> dict:
-    """CPU seconds of one rank: compute + quantization per micro-batch ('forward', 'backward') and
-    gloo's transport of every byte each collective sends ('transport', by collective, per
-    occurrence; every rank's bytes cost the shared CPU)."""
+    """CPU seconds of one rank: compute + quantization per pass of a micro-batch, and gloo's
+    transport of every rank's bytes per collective occurrence (the CPU is shared)."""
     comp = shape.microbatch_flops(micro_batch, recompute) / cpu.flops
     passes = 4.0 if recompute else 3.0
     q = quant_elements(shape.params, plan, topo)
@@ -616,9 +603,8 @@ def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemCo
 def calibrate_cpu(shape: Shape, topo: Topology, micro_batch: int, grad_accum: int, t0_ddp: float,
                   t0_quantized: Optional[dict] = None, recompute: bool = False,
                   transport_gbs: float = EMULATED_TRANSPORT_GBS) -> CpuRates:
-    """CPU constants from measured unshaped step times: FLOP/s from ddp's (after its transport),
-    the cost per quantized element by least squares over ``{preset: t0}`` of quantized presets
-    (after compute and transport)."""
+    """CPU constants from measured unshaped step times: FLOP/s from ddp's after its transport; the
+    cost per quantized element by least squares over ``{preset: t0}`` after compute and transport."""
     def transport(plan):
         c = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, CpuRates(math.inf, transport_gbs))
         per_mb = {x.name: x.per_micro_batch for x in plan_collectives(shape.params, plan, topo)}
