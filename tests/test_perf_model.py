@@ -268,8 +268,9 @@ def test_emulated_rates_via_set_override():
 # packages x 2 GCDs, 200/400 Mbit/s, the bench model (4 x 256, seq 128, micro-batch 2 x 4, bf16).
 # IDLE: docs/benchmark.md's idle-machine table (10:18-10:43 UTC), engine before 3af3320.
 IDLE = {"ddp": (1.67, 1.34), "zero3": (4.45, 2.39), "zeropp": (3.02, 2.79), "mics": (2.94, 1.90), "topo": (2.51, 2.14)}
-# OVERLAP: runs/bench_sharding_overlap/results.json (12:07 UTC), the engine of 3af3320.
-OVERLAP = {"ddp": (1.38, 1.00), "zero3": (4.01, 1.86), "zeropp": (2.54, 2.30), "mics": (2.62, 1.60), "topo": (1.93, 1.84)}
+# OVERLAP: runs/bench_sharding_overlap/results.json (from 12:07 UTC, 2 interleaved rounds), the engine of 3af3320.
+OVERLAP = {"ddp": (1.392, 1.013), "zero3": (4.038, 1.853), "zeropp": (2.545, 2.312), "mics": (2.618, 1.614),
+           "topo": (1.931, 1.831)}
 BENCH_SETS = ["num_layers=4", "hidden_size=256", "num_attention_heads=4", "seq_length=128",
               "max_position_embeddings=128", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=4",
               "precision=bf16"]
