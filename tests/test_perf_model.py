@@ -290,7 +290,7 @@ def predict_emulated(table, step_overlap, overlap="engine"):
 
 
 # busiest package NIC and intra-node link, MB per step on the wire (L2, ~4 % TCP/IP headers), from
-# runs/bench_sharding_overlap/results.json (the same in docs/benchmark.md's tables)
+# runs/bench_sharding_overlap/results.json (busiest_nic_bytes, busiest_intra_node_link_bytes)
 BUSIEST_MB = {"ddp": (12.6, 12.6), "zero3": (50.3, 50.4), "zeropp": (14.8, 30.9), "mics": (3.6, 85.3),
               "topo": (9.0, 12.9), "paro_iig": (5.4, 85.3)}
 
