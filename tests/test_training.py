@@ -104,3 +104,22 @@ def test_lr_schedule_warmup_then_cosine_to_min(tmp_path):
     assert abs(lrs[-1] - 1e-3) < 1e-12
     cfg.train.lr_decay_style = "linear"
     assert abs(learning_rate(cfg, 55) - (1e-2 - 9e-3 * 0.5)) < 1e-12
+
+
+def test_backward_after_last_micro_batch_without_step_is_an_error():
+    """The combine of the step's gradients starts during the last backward: one more backward
+    before step() would add to shards already on the wire; the engine refuses it."""
+    import pytest
+
+    from megatron_topo.config import ZeroTopoConfig
+
+    from .engine_cases import batch, loss_fn, make_engine
+
+    eng = make_engine(0, 1, ZeroTopoConfig(preset="ddp"), gcds=1, gpus=1)
+    x, y = batch(0, 0, 0)
+    eng.backward(loss_fn(eng(x), y), last_micro_batch=True)
+    with pytest.raises(RuntimeError, match="without step"):
+        eng.backward(loss_fn(eng(x), y))
+    eng.step()
+    eng.backward(loss_fn(eng(x), y), last_micro_batch=True)  # fine again after step()
+    eng.step()

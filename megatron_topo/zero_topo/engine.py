@@ -210,6 +210,9 @@ class ZeroTopoEngine:
         ``last_micro_batch=True`` (the last backward before ``step``) also starts each unit's
         cross-replica combine as soon as its reduction is done; ``step`` is correct either way.
         """
+        if any(u.combine_handle is not None for u in self.units):
+            raise RuntimeError("backward() called after backward(..., last_micro_batch=True) without step() "
+                               "in between: the gradients of this step are already being combined")
         self._grad_scale = 1.0 / self.topo.world_size
         self._last_micro = last_micro_batch
         for u in self.units:
