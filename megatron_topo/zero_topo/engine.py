@@ -178,8 +178,8 @@ class ZeroTopoEngine:
         u.reduced_this_backward = True
         u.start_reduce(self._grad_scale)
         u.free_full()
-        if self._last_micro and not u.reduce_handles:  # reduced synchronously
-            u.start_combine()
+        if not u.reduce_handles:  # reduced synchronously: done already
+            self._finish_reduce(u)
         pending = [x for x in self.units if x.reduce_handles]
         while len(pending) > self.max_in_flight:
             self._finish_reduce(pending.pop(0))
@@ -288,11 +288,6 @@ class ZeroTopoEngine:
         secondaries are invalidated so backward can never see stale weights."""
         for u, master in zip(self.units, self.optimizer.params):
             u.publish(master)
-
-    def wait_publish(self) -> None:
-        """Wait for every unit's background post-step all-gather (forward does this per unit)."""
-        for u in self.units:
-            u.wait_publish()
 
     # ---------------------------------------------------------------------------- introspection
     def model_state_bytes(self) -> dict:

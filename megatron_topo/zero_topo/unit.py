@@ -206,17 +206,13 @@ class ShardedUnit:
     def flat_grad(self, scale: float) -> torch.Tensor:
         """The unit's gradient as one flat buffer (wire dtype), pre-divided by the DP size."""
         g = torch.empty(self.layout.padded, dtype=self.grad_comm_dtype, device=self.device)
-        end = 0
-        for s in self.specs:
-            if s.offset > end:
-                g[end:s.offset].zero_()
+        for s in self.specs:  # the specs tile [0, numel) back to back
             if s.param.grad is not None:
                 g[s.offset:s.offset + s.numel].copy_(s.param.grad.reshape(-1))
                 s.param.grad = None
             else:
                 g[s.offset:s.offset + s.numel].zero_()
-            end = s.offset + s.numel
-        g[end:].zero_()  # alignment padding
+        g[self.numel:].zero_()  # alignment padding
         if scale != 1.0:
             g.mul_(scale)
         return g
@@ -323,9 +319,10 @@ class ShardedUnit:
         wire = self.grad_comm_dtype
         if plan.deterministic:  # every rank sums the replicas in rank order: bitwise reproducible
             tmp = torch.empty(rep.size * acc.numel(), dtype=wire, device=self.device)
-            work = self.comm.all_gather(tmp, acc.to(wire), rep, async_op=True)
+            send = acc.to(wire)
+            work = self.comm.all_gather(tmp, send, rep, async_op=True)
 
-            def ordered_sum():
+            def ordered_sum(_keep=send):  # the send buffer lives until the collective is done
                 parts = tmp.view(rep.size, -1)
                 acc.copy_(parts[0])
                 for i in range(1, rep.size):
@@ -339,11 +336,9 @@ class ShardedUnit:
             out = torch.empty(lay.optim_numel, dtype=wire, device=self.device)
             work = self.comm.reduce_scatter(out, send, rep, async_op=True)
 
-            def scattered():
-                del send_keepalive[:]  # the send buffer lives until the collective is done
+            def scattered(_keep=send):  # the send buffer lives until the collective is done
                 return out.float() if wire != torch.float32 else out
 
-            send_keepalive = [send]
             self.combine_handle = Handle([work], scattered)
             return
         if wire == torch.float32:
