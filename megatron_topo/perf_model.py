@@ -50,7 +50,7 @@ the node's NICs are shared (seed 004 Eq. 5.7, ``beta_inter / min(G_node, concurr
     boundary hops cross the node, beta = NICs*bw / min(P, groups per node), capped by the
     intra-node hop when a group has several ranks on one node.
 
-Overlap, as the engine does it since commit 3af3320 (``_compose``; docs/frontier.md §4): gathers
+Overlap, as the engine does it since commit 3af3320 (``compose_passes``; docs/frontier.md §4): gathers
 are prefetched and gradient reductions run under compute (a pass = max(compute, comm) + the first
 gather / last reduction, which nothing hides). Each unit's cross-replica combine starts during the
 **last** backward once its reduction lands: last backward = ``max(B, C) + min(B, C)/n`` (B a pass,
@@ -59,13 +59,8 @@ runs in the background and is waited for at its next forward gather: first forwa
 ``max(F, A) + min(F, A)/n``. On the same level as that pass's traffic they share its link instead.
 ``prefetch=False`` exposes the gathers; ``step_overlap=False`` is the engine before 3af3320.
 
-Emulated cluster (``estimate_emulated``, docs/frontier.md §4.1; 8 CPU ranks on 2 cores, gloo):
-payload rates 364-381 Mbit/s (400 Mbit/s intra-node class) and 179-190 Mbit/s (200 Mbit/s NIC) per
-package (benchmark.md "Default rates and why"; configs/emulated_cpu.yml) on the links gloo uses
-(``gloo_link_bytes``); ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s, gloo point-to-point in a namespace
-(6.5-7 Gbit/s), the CPU cost of any rank's byte; ONE FLOP rate per rank from the
-unshaped step time of ddp; ONE cost per quantized element from the unshaped topo and zeropp rows.
-Nothing is per strategy.
+The emulated cluster (gloo on one CPU) has its own model built on this one:
+:mod:`megatron_topo.emulation.predict` (docs/frontier.md §4.1).
 """
 from __future__ import annotations
 
@@ -331,7 +326,7 @@ def _pipeline(a: float, b: float, n: int) -> float:
     return max(a, b) + min(a, b) / n
 
 
-def _compose(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
+def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
              step_overlap: bool) -> tuple[float, float, float, float]:
     """Forward, backward, first forward and last backward of a step from the compute of one pass
     (``t_f``, ``t_b``) and each collective's time for the whole model (module docstring)."""
@@ -394,7 +389,7 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     t_f, t_b = compute / passes, compute * (passes - 1) / passes
     colls = plan_collectives(psi, plan, topo)
     times = {c.name: collective_time(c, topo, system, n, nic_sharing) for c in colls}
-    fwd, bwd, fwd_first, bwd_last = _compose(colls, times, t_f, t_b, n, plan.prefetch, step_overlap)
+    fwd, bwd, fwd_first, bwd_last = compose_passes(colls, times, t_f, t_b, n, plan.prefetch, step_overlap)
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
     step_comm = comb + post
     exposed = fwd_first + bwd_last - fwd - bwd
@@ -488,133 +483,3 @@ def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch
     out.sort(key=lambda pe: (math.floor(math.log(pe[1].step_s) / math.log(1.005)), pe[1].memory_gib,
                              -(pe[0].weight_bits + pe[0].secondary_bits + pe[0].grad_bits)))
     return out
-
-
-# ------------------------------------------------------------------ emulated cluster (gloo on CPU)
-EMULATED_TRANSPORT_GBS = 0.84  # gloo point-to-point inside one namespace: 6.5-7 Gbit/s (benchmark.md)
-
-
-@dataclass(frozen=True)
-class CpuRates:
-    """FLOP/s per rank (all busy), GB/s gloo moves machine-wide, s per (de)quantized element."""
-    flops: float
-    transport_gbs: float = EMULATED_TRANSPORT_GBS
-    quant_s_per_element: float = 0.0
-
-
-def gloo_link_bytes(c: Collective, plan: Plan, topo: Topology) -> dict:
-    """Bytes ``c`` (whole model, all groups) puts on each shaped link (package, "nic"|"node", "out"|"in")
-    as gloo moves them (the tests check the busiest links): rank-order rings, all-gather to the previous
-    member, all-reduce to the next, reduce-scatter at all-reduce volume; all-to-all pairwise."""
-    from .zero_topo import layout as L
-    W, G, P = topo.world_size, topo.gcds_per_gpu, topo.ranks_per_node
-    w, g, o = plan.factors
-    groups = {"combine": lambda: L.strided(W, g), "post_step_all_gather": lambda: L.post_gather_groups(W, w, o),
-              "grad_reduce_inter": lambda: L.two_hop_peer_groups(W, g, P)}.get(c.name, lambda: L.blocks(W, c.group_size))
-    b = c.bytes_sent * (2 if c.op == "reduce_scatter" else 1)
-    load: dict = {}
-    for grp in groups():
-        d, step = len(grp), -1 if c.op == "all_gather" else 1
-        sends = ([(a, x, b / (d - 1)) for a in grp for x in grp if x != a] if c.op == "all_to_all"
-                 else [(a, grp[(i + step) % d], b) for i, a in enumerate(grp)] if d > 1 else [])
-        for src, dst, x in sends:
-            if src // G != dst // G:
-                kind = "nic" if src // P != dst // P else "node"
-                for key in ((src // G, kind, "out"), (dst // G, kind, "in")):
-                    load[key] = load.get(key, 0.0) + x
-    return load
-
-
-def link_time(loads: Sequence[dict], system: SystemConfig) -> float:
-    """Seconds the busiest shaped link needs for the summed ``loads`` (``gloo_link_bytes``)."""
-    rate = {"nic": system.bw_inter_node_gbs * 1e9, "node": system.bw_intra_node_gbs * 1e9}
-    keys = {k for ld in loads for k in ld}
-    return max((sum(ld.get(k, 0.0) for ld in loads) / rate[k[1]] for k in keys), default=0.0)
-
-
-def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
-    """Elements per rank and micro-batch through the quantization kernels as zero_topo/unit.py calls
-    them (local shard in, gathered unit out; a secondary of the gather's bits reuses its blocks;
-    gradient in, received pieces out; ZeRO++'s 2-hop requantizes 1/P of it between the hops)."""
-    w, g, _ = plan.factors
-    s, P, sec = plan.secondary_degree, topo.ranks_per_node, plan.secondary_bits < 16
-    fwd = bwd = 0.0
-    if w > 1 and plan.weight_bits < 16:
-        fwd += psi / w + psi + (psi / s if s and sec and plan.secondary_bits != plan.weight_bits else 0.0)
-        bwd += psi if s and sec else (0.0 if s else psi / w + psi)  # a 16-bit secondary is not quantized
-    elif w > 1 and s and sec:
-        fwd, bwd = psi / s, psi
-    if g > 1 and plan.grad_bits < 16:
-        bwd += 2 * psi + (2 * psi / P if g > P else 0.0)
-    return {"forward": fwd, "backward": bwd}
-
-
-def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, recompute: bool,
-                   cpu: CpuRates) -> dict:
-    """CPU seconds of one rank: compute + quantization per pass of a micro-batch, and gloo's
-    transport of every rank's bytes per collective occurrence (the CPU is shared)."""
-    comp = shape.microbatch_flops(micro_batch, recompute) / cpu.flops
-    passes = 4.0 if recompute else 3.0
-    q = quant_elements(shape.params, plan, topo)
-    return {"forward": comp / passes + q["forward"] * cpu.quant_s_per_element,
-            "backward": comp * (passes - 1) / passes + q["backward"] * cpu.quant_s_per_element,
-            "transport": {c.name: topo.world_size * c.bytes_sent * (2 if c.op == "reduce_scatter" else 1)
-                          / (cpu.transport_gbs * 1e9) for c in plan_collectives(shape.params, plan, topo)}}
-
-
-EMULATED_OVERLAP = ("engine", "store_forward", "serial")
-
-
-def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
-                      grad_accum: int, cpu: CpuRates, recompute: bool = False, overlap: str = "engine",
-                      step_overlap: bool = True) -> dict:
-    """Step time on the emulated cluster, never below all ranks' CPU work (the unshaped step).
-    ``overlap="engine"``: ``_compose`` (the engine's rules) with all CPU work -- compute,
-    quantization, gloo's transport -- as compute and the busiest shaped link of each pass as its
-    communication; "store_forward": each collective's transport added to its link time instead
-    (the copy and the wire alternating); "serial": nothing overlaps (t0 + comm)."""
-    if overlap not in EMULATED_OVERLAP:
-        raise ValueError(f"overlap '{overlap}' is not valid; use one of {', '.join(EMULATED_OVERLAP)}")
-    cs = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, cpu)
-    colls = plan_collectives(shape.params, plan, topo)
-    k = {c.name: grad_accum if c.per_micro_batch else 1 for c in colls}
-    lb = {c.name: gloo_link_bytes(c, plan, topo) for c in colls}
-    net = {x: link_time([v], system) for x, v in lb.items()}
-    # the backward pass's collectives run together: time their union on the links, and give the
-    # reduction what it adds to the gather (they often load different links: opposite ring directions)
-    bag = [lb[x] for x in ("backward_all_gather",) if x in lb]
-    bwd = [lb[x] for x in ("backward_all_gather", "grad_reduce", "grad_reduce_inter") if x in lb]
-    if "grad_reduce" in lb:
-        net["grad_reduce"] = link_time(bwd, system) - link_time(bag, system)
-        net.update({"grad_reduce_inter": 0.0} if "grad_reduce_inter" in lb else {})
-    tr = cs["transport"]
-    t0 = grad_accum * (cs["forward"] + cs["backward"]) + sum(tr[x] * k[x] for x in tr)
-    step = t0 + sum(net[x] * k[x] for x in net)
-    if overlap != "serial":
-        sf = overlap == "store_forward"
-        comm = {x: net[x] + (tr[x] if sf else 0.0) for x in net}
-        ph = {p: sum(tr[c.name] for c in colls if c.phase == p and not sf) for p in ("forward", "backward", "step")}
-        fwd, bwd, ff, bl = _compose(colls, comm, cs["forward"] + ph["forward"], cs["backward"] + ph["backward"],
-                                    shape.units, plan.prefetch, step_overlap)
-        step = max(t0, (grad_accum - 1) * (fwd + bwd) + ff + bl + ph["step"])
-    return {"preset": plan.preset, "step_s": step, "unshaped_s": t0, "cpu_s": cs, "net_s": net}
-
-
-def calibrate_cpu(shape: Shape, topo: Topology, micro_batch: int, grad_accum: int, t0_ddp: float,
-                  t0_quantized: Optional[dict] = None, recompute: bool = False,
-                  transport_gbs: float = EMULATED_TRANSPORT_GBS) -> CpuRates:
-    """CPU constants from measured unshaped step times: FLOP/s from ddp's after its transport; the
-    cost per quantized element by least squares over ``{preset: t0}`` after compute and transport."""
-    def transport(plan):
-        c = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, CpuRates(math.inf, transport_gbs))
-        per_mb = {x.name: x.per_micro_batch for x in plan_collectives(shape.params, plan, topo)}
-        return sum(t * (grad_accum if per_mb[n] else 1) for n, t in c["transport"].items())
-
-    flops = grad_accum * shape.microbatch_flops(micro_batch, recompute)
-    rate = flops / (t0_ddp - transport(preset_plan("ddp", topo)))
-    num = den = 0.0
-    for p, t0 in (t0_quantized or {}).items():
-        plan = preset_plan(p, topo)
-        e = grad_accum * sum(quant_elements(shape.params, plan, topo).values())
-        num, den = num + (t0 - flops / rate - transport(plan)) * e, den + e * e
-    return CpuRates(rate, transport_gbs, num / den if den else 0.0)

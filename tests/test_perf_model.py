@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from megatron_topo import perf_model as pm
+from megatron_topo.emulation import predict as emu
 from megatron_topo.config import SystemConfig, load_config
 from megatron_topo.topology import Topology
 
@@ -231,10 +232,12 @@ def test_system_constants_are_documented():
             key = line.split(":")[0].strip()
             if key and key != "name" and not key.startswith("#"):
                 assert "#" in line, f"{name}: {key} has no source comment"
-    doc = pm.__doc__
-    for word in ("191.5", "125", "compute_efficiency", "200 GB/s", "50 GB/s", "25 GB/s", "Eq. 5.7", "seed 004",
-                 "EMULATED_TRANSPORT_GBS", "6.5-7 Gbit/s", "364-381", "179-190", "unshaped step time of ddp"):
-        assert word in doc, word
+    for mod, words in ((pm, ("191.5", "125", "compute_efficiency", "200 GB/s", "50 GB/s", "25 GB/s", "Eq. 5.7",
+                             "seed 004")),
+                       (emu, ("EMULATED_TRANSPORT_GBS", "6.5-7 Gbit/s", "364-381", "179-190",
+                              "unshaped step time of ddp"))):
+        for word in words:
+            assert word in mod.__doc__, (mod.__name__, word)
 
 
 # -------------------------------------------------------------------------------------- CLI
@@ -284,8 +287,8 @@ def emulated_setup():
 
 def predict_emulated(table, step_overlap, overlap="engine"):
     shape, topo, system = emulated_setup()
-    cpu = pm.calibrate_cpu(shape, topo, 2, 4, table["ddp"][1], {p: table[p][1] for p in ("topo", "zeropp")})
-    return {p: pm.estimate_emulated(shape, pm.preset_plan(p, topo), topo, system, 2, 4, cpu, overlap=overlap,
+    cpu = emu.calibrate_cpu(shape, topo, 2, 4, table["ddp"][1], {p: table[p][1] for p in ("topo", "zeropp")})
+    return {p: emu.estimate_emulated(shape, pm.preset_plan(p, topo), topo, system, 2, 4, cpu, overlap=overlap,
                                     step_overlap=step_overlap) for p in table}, cpu
 
 
@@ -301,7 +304,7 @@ def test_gloo_wire_model_matches_the_measured_busiest_links(strategy):
     plan = pm.preset_plan(strategy, topo)
     total: dict = {}
     for c in pm.plan_collectives(shape.params, plan, topo):
-        for k, v in pm.gloo_link_bytes(c, plan, topo).items():
+        for k, v in emu.gloo_link_bytes(c, plan, topo).items():
             total[k] = total.get(k, 0.0) + v * (4 if c.per_micro_batch else 1)
     for i, kind in enumerate(("nic", "node")):
         model = max(v for k, v in total.items() if k[1] == kind) / 1e6
@@ -311,15 +314,15 @@ def test_gloo_wire_model_matches_the_measured_busiest_links(strategy):
 def test_quantized_elements_by_hand():
     shape, topo, _ = emulated_setup()
     psi = shape.params
-    e = pm.quant_elements(psi, pm.preset_plan("topo", topo), topo)  # INT8 pair gather, INT8 secondary, INT4 a2a
+    e = emu.quant_elements(psi, pm.preset_plan("topo", topo), topo)  # INT8 pair gather, INT8 secondary, INT4 a2a
     assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": pytest.approx(psi + 2 * psi)}
-    e = pm.quant_elements(psi, pm.preset_plan("zeropp", topo), topo)  # + the 2-hop's requantize of 1/P
+    e = emu.quant_elements(psi, pm.preset_plan("zeropp", topo), topo)  # + the 2-hop's requantize of 1/P
     assert e == {"forward": pytest.approx(psi / 8 + psi), "backward": pytest.approx(psi + 2 * psi + 2 * psi / 4)}
     for p in ("ddp", "zero3", "mics"):
-        assert pm.quant_elements(psi, pm.preset_plan(p, topo), topo) == {"forward": 0.0, "backward": 0.0}
-    e = pm.quant_elements(psi, pm.Plan("x", 2, 4, 8, 2, 8, 16, 16), topo)  # bf16 secondary, bf16 gradients
+        assert emu.quant_elements(psi, pm.preset_plan(p, topo), topo) == {"forward": 0.0, "backward": 0.0}
+    e = emu.quant_elements(psi, pm.Plan("x", 2, 4, 8, 2, 8, 16, 16), topo)  # bf16 secondary, bf16 gradients
     assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": 0.0}
-    e = pm.quant_elements(psi, pm.Plan("x", 2, 4, 8, None, 8, 16, 8), topo)  # no secondary: gather again
+    e = emu.quant_elements(psi, pm.Plan("x", 2, 4, 8, None, 8, 16, 8), topo)  # no secondary: gather again
     assert e == {"forward": pytest.approx(1.5 * psi), "backward": pytest.approx(1.5 * psi + 2 * psi)}
 
 

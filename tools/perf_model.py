@@ -16,7 +16,7 @@ the smallest to the largest count. Bad input prints one line on stderr and exits
 predicts the emulated cluster's step times for a tools/bench_sharding.py results.json and prints
 them next to the measured ones with the error (docs/frontier.md §4.1): link rates from the system
 YAML, scaled to the run's shaped rates; the CPU's FLOP rate from the run's unshaped ddp row and its
-cost per quantized element from the unshaped topo and zeropp rows (megatron_topo.perf_model).
+cost per quantized element from the unshaped topo and zeropp rows (megatron_topo.emulation.predict).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo import perf_model as pm  # noqa: E402
+from megatron_topo.emulation import predict as emu  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
 from megatron_topo.topology import Topology  # noqa: E402
 from megatron_topo.zero_topo.plan import PRESETS  # noqa: E402
@@ -50,8 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--gcds", help="comma-separated GCD (rank) counts, e.g. 8,16,384")
     p.add_argument("--emulated", metavar="RESULTS_JSON",
                    help="predict a tools/bench_sharding.py run on the emulated cluster and compare")
-    p.add_argument("--overlap", choices=pm.EMULATED_OVERLAP, default="engine",
-                   help="--emulated: how CPU work and shaped transfers overlap (megatron_topo.perf_model.estimate_emulated)")
+    p.add_argument("--overlap", choices=emu.EMULATED_OVERLAP, default="engine",
+                   help="--emulated: how CPU work and shaped transfers overlap (megatron_topo.emulation.predict.estimate_emulated)")
     p.add_argument("--engine-before-3af3320", dest="old_engine", action="store_true",
                    help="--emulated: the run used the engine before 3af3320 (blocking combine/post-step gather)")
     p.add_argument("--presets", default="zero3,zeropp,topo", help="comma-separated presets")
@@ -130,12 +131,12 @@ def emulated(path: str, system_yaml: str, overlap: str, step_overlap: bool, over
     t = cfg.train
     mb, ga, rc = t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, cfg.model.checkpoint_activations
     quant = {p: by[p]["unshaped_step_time_s"] for p in ("topo", "zeropp") if by.get(p, {}).get("unshaped_step_time_s")}
-    cpu = pm.calibrate_cpu(shape, topo, mb, ga, ref["unshaped_step_time_s"], quant, rc)
+    cpu = emu.calibrate_cpu(shape, topo, mb, ga, ref["unshaped_step_time_s"], quant, rc)
     out = []
     for s in [x for x in EMULATED_STRATEGIES if x in by] + sorted(set(by) - set(EMULATED_STRATEGIES)):
         if s not in PRESETS:
             continue  # FSDP2 and preset variants (topo_sec8, ...) are not plans of their own
-        e = pm.estimate_emulated(shape, pm.preset_plan(s, topo), topo, system, mb, ga, cpu, rc, overlap, step_overlap)
+        e = emu.estimate_emulated(shape, pm.preset_plan(s, topo), topo, system, mb, ga, cpu, rc, overlap, step_overlap)
         m = by[s]
         out.append({"strategy": s, "predicted_s": e["step_s"], "measured_s": m["step_time_s"],
                     "error": e["step_s"] / m["step_time_s"] - 1, "predicted_unshaped_s": e["unshaped_s"],
