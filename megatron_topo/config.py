@@ -187,6 +187,7 @@ class SystemConfig:
     latency_intra_gpu_us: float = 2.0
     latency_intra_node_us: float = 5.0
     latency_inter_node_us: float = 10.0
+    latency_small_message_us: float = 5.0  # per ring step of a tiny collective (quantization scales)
     # added for the performance model (megatron_topo/perf_model.py)
     compute_efficiency: float = 0.40  # achieved fraction of peak_tflops in GEMM-heavy training
     hbm_bw_gbs: float = 1600.0  # device memory bandwidth, for memory-bound steps (optimizer)

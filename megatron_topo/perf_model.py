@@ -19,15 +19,22 @@ GPU-GPU (same node)     50 GB/s/direction   ZeRO-topo §IV/Table II (one IF link
 NICs                    4 x 25 GB/s         ZeRO-topo Table II (4 x 200 Gb/s Slingshot-11);
                                             seed 004 §5.2.2; one NIC per MI250X (§6.2.1)
 HBM per GCD             1600 GB/s           AMD MI250X spec (3.2 TB/s per package)
-latency per ring step   2/5/10 us           assumed order of magnitude (Slingshot MPI ~2 us,
-                        (gcd/node/inter)    De Sensi et al. SC20; RCCL proxy adds more)
+latency per ring step   2/5 us (gcd/node)   assumed order of magnitude
+latency per ring step   85 us (inter)       derived from seed 004 §6.3.1 (PCCL's 6.2-11.4x speedups
+                                            over RCCL's flat ring at 2048 GCDs, 512/1024 MB):
+                                            83-100 us, median; a lower bound
+                                            (perf_sources.derive_rccl_ring)
+small-message step      5 us                quantization scales (a few KB): assumed order of
+                                            magnitude of a low-latency-protocol ring step
 Adam model states       2+2+12 B/param      ZeRO-topo §III (K = 12), DESIGN §4
 optimizer traffic       30 B/param          fused AdamW: read grad 4 + master/m/v 12,
                                             write master/m/v 12 + 16-bit weight 2
 ======================  ==================  ===================================================
 
-Nothing is fitted per strategy. The one global quantity that is not a link or spec number is
-``compute_efficiency``; it is taken from seed 004, not fitted to the ZeRO-topo figures.
+Nothing is fitted per strategy, and nothing to the ZeRO-topo figures: ``compute_efficiency``
+is taken from seed 004, the inter-node step latency is derived from seed 004's collective
+measurements, and the NIC-sharing rule and the DeepSpeed composition below are the ones that
+reproduce ZeRO++'s published measurements (seed 003 Table 1; :mod:`megatron_topo.perf_sources`).
 
 FLOPs (Narayanan et al. 2021, the formula GPT-NeoX logs): one forward pass of a micro-batch of
 B sequences is ``F = 24*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h))``; forward+backward is 3F and with
@@ -36,19 +43,24 @@ micro-batch divided by the step time. Compute time = 4F / (peak * compute_effici
 
 Communication (DESIGN §4 "Volumes"): a rank sends ``S(d-1)/d`` per all-gather, reduce-scatter or
 all-to-all and ``2S(d-1)/d`` per all-reduce, S the whole buffer in its wire dtype, M = 2*psi.
-Time of one collective = ``launches * n_units * steps * alpha + bytes_sent / beta``: the engine
-issues one collective per wrapped unit (layers + embedding + head), two when quantized (payload +
-scales); a ring has d-1 steps (2(d-1) for all-reduce), pairwise all-to-all d-1.
+Time of one collective = ``n_units * steps * (alpha + (launches-1) * alpha_small) + bytes_sent / beta``:
+the engine issues one collective per wrapped unit (layers + embedding + head), two when quantized
+(the payload, and the scales: a tiny message whose ring steps cost ``latency_small_message_us``);
+a ring has d-1 steps (2(d-1) for all-reduce), pairwise all-to-all d-1.
 
 beta per rank: ``bw_intra_gpu`` or ``bw_intra_node`` for groups inside a GPU / node. Across nodes
 the node's NICs are shared (seed 004 Eq. 5.7, ``beta_inter / min(G_node, concurrent)``):
-  * ``nic_sharing="rank"`` (default): every rank of the node that sends across nodes at once
-    shares them -- all P ranks in every inter-node collective of a plan, so beta = NICs*bw/P
-    (12.5 GB/s on Frontier: one NIC per GCD pair). This is the per-rank accounting of DESIGN §4's
-    counters and what an emulator that rate-limits each rank's cross-node sends measures.
-  * ``nic_sharing="ring"``: Eq. 5.7 read literally for flat rings: only the concurrent groups'
-    boundary hops cross the node, beta = NICs*bw / min(P, groups per node), capped by the
-    intra-node hop when a group has several ranks on one node.
+  * ``nic_sharing="ring"`` (default): Eq. 5.7 for rings: only the concurrent groups' boundary hops
+    cross the node, beta = NICs*bw / min(P, groups per node), capped by the intra-node hop when a
+    group has several ranks on one node. A world-wide ring crosses each node boundary once, so
+    its bytes leave the node once, not once per rank. This rule reproduces ZeRO++'s measured
+    speedups over ZeRO-3 on 384 V100s (seed 003 Table 1) within -8..+17 % with the DeepSpeed
+    composition; seed 004's 1 GB all-gather on 32 GCDs (RCCL 0.52x PCCL's time) implies 80-90 GB/s
+    per GCD for RCCL's flat ring, not 12.5.
+  * ``nic_sharing="rank"``: every rank of the node that sends across nodes at once shares them --
+    all P ranks in every inter-node collective, beta = NICs*bw/P (12.5 GB/s on Frontier). The
+    per-rank accounting of DESIGN §4's counters; on seed 003's cluster it predicts ZeRO-3 3.5-11x too
+    slow and ZeRO++'s speedup 2.3-2.8x the measured one (``tools/perf_model.py --validate-zeropp``).
 
 Overlap, as the engine does it since commit 3af3320 (``compose_passes``; docs/frontier.md §4): gathers
 are prefetched and gradient reductions run under compute (a pass = max(compute, comm) + the first
@@ -59,11 +71,18 @@ runs in the background and is waited for at its next forward gather: first forwa
 ``max(F, A) + min(F, A)/n``. On the same level as that pass's traffic they share its link instead.
 ``prefetch=False`` exposes the gathers; ``step_overlap=False`` is the engine before 3af3320.
 
+Stacks: ``stack="engine"`` (default) is megatron_topo's engine as above. ``stack="deepspeed"`` is
+the software the ZeRO-topo paper measured (DeepSpeed 0.13.1, seed 000 Table IX): every collective
+adds to compute (no overlap) -- the composition that reproduces DeepSpeed's ZeRO-3 and ZeRO++
+timings of seed 003 Table 1 -- and ZeRO++'s hpZ secondary is fp16 (seed 000 Table V, seed 003
+§3.2), where megatron_topo's zeropp preset keeps it in INT8. The paper comparison uses it.
+
 The emulated cluster (gloo on one CPU) has its own model built on this one:
 :mod:`megatron_topo.emulation.predict` (docs/frontier.md §4.1).
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -76,7 +95,8 @@ from .zero_topo.plan import Plan, resolve_plan, validate_plan
 GIB = 2 ** 30
 ADAM_BYTES_PER_PARAM = 12  # fp32 master + two fp32 moments (ZeRO-topo §III, K = 12)
 OPTIMIZER_TRAFFIC_BYTES_PER_PARAM = 30
-NIC_SHARING = ("rank", "ring")
+NIC_SHARING = ("ring", "rank")
+STACKS = ("engine", "deepspeed")
 
 # The paper's numbers the model is compared with (ZeRO-topo abstract, §II-D, §VI, Fig. 7):
 PAPER_20B_384 = {"topo/zeropp": 1.71, "topo/zero3": 2.40, "zeropp/zero3": 1.405}
@@ -280,7 +300,7 @@ def bytes_per_level(psi: float, plan: Plan, topo: Topology, micro_batches: int) 
 
 
 # ----------------------------------------------------------------------------------- time
-def bandwidth(c: Collective, topo: Topology, system: SystemConfig, nic_sharing: str = "rank") -> float:
+def bandwidth(c: Collective, topo: Topology, system: SystemConfig, nic_sharing: str = "ring") -> float:
     """Bytes/s one rank of ``c`` gets (see the module docstring for the NIC sharing rule)."""
     if nic_sharing not in NIC_SHARING:
         raise ValueError(f"nic_sharing '{nic_sharing}' is not valid; use one of {', '.join(NIC_SHARING)}")
@@ -289,7 +309,7 @@ def bandwidth(c: Collective, topo: Topology, system: SystemConfig, nic_sharing: 
     if c.level == "intra_node":
         return system.bw_intra_node_gbs * 1e9
     node = system.nics_per_node * system.bw_inter_node_gbs * 1e9
-    k = c.ranks_per_node * c.groups_per_node if nic_sharing == "rank" else c.groups_per_node
+    k = c.groups_per_node if nic_sharing == "ring" else c.ranks_per_node * c.groups_per_node
     bw = node / max(1, min(topo.ranks_per_node, k))
     if c.ranks_per_node > 1:  # the ring also runs over links inside the node
         local = system.bw_intra_gpu_gbs if c.ranks_per_node <= topo.gcds_per_gpu else system.bw_intra_node_gbs
@@ -304,11 +324,13 @@ def latency(c: Collective, system: SystemConfig) -> float:
 
 
 def collective_time(c: Collective, topo: Topology, system: SystemConfig, n_units: int,
-                    nic_sharing: str = "rank") -> float:
-    """Seconds one rank spends in ``c`` for a whole model (all units)."""
+                    nic_sharing: str = "ring") -> float:
+    """Seconds one rank spends in ``c`` for a whole model (all units): per unit the payload's ring
+    steps at the level's latency, the scales' (``launches - 1``) at the small-message latency."""
     if c.group_size <= 1:
         return 0.0
-    return c.launches * n_units * latency(c, system) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
+    small = (c.launches - 1) * c.steps * system.latency_small_message_us * 1e-6
+    return n_units * (latency(c, system) + small) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
 
 
 def _phase(compute: float, gather: float, reduce: float, n: int, prefetch: bool) -> float:
@@ -376,12 +398,16 @@ class StepEstimate:
 
 
 def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
-                  grad_accum: int, recompute: bool = True, nic_sharing: str = "rank",
-                  convention: str = "engine", step_overlap: bool = True) -> StepEstimate:
+                  grad_accum: int, recompute: bool = True, nic_sharing: str = "ring",
+                  convention: str = "engine", step_overlap: bool = True, stack: str = "engine") -> StepEstimate:
     """Modelled time of one optimizer step (``grad_accum`` micro-batches) on every rank, in the
     steady state (the post-step gather of the previous step overlaps this step's first forward).
     ``step_overlap=False`` models the engine before commit 3af3320 (combine and post-step gather
-    blocking in ``step()``)."""
+    blocking in ``step()``); ``stack="deepspeed"`` the software the paper measured (module docstring)."""
+    if stack not in STACKS:
+        raise ValueError(f"stack '{stack}' is not valid; use one of {', '.join(STACKS)}")
+    if stack == "deepspeed" and plan.preset == "zeropp" and plan.secondary_degree:
+        plan = dataclasses.replace(plan, secondary_bits=16)  # DeepSpeed's hpZ keeps the secondary in fp16
     psi, n = shape.params, shape.units
     flops = shape.microbatch_flops(micro_batch, recompute)
     compute = flops / (system.peak_tflops * 1e12 * system.compute_efficiency)
@@ -389,8 +415,13 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     t_f, t_b = compute / passes, compute * (passes - 1) / passes
     colls = plan_collectives(psi, plan, topo)
     times = {c.name: collective_time(c, topo, system, n, nic_sharing) for c in colls}
-    fwd, bwd, fwd_first, bwd_last = compose_passes(colls, times, t_f, t_b, n, plan.prefetch, step_overlap)
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
+    if stack == "deepspeed":  # no overlap: every collective adds to compute
+        per_mb = {ph: sum(times[c.name] for c in colls if c.phase == ph) for ph in ("forward", "backward")}
+        fwd, bwd = t_f + per_mb["forward"], t_b + per_mb["backward"]
+        fwd_first, bwd_last = fwd + post, bwd + comb
+    else:
+        fwd, bwd, fwd_first, bwd_last = compose_passes(colls, times, t_f, t_b, n, plan.prefetch, step_overlap)
     step_comm = comb + post
     exposed = fwd_first + bwd_last - fwd - bwd
     opt = OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * psi / plan.optimizer_factor / (system.hbm_bw_gbs * 1e9)
@@ -406,8 +437,8 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
 
 
 # ------------------------------------------------------------------------------ prediction
-def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharing: str = "rank",
-            system: Optional[SystemConfig] = None, step_overlap: bool = True,
+def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharing: str = "ring",
+            system: Optional[SystemConfig] = None, step_overlap: bool = True, stack: str = "engine",
             **plan_overrides) -> list[StepEstimate]:
     """Estimates for every preset at every GCD count, with the model/training setup of ``cfg``;
     ``plan_overrides`` maps a preset to zero_topo overrides, e.g. ``topo={"secondary_degree": 8}``."""
@@ -423,7 +454,7 @@ def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharin
             plan = preset_plan(p, topo, **plan_overrides.get(p, {}))
             out.append(estimate_step(shape, plan, topo, system, t.train_micro_batch_size_per_gpu,
                                      t.gradient_accumulation_steps, cfg.model.checkpoint_activations,
-                                     nic_sharing, step_overlap=step_overlap))
+                                     nic_sharing, step_overlap=step_overlap, stack=stack))
     return out
 
 
@@ -469,7 +500,7 @@ def legal_plans(topo: Topology) -> list[Plan]:
 
 def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch: int, grad_accum: int,
                  recompute: bool = True, memory_limit: Optional[float] = None, convention: str = "paper",
-                 nic_sharing: str = "rank") -> list[tuple[Plan, StepEstimate]]:
+                 nic_sharing: str = "ring") -> list[tuple[Plan, StepEstimate]]:
     """Legal plans whose model states fit ``memory_limit`` bytes (default: the device memory),
     fastest modelled step first (steps within 0.5% of each other count as equally fast)."""
     limit = system.device_memory_gib * GIB if memory_limit is None else memory_limit

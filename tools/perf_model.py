@@ -2,8 +2,10 @@
 """Predicted TFLOPS/GCD of sharding presets across scales (megatron_topo.perf_model).
 
     python tools/perf_model.py --model configs/20B.yml --system configs/frontier.yml \\
-        --gcds 8,16,32,64,128,256,384 [--presets zero3,zeropp,topo] [--json] [--plot out.png]
+        --gcds 8,16,32,64,128,256,384 [--presets zero3,zeropp,topo] [--stack engine|deepspeed] [--json] [--plot out.png]
 
+``--stack engine`` (default) predicts megatron_topo's engine; ``--stack deepspeed`` the software the
+ZeRO-topo paper measured (no overlap, fp16 hpZ secondary), which is what its ratios compare with.
 Uses the model YAML's micro-batch, gradient accumulation and activation recompute and the
 system YAML's rates (every constant is documented in megatron_topo/perf_model.py). Prints
 TFLOPS/GCD per preset and GCD count, the ratios between zero3, zeropp and topo at the largest
@@ -17,6 +19,12 @@ predicts the emulated cluster's step times for a tools/bench_sharding.py results
 them next to the measured ones with the error (docs/frontier.md §4.1): link rates from the system
 YAML, scaled to the run's shaped rates; the CPU's FLOP rate from the run's unshaped ddp row and its
 cost per quantized element from the unshaped topo and zeropp rows (megatron_topo.emulation.predict).
+
+    python tools/perf_model.py --validate-zeropp [--system configs/dgx2_v100.yml] [--stack ...] [--nic-sharing ...]
+
+predicts ZeRO++'s own measurements (seed 003 Table 1(a), 384 V100s, 1 and 8 IB per node) and
+prints them next to the measured TFLOPS; ``--derive-alpha`` prints RCCL's ring-step latency derived
+from seed 004 (megatron_topo.perf_sources).
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo import perf_model as pm  # noqa: E402
+from megatron_topo import perf_sources as sources  # noqa: E402
 from megatron_topo.emulation import predict as emu  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
 from megatron_topo.topology import Topology  # noqa: E402
@@ -56,8 +65,14 @@ def parse_args(argv=None):
     p.add_argument("--engine-before-3af3320", dest="old_engine", action="store_true",
                    help="--emulated: the run used the engine before 3af3320 (blocking combine/post-step gather)")
     p.add_argument("--presets", default="zero3,zeropp,topo", help="comma-separated presets")
-    p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="rank",
+    p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="ring",
                    help="how ranks share the node's NICs (see megatron_topo/perf_model.py)")
+    p.add_argument("--stack", choices=pm.STACKS, default="engine",
+                   help="engine: megatron_topo's overlap; deepspeed: what the ZeRO-topo paper measured")
+    p.add_argument("--validate-zeropp", action="store_true",
+                   help="predict seed 003 Table 1 (ZeRO-3 vs ZeRO++ on 384 V100s) and compare")
+    p.add_argument("--derive-alpha", action="store_true",
+                   help="print RCCL's flat-ring step latency derived from seed 004 §6.3.1 (--system)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. --set system.latency_inter_node_us=50")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -79,6 +94,15 @@ def run(args) -> dict:
     if args.emulated:
         return emulated(args.emulated, args.system or os.path.join(REPO, "configs", "emulated_cpu.yml"),
                         args.overlap, not args.old_engine, args.overrides)
+    if args.validate_zeropp:
+        cfg = load_config([args.system or os.path.join(REPO, "configs", "dgx2_v100.yml")], args.overrides)
+        rows = sources.validate_zeropp_table1(cfg.system, args.stack, args.nic_sharing)
+        return {"validate_zeropp": rows, "system": cfg.system.name, "stack": args.stack, "nic_sharing": args.nic_sharing}
+    if args.derive_alpha:
+        cfg = load_config([args.system or os.path.join(REPO, "configs", "frontier.yml")], args.overrides)
+        return {"derive_alpha": sources.derive_rccl_ring(cfg.system, cfg.topology.gcds_per_gpu
+                                                         * (cfg.topology.gpus_per_node or 4)),
+                "system": cfg.system.name}
     if not (args.model and args.system and args.gcds):
         raise ConfigError("--model, --system and --gcds are needed (or --emulated RESULTS_JSON)")
     cfg = load_config([args.model, args.system], args.overrides)
@@ -86,11 +110,11 @@ def run(args) -> dict:
         raise ConfigError(f"{args.system}: no 'system:' block; use a system YAML such as configs/frontier.yml")
     gcds = _ints(args.gcds)
     presets = [p.strip() for p in args.presets.split(",") if p.strip()]
-    est = pm.predict(cfg, presets, gcds, args.nic_sharing)
+    est = pm.predict(cfg, presets, gcds, args.nic_sharing, stack=args.stack)
     lo, hi = gcds[0], gcds[-1]
     return {
         "model": args.model, "params": pm.Shape.from_config(cfg.model).params, "system": cfg.system.name,
-        "nic_sharing": args.nic_sharing, "gcds": gcds, "presets": presets,
+        "nic_sharing": args.nic_sharing, "stack": args.stack, "gcds": gcds, "presets": presets,
         "micro_batch": cfg.train.train_micro_batch_size_per_gpu,
         "grad_accum": cfg.train.gradient_accumulation_steps,
         "estimates": [e.as_dict() for e in est],
@@ -167,7 +191,7 @@ def render(r: dict) -> str:
     by = {(e["preset"], e["gcds"]): e for e in r["estimates"]}
     ps = r["presets"]
     lines = [f"model {r['model']} ({r['params'] / 1e9:.2f} B), {r['system']}, micro-batch {r['micro_batch']} x "
-             f"{r['grad_accum']}, NIC sharing '{r['nic_sharing']}'", "",
+             f"{r['grad_accum']}, NIC sharing '{r['nic_sharing']}', stack '{r['stack']}'", "",
              "predicted TFLOPS/GCD (step time s)",
              f"{'GCDs':>6} " + " ".join(f"{p:>18}" for p in ps)]
     for n in r["gcds"]:
@@ -185,6 +209,23 @@ def render(r: dict) -> str:
     lo, hi = r["scaling_from_to"]
     lines += ["", f"weak-scaling efficiency {lo} -> {hi} GCDs (paper: topo {r['paper_topo_scaling_efficiency']})"]
     lines += [f"  {p:<8} {v:.3f}" for p, v in r["scaling_efficiency"].items()]
+    return "\n".join(lines)
+
+
+def render_sources(r: dict) -> str:
+    if "derive_alpha" in r:
+        d = r["derive_alpha"]
+        return "\n".join([f"RCCL flat ring on {r['system']} from seed 004 §6.3.1 (PCCL at link speed: lower bounds)",
+                          "  beta per GCD: " + ", ".join(f"{k} {v:.0f} GB/s" for k, v in d["beta_gbs"].items())]
+                         + [f"  alpha {k}: {v:.1f} us" for k, v in d["alpha_us"].items()]
+                         + [f"  median alpha: {d['alpha_us_median']:.1f} us"])
+    lines = [f"seed 003 Table 1(a), 384 V100s, on {r['system']}: stack '{r['stack']}', NIC sharing "
+             f"'{r['nic_sharing']}'  (TFLOPS per GPU, measured / predicted)", "",
+             f"{'model':>6} {'tokens':>6} {'IB':>3}   {'ZeRO-3':>13}   {'ZeRO++':>13}   {'speedup':>11}  {'error':>6}"]
+    for x in r["validate_zeropp"]:
+        lines.append(f"{x['model']:>6} {x['tokens']:>6} {x['ib']:>3}   {x['zero3']:>6.1f} / {x['zero3_pred']:>4.1f}"
+                     f"   {x['zeropp']:>6.1f} / {x['zeropp_pred']:>4.1f}   {x['speedup']:>4.2f} / {x['speedup_pred']:>4.2f}"
+                     f"  {x['speedup_error'] * 100:>+5.0f}%")
     return "\n".join(lines)
 
 
@@ -213,12 +254,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         r = run(args)
-        if args.plot and not args.emulated:
+        if args.plot and "estimates" in r:
             plot(r, args.plot)
     except (ConfigError, ValueError, OSError, KeyError) as e:
         print(f"perf_model.py: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(r, indent=1) if args.json else render_emulated(r) if args.emulated else render(r))
+    text = (render_emulated(r) if args.emulated else render(r) if "estimates" in r else render_sources(r))
+    print(json.dumps(r, indent=1) if args.json else text)
     return 0
 
 

@@ -35,7 +35,8 @@ def parse_args(argv=None):
     p.add_argument("--convention", choices=("paper", "engine"), default="paper",
                    help="state dtypes: the paper's (16-bit gradients) or the engine's (fp32 gradient shards)")
     p.add_argument("--reserve-gib", type=float, default=0.0, help="memory kept free per device (activations)")
-    p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="rank")
+    p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="ring",
+                   help="how ranks share the NICs (megatron_topo/perf_model.py; ring is the validated rule)")
     p.add_argument("--top", type=int, default=10, help="plans shown from the search")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     return p.parse_args(argv)
