@@ -102,3 +102,25 @@ def validate_zeropp_table1(system: SystemConfig, stack: str = "deepspeed", nic_s
                          "zero3_pred": p3, "zeropp_pred": ppp, "speedup": zpp / z3, "speedup_pred": ppp / p3,
                          "speedup_error": (ppp / p3) / (zpp / z3) - 1})
     return rows
+
+
+# ----------------------------------------------------------------------- your own cluster
+def fit_ring(points) -> dict:
+    """Least-squares ``T = S(p-1)/p / beta + (p-1) * alpha`` over ``(p, S_bytes, seconds)``
+    points (tools/measure_collectives.py): ``alpha_us`` per ring step and ``beta_gbs`` per rank,
+    the two numbers a system YAML needs (``latency_*_us``; a bandwidth)."""
+    rows = [((S * (p - 1) / p), float(p - 1), float(t)) for p, S, t in points if p > 1]
+    if len(rows) < 2 or len({round(r[0] / r[1]) for r in rows}) < 2:
+        raise ValueError("fit_ring needs at least two different message sizes")
+    sxx = sum(b * b for b, _, _ in rows)
+    sxy = sum(b * s for b, s, _ in rows)
+    syy = sum(s * s for _, s, _ in rows)
+    sxt = sum(b * t for b, _, t in rows)
+    syt = sum(s * t for _, s, t in rows)
+    det = sxx * syy - sxy * sxy
+    inv_beta = (sxt * syy - syt * sxy) / det
+    alpha = (sxx * syt - sxy * sxt) / det
+    pred = [b * inv_beta + s * alpha for b, s, _ in rows]
+    worst = max(abs(p / t - 1) for p, (_, _, t) in zip(pred, rows))
+    return {"alpha_us": alpha * 1e6, "beta_gbs": (1 / inv_beta / 1e9) if inv_beta > 0 else float("inf"),
+            "worst_rel_residual": worst}

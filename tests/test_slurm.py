@@ -21,7 +21,7 @@ from megatron_topo.topology import launcher_env, topology_from_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM = os.path.join(REPO, "slurm")
-SCRIPTS = ["frontier_20b.sh", "frontier_10b.sh", "frontier_generic.sh"]
+SCRIPTS = ["frontier_20b.sh", "frontier_10b.sh", "frontier_generic.sh", "frontier_collectives.sh"]
 TASKS = [0, 1, 2, 3, 6, 7, 8, 9, 383]  # simulated ranks (383: last GCD of node 47)
 
 FAKE_SBATCH = r"""#!/bin/bash
@@ -245,3 +245,25 @@ def test_missing_venv_is_one_clear_error(fake_slurm, tmp_path):
     assert r.returncode == 2
     assert "VENV" in r.stderr and "docs/frontier.md" in r.stderr
     assert not os.path.exists(os.path.join(fake_slurm["log"], "srun_args"))
+
+
+def test_collectives_job_under_fake_slurm(fake_slurm):
+    """The measurement that settles the perf model's paper comparison runs like training: one
+    task per GCD, the same RCCL/CXI environment, tools/measure_collectives.py on every rank."""
+    r = fake_slurm["submit"]("frontier_collectives.sh")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = fake_slurm["log"]
+    srun = _lines(os.path.join(log, "srun_args"))
+    for o in ("--nodes=48", "--ntasks=384", "--ntasks-per-node=8", "--gpus-per-task=1", "--gpu-bind=closest",
+              "--distribution=block"):
+        assert o in srun, (o, srun)
+    args, env = _launched(log, 383)
+    out = f"runs/collectives-48n-{fake_slurm['job']}"
+    assert args == ["-u", "tools/measure_collectives.py", "--sizes-mb", "16,64,128,256,512,1024", "--iters", "10",
+                    "--out", out]
+    assert env["RANK"] == "383" and env["WORLD_SIZE"] == "384" and env["MASTER_ADDR"] == "frontier00001"
+    for k, v in (("NCCL_SOCKET_IFNAME", "hsn0"), ("FI_CXI_RDZV_THRESHOLD", "0"), ("HSA_ENABLE_SDMA", "0")):
+        assert env.get(k) == v, k
+    r = fake_slurm["submit"]("frontier_collectives.sh", "--nodes=2", extra_env={"SIZES_MB": "1,2"})
+    args, env = _launched(log, 9)
+    assert r.returncode == 0 and args[3] == "1,2" and env["WORLD_SIZE"] == "16"
