@@ -349,9 +349,10 @@ def _pipeline(a: float, b: float, n: int) -> float:
 
 
 def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
-             step_overlap: bool) -> tuple[float, float, float, float]:
+                   step_overlap: bool, serial: bool = False) -> tuple[float, float, float, float]:
     """Forward, backward, first forward and last backward of a step from the compute of one pass
-    (``t_f``, ``t_b``) and each collective's time for the whole model (module docstring)."""
+    (``t_f``, ``t_b``) and each collective's time for the whole model (module docstring).
+    ``serial``: nothing overlaps, every collective adds to its pass (``stack="deepspeed"``)."""
     fwd_ag = sum(times.get(c.name, 0.0) for c in colls if c.phase == "forward")
     bwd_ag = times.get("backward_all_gather", 0.0)
     red = times.get("grad_reduce", 0.0) + times.get("grad_reduce_inter", 0.0)
@@ -359,8 +360,11 @@ def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: fl
     fwd_lv = {levels[k] for k in ("forward_all_gather",) if k in levels}
     bwd_lv = {levels[k] for k in ("backward_all_gather", "grad_reduce", "grad_reduce_inter") if k in levels}
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
-    fwd, bwd = _phase(t_f, fwd_ag, 0.0, n, prefetch), _phase(t_b, bwd_ag, red, n, prefetch)
-    if step_overlap:
+    if serial:
+        fwd, bwd = t_f + fwd_ag, t_b + bwd_ag + red
+    else:
+        fwd, bwd = _phase(t_f, fwd_ag, 0.0, n, prefetch), _phase(t_b, bwd_ag, red, n, prefetch)
+    if step_overlap and not serial:
         # the last backward launches each unit's combine once its reduction lands; the next step's
         # first forward waits, unit by unit, for that unit's post-step gather (module docstring)
         # (on the same level as that pass's traffic they share its link)
@@ -368,7 +372,7 @@ def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: fl
                     else _pipeline(bwd, comb, n))
         fwd_first = (_phase(t_f, fwd_ag + post, 0.0, n, prefetch) if levels.get("post_step_all_gather") in fwd_lv
                      else _pipeline(post, fwd, n))
-    else:  # the engine before commit 3af3320: combine and post-step gather blocking in step()
+    else:  # serial, or the engine before commit 3af3320: combine and post-step gather blocking in step()
         bwd_last, fwd_first = bwd + comb, fwd + post
     return fwd, bwd, fwd_first, bwd_last
 
@@ -415,13 +419,9 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     t_f, t_b = compute / passes, compute * (passes - 1) / passes
     colls = plan_collectives(psi, plan, topo)
     times = {c.name: collective_time(c, topo, system, n, nic_sharing) for c in colls}
+    fwd, bwd, fwd_first, bwd_last = compose_passes(colls, times, t_f, t_b, n, plan.prefetch, step_overlap,
+                                                   serial=stack == "deepspeed")
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
-    if stack == "deepspeed":  # no overlap: every collective adds to compute
-        per_mb = {ph: sum(times[c.name] for c in colls if c.phase == ph) for ph in ("forward", "backward")}
-        fwd, bwd = t_f + per_mb["forward"], t_b + per_mb["backward"]
-        fwd_first, bwd_last = fwd + post, bwd + comb
-    else:
-        fwd, bwd, fwd_first, bwd_last = compose_passes(colls, times, t_f, t_b, n, plan.prefetch, step_overlap)
     step_comm = comb + post
     exposed = fwd_first + bwd_last - fwd - bwd
     opt = OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * psi / plan.optimizer_factor / (system.hbm_bw_gbs * 1e9)

@@ -116,8 +116,7 @@ def measure(args) -> dict:
         for op in ops:
             pts = [(world, r["bytes"], r["seconds"]) for r in rows if r["op"] == op]
             fits[op] = fit_ring(pts) if len(pts) >= 2 else None
-        nodes = world // max(1, rt.topo.ranks_per_node)
-        return {"world_size": world, "nodes": nodes, "ranks_per_node": rt.topo.ranks_per_node,
+        return {"world_size": world, "nodes": rt.topo.num_nodes, "ranks_per_node": rt.topo.ranks_per_node,
                 "backend": dist.get_backend(), "device": str(rt.device), "dtype": args.dtype,
                 "iters": args.iters, "rows": rows, "fit": fits, "rank": rt.rank}
     finally:

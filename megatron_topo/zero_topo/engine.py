@@ -256,7 +256,7 @@ class ZeroTopoEngine:
         self.micro_batches = 0
         if overflow:
             # which units: a flag per unit, max over every rank (all ranks agreed on overflow)
-            bad_units = torch.stack([(~torch.isfinite(n)).double() for n in norms])
+            bad_units = (~torch.isfinite(norms)).double()
             self.comm.all_reduce(bad_units, world, op=torch.distributed.ReduceOp.MAX, control=True)
             for u in self.units:
                 u.grad_acc.zero_()
