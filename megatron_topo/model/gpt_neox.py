@@ -7,6 +7,7 @@ Parameter layout and math follow HuggingFace ``GPTNeoXForCausalLM`` so weights m
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 import torch.nn as nn
@@ -98,11 +99,7 @@ class GPTNeoX(nn.Module):
         self.head = Head(cfg)
         if not cfg.no_weight_tying:
             self.head.embed_out.weight = self.embed_in.weight
-        head_size = cfg.hidden_size // cfg.num_attention_heads
-        rot = int(head_size * cfg.rotary_pct)
-        rot -= rot % 2
-        inv_freq = 1.0 / (cfg.rotary_emb_base ** (torch.arange(0, rot, 2, dtype=torch.float) / max(rot, 1)))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rotary_inv_freq(cfg), persistent=False)
         self.checkpoint_activations = cfg.checkpoint_activations
 
     # ------------------------------------------------------------------ structure
@@ -128,21 +125,52 @@ class GPTNeoX(nn.Module):
 
     # ------------------------------------------------------------------ init
     @torch.no_grad()
-    def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """GPT-NeoX init: ``init_method`` for inputs, ``output_layer_init_method`` for the
-        attention/MLP output projections, zero biases, unit LayerNorm."""
+    def init_weights(self, seed: int = 1234) -> None:
+        """GPT-NeoX init of every parameter (see :meth:`init_parameters`)."""
+        self.init_parameters(self, seed)
+
+    @torch.no_grad()
+    def init_parameters(self, module: nn.Module, seed: int = 1234) -> None:
+        """GPT-NeoX init of ``module``'s parameters, in place: ``init_method`` for inputs,
+        ``output_layer_init_method`` for the attention/MLP output projections, zero biases, unit
+        LayerNorm. Each parameter draws from its own generator seeded by ``seed`` and its name,
+        so a module initialised alone (sharded init, one unit at a time) gets exactly the values
+        it gets inside the whole model, whatever the world size or plan."""
         cfg = self.cfg
         std_in = init_std(cfg.init_method, cfg)
         std_out = init_std(cfg.output_layer_init_method, cfg)
-        for name, p in self.named_parameters():
+        names = {id(p): n for n, p in self.named_parameters()}
+        for p in module.parameters():
+            name = names[id(p)]
             if name.endswith("bias"):
                 p.zero_()
             elif "layernorm" in name or "layer_norm" in name:
                 p.fill_(1.0)
-            elif name.endswith("attention.dense.weight") or name.endswith("dense_4h_to_h.weight"):
-                p.normal_(0.0, std_out, generator=generator)
             else:
-                p.normal_(0.0, std_in, generator=generator)
+                if p.device.type == "meta":
+                    continue
+                gen = torch.Generator(device=p.device)
+                gen.manual_seed(parameter_seed(seed, name))
+                std = std_out if (name.endswith("attention.dense.weight") or name.endswith("dense_4h_to_h.weight")) \
+                    else std_in
+                p.normal_(0.0, std, generator=gen)
+
+    def init_buffers(self, device) -> None:
+        """(Re)compute the non-persistent buffers on ``device`` (after a meta-device build)."""
+        self.inv_freq = rotary_inv_freq(self.cfg, device)
+
+
+def rotary_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
+    head_size = cfg.hidden_size // cfg.num_attention_heads
+    rot = int(head_size * cfg.rotary_pct)
+    rot -= rot % 2
+    exps = torch.arange(0, rot, 2, dtype=torch.float, device=device) / max(rot, 1)
+    return 1.0 / (cfg.rotary_emb_base ** exps)
+
+
+def parameter_seed(seed: int, name: str) -> int:
+    """A 63-bit seed per (run seed, parameter name): stable across processes and Python runs."""
+    return (int(seed) * 0x9E3779B1 + zlib.crc32(name.encode())) % (2**63 - 1)
 
 
 def init_std(method: str, cfg: ModelConfig) -> float:
@@ -157,13 +185,13 @@ def init_std(method: str, cfg: ModelConfig) -> float:
 
 
 def build_model(cfg: ModelConfig, device="cpu", seed: int | None = None) -> GPTNeoX:
-    """Build and initialise on ``device`` (``"meta"`` builds shapes only)."""
+    """Build and initialise on ``device``. ``"meta"`` builds shapes only: the engine then
+    materialises and initialises one unit at a time (``init_parameters``) and keeps only its
+    shards, so no rank ever holds the whole model."""
     with torch.device(device):
         model = GPTNeoX(cfg)
     if str(device) != "meta":
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed if seed is not None else 1234)
-        model.init_weights(gen)
+        model.init_weights(seed if seed is not None else 1234)
     return model
 
 

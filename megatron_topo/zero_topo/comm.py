@@ -35,6 +35,11 @@ class Group:
         return self.ranks.index(rank)
 
 
+def _landed(works: list) -> bool:
+    """Non-blocking: have all these collectives completed?"""
+    return all(w is None or w.is_completed() for w in works)
+
+
 class Handle:
     """An in-flight collective plus work to finish after it (dequantize, accumulate)."""
 
@@ -43,6 +48,15 @@ class Handle:
         self._then = then
         self.done = False
         self.result = None
+
+    def landed(self) -> bool:
+        """Non-blocking: the collectives are complete (``wait`` will not block on the wire)."""
+        return self.done or _landed(self._works)
+
+    def advance(self, force: bool = False) -> bool:
+        """Launch the next stage if its input has landed (or, with ``force``, wait for it);
+        returns True when a stage was launched. A one-stage handle has none."""
+        return False
 
     def wait(self):
         if not self.done:
@@ -54,11 +68,50 @@ class Handle:
         return self.result
 
 
+class TwoStageHandle(Handle):
+    """Two dependent collectives (ZeRO++'s 2-hop reduction): ``launch_second`` runs once the
+    first stage's works have landed and returns the second stage's works; ``then`` finishes."""
+
+    def __init__(self, first: list, launch_second: Callable[[], list], then: Callable[[], object],
+                 on_second: Optional[Callable[[], None]] = None):
+        super().__init__([], then)
+        self._first = first
+        self._launch_second = launch_second
+        self._on_second = on_second
+        self.second_launched = False
+
+    def landed(self) -> bool:
+        return self.done or (self.second_launched and _landed(self._works))
+
+    def advance(self, force: bool = False) -> bool:
+        if self.second_launched or not (force or _landed(self._first)):
+            return False
+        for w in self._first:
+            if w is not None:
+                w.wait()
+        self._works = self._launch_second()
+        self.second_launched = True
+        if self._on_second is not None:
+            self._on_second()
+        return True
+
+    def wait(self):
+        self.advance(force=True)
+        return super().wait()
+
+
 class Comm:
-    def __init__(self, topo: Topology, rank: int, distributed: bool = True):
+    """``device`` is where every tensor handed to a collective must live (the runtime device:
+    NCCL/RCCL refuse host tensors). With ``strict`` each collective checks it, so a host tensor
+    fails on CPU exactly where it would fail on a GPU."""
+
+    def __init__(self, topo: Topology, rank: int, distributed: bool = True,
+                 device: torch.device | str = "cpu", strict: bool = False):
         self.topo = topo
         self.rank = rank
         self.distributed = distributed and dist.is_available() and dist.is_initialized()
+        self.device = torch.device(device)
+        self.strict = strict
         self.bytes = {lvl: 0 for lvl in (*LEVELS, "control")}
         self._cache: dict[tuple, Group] = {}
 
@@ -84,9 +137,41 @@ class Comm:
         self._cache[key] = mine
         return mine
 
-    def _charge(self, group: Group, nbytes: int, control: bool = False):
+    def _charge(self, group: Group, nbytes: int, control: bool = False, *tensors: torch.Tensor):
+        if self.strict:
+            for t in tensors:
+                if t.device != self.device:
+                    raise RuntimeError(f"collective on a {t.device} tensor; this process group's "
+                                       f"device is {self.device}")
         if group.size > 1:
             self.bytes["control" if control else group.level] += int(nbytes)
+
+    @property
+    def world(self) -> Group:
+        return self.partition([list(range(self.topo.world_size))])
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        """Copy a (small) device tensor to the host; a meta tensor (dry run) reads as zeros."""
+        if t.device.type == "meta":
+            return torch.zeros(t.shape, dtype=t.dtype)
+        return t.detach().cpu()
+
+    def barrier(self) -> None:
+        """Every rank waits for every other: a one-element all-reduce on the runtime device,
+        read back on the host (works on gloo, NCCL/RCCL and the fake process group alike)."""
+        if self.distributed and self.topo.world_size > 1:
+            t = torch.zeros(1, device=self.device)
+            self.all_reduce(t, self.world, account=False)
+            self.to_host(t)
+
+    def all_reduce_host(self, values, group: Optional[Group] = None, op=dist.ReduceOp.SUM,
+                        dtype=torch.float64) -> list:
+        """All-reduce a few Python numbers through a device tensor (not counted: bookkeeping
+        such as logged losses and counters); returns Python floats."""
+        t = torch.tensor(list(values), dtype=dtype, device=self.device)
+        if self.distributed:
+            self.all_reduce(t, group or self.world, op=op, account=False)
+        return self.to_host(t).tolist()
 
     def reset_counters(self) -> dict:
         out = dict(self.bytes)
@@ -101,7 +186,7 @@ class Comm:
         if d == 1:
             out.copy_(inp.view_as(out))
             return None
-        self._charge(group, inp.numel() * inp.element_size() * (d - 1))
+        self._charge(group, inp.numel() * inp.element_size() * (d - 1), False, out, inp)
         return _all_gather(out, inp, group=group.handle, async_op=async_op)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False):
@@ -109,7 +194,7 @@ class Comm:
         if d == 1:
             out.copy_(inp.view_as(out))
             return None
-        self._charge(group, inp.numel() * inp.element_size() * (d - 1) // d)
+        self._charge(group, inp.numel() * inp.element_size() * (d - 1) // d, False, out, inp)
         return _reduce_scatter(out, inp, group=group.handle, async_op=async_op)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False):
@@ -117,13 +202,13 @@ class Comm:
         if d == 1:
             out.copy_(inp)
             return None
-        self._charge(group, inp.numel() * inp.element_size() * (d - 1) // d)
+        self._charge(group, inp.numel() * inp.element_size() * (d - 1) // d, False, out, inp)
         return dist.all_to_all_single(out, inp, group=group.handle, async_op=async_op)
 
     def all_reduce(self, t: torch.Tensor, group: Group, op=dist.ReduceOp.SUM, async_op=False,
-                   control: bool = False):
+                   control: bool = False, account: bool = True):
         d = group.size
         if d == 1:
             return None
-        self._charge(group, 2 * t.numel() * t.element_size() * (d - 1) // d, control)
+        self._charge(group, 2 * t.numel() * t.element_size() * (d - 1) // d if account else 0, control, t)
         return dist.all_reduce(t, op=op, group=group.handle, async_op=async_op)

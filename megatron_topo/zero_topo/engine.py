@@ -20,7 +20,7 @@ each unit waits for its own at its next gather, so it overlaps the next forward.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -35,16 +35,16 @@ from .unit import ShardedUnit, UnitGroups
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class NonFiniteError(RuntimeError):
-    pass
-
-
 class ZeroTopoEngine:
     def __init__(self, model: nn.Module, units: Sequence[nn.Module], plan: Plan, comm: Comm, *,
                  precision: str = "fp32", lr: float = 1e-3, betas=(0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, grad_clip: float = 0.0, fp16_cfg=None,
                  grad_comm_dtype: Optional[str] = None, kernel_backend: Optional[str] = None,
-                 max_in_flight: int = 2):
+                 max_in_flight: int = 2, device: Optional[torch.device] = None,
+                 init: Optional[Callable[[nn.Module], None]] = None):
+        """``model`` may be built on the meta device (``build_model(cfg, device="meta")``): each
+        unit is then materialised on ``device`` alone, initialised in place by ``init(unit)``,
+        reduced to this rank's shards and freed before the next one (sharded initialisation)."""
         self.module = model
         self.plan = plan
         self.comm = comm
@@ -55,14 +55,18 @@ class ZeroTopoEngine:
         self.max_in_flight = max_in_flight
         self.in_backward = False
         self._last_micro = False
-        self.micro_batches = 0
+        self._grad_scale = 1.0
+        self._in_flight: list[ShardedUnit] = []  # units with a reduction in flight, oldest first
+        # when a list: (event, unit index) of launches and waits against backward progress
+        self.trace: Optional[list] = None
+        self.state_bytes_before_step: dict = {}
         wire = DTYPES[grad_comm_dtype] if grad_comm_dtype else self.dtype
         kernel_backend = None if kernel_backend in (None, "auto") else kernel_backend
         groups = self._make_groups()
         align = L.alignment(self.topo.world_size, self._block_sizes())
         seen: dict[int, str] = {}
-        self.units: list[ShardedUnit] = []
-        for i, mod in enumerate(units):
+        unit_params = []
+        for mod in units:
             params = [(n, p) for n, p in mod.named_parameters() if p.requires_grad]
             for n, p in params:
                 if id(p) in seen:
@@ -71,12 +75,22 @@ class ZeroTopoEngine:
                         f"each unit separately: set no_weight_tying: true"
                     )
                 seen[id(p)] = n
-            if params:
-                self.units.append(ShardedUnit(i, mod, params, plan, comm, groups, self.dtype, align, wire,
-                                              kernel_backend))
+            unit_params.append(params)
         leftovers = [n for n, p in model.named_parameters() if id(p) not in seen and p.requires_grad]
         if leftovers:
             raise ValueError(f"parameters outside every unit: {', '.join(leftovers[:5])}")
+        first = next((p for ps in unit_params for _, p in ps), None)
+        self.device = torch.device(device) if device is not None else (
+            first.device if first is not None else torch.device("cpu"))
+        self.units: list[ShardedUnit] = []
+        for i, (mod, params) in enumerate(zip(units, unit_params)):
+            if not params:
+                continue
+            meta = params[0][1].device.type == "meta"
+            if meta and self.device.type != "meta" and init is None:
+                raise ValueError("the model is on the meta device: pass init= to materialise it unit by unit")
+            self.units.append(ShardedUnit(i, mod, params, plan, comm, groups, self.dtype, align, wire,
+                                          kernel_backend, self.device, init if meta else None))
         self.groups = groups
         self.optimizer = ShardedAdamW([u.master_init for u in self.units],
                                       [u.decay_ranges() for u in self.units],
@@ -156,6 +170,8 @@ class ZeroTopoEngine:
         def pre_backward(grad):
             if not fired["done"]:
                 fired["done"] = True
+                self._event("backward", u)
+                self._poll(limit=self.max_in_flight)
                 u.start_gather(backward=True)
                 u.finish_gather()
                 if prev is not None and self.plan.prefetch:
@@ -176,18 +192,42 @@ class ZeroTopoEngine:
         if u.reduced_this_backward:
             return
         u.reduced_this_backward = True
+        # an earlier unit's 2-hop reduction has had this unit's backward to land its first hop:
+        # its second hop goes out now, before this unit's first hop queues behind it
+        for v in self._in_flight:
+            if v.advance_reduce(force=True):
+                self._event("hop2", v)
+        self._event("launch_reduce", u)
         u.start_reduce(self._grad_scale)
         u.free_full()
         if not u.reduce_handles:  # reduced synchronously: done already
             self._finish_reduce(u)
-        pending = [x for x in self.units if x.reduce_handles]
-        while len(pending) > self.max_in_flight:
-            self._finish_reduce(pending.pop(0))
+        else:
+            self._in_flight.append(u)
+        self._poll(limit=self.max_in_flight)
+
+    def _poll(self, limit: int) -> None:
+        """Finish in-flight reductions oldest first: every one that has landed, and then by
+        waiting while more than ``limit`` are in flight. Called at every gradient hook."""
+        while self._in_flight:
+            u = self._in_flight[0]
+            if len(self._in_flight) <= limit and not u.reduce_landed():
+                break
+            self._in_flight.pop(0)
+            self._finish_reduce(u)
 
     def _finish_reduce(self, u: ShardedUnit):
+        if u.advance_reduce(force=True):
+            self._event("hop2", u)
+        self._event("wait_reduce", u)
         u.wait_reduce()
         if self._last_micro:
+            self._event("combine", u)
             u.start_combine()
+
+    def _event(self, what: str, u: Optional[ShardedUnit] = None) -> None:
+        if self.trace is not None:
+            self.trace.append((what, None if u is None else u.index))
 
     # ---------------------------------------------------------------------------- training API
     def __call__(self, *args, **kw):
@@ -221,19 +261,19 @@ class ZeroTopoEngine:
         self.in_backward = True
         try:
             (loss * self.loss_scale if self.scaler else loss).backward()
+            self._event("autograd_done")
             for u in reversed(self.units):  # units whose parameters got no gradient at all
                 if not u.reduced_this_backward:
                     self._reduce_unit(u)
-            for u in self.units:
-                self._finish_reduce(u)
+            self._poll(limit=0)
         finally:
             self.in_backward = False
             self._last_micro = False
+            self._in_flight.clear()
             for u in self.units:
                 if u.gather_handle is not None:  # a prefetch nobody consumed
                     u.finish_gather()
                 u.free_full()
-        self.micro_batches += 1
 
     @torch.no_grad()
     def step(self, lr: Optional[float] = None) -> dict:
@@ -245,15 +285,16 @@ class ZeroTopoEngine:
         norms = torch.stack(torch._foreach_norm(grads, 2)).double()
         local_sq = norms.pow(2).sum().reshape(1)
         finite = torch.isfinite(local_sq).to(torch.float64)
-        # one scalar all-reduce carries both the squared norm and the overflow flag
+        # one scalar all-reduce carries both the squared norm and the overflow flag; every tensor
+        # here lives on the runtime device (NCCL/RCCL refuse host tensors)
         packed = torch.cat([local_sq.nan_to_num(0.0, 0.0, 0.0), 1.0 - finite])
         self.comm.all_reduce(packed, optim_grp, control=True)
-        bad = torch.tensor([packed[1].item()], dtype=torch.float64)
+        bad = packed[1:].clone()
         self.comm.all_reduce(bad, world, op=torch.distributed.ReduceOp.MAX, control=True)
-        overflow = bad.item() > 0
+        sq_sum, bad_host = self.comm.to_host(torch.cat([packed[:1], bad])).tolist()
+        overflow = bad_host > 0
         scale = self.loss_scale
         stats = {"loss_scale": scale, "skipped": False, "grad_norm": float("nan")}
-        self.micro_batches = 0
         if overflow:
             # which units: a flag per unit, max over every rank (all ranks agreed on overflow)
             bad_units = (~torch.isfinite(norms)).double()
@@ -262,12 +303,12 @@ class ZeroTopoEngine:
                 u.grad_acc.zero_()
             stats["skipped"] = True
             stats["nonfinite"] = True
-            stats["nonfinite_units"] = [i for i, b in enumerate(bad_units.tolist()) if b > 0]
+            stats["nonfinite_units"] = [i for i, b in enumerate(self.comm.to_host(bad_units).tolist()) if b > 0]
             if self.scaler:
                 self.scaler.update(overflow=True)
                 stats["loss_scale"] = self.scaler.scale
             return stats
-        norm = math.sqrt(packed[0].item()) / scale
+        norm = math.sqrt(sq_sum) / scale
         stats["grad_norm"] = norm
         coef = 1.0 / scale
         if self.grad_clip and norm > self.grad_clip:

@@ -8,7 +8,7 @@ exists between a gather and the matching free.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -16,7 +16,7 @@ import torch.nn as nn
 import kernels
 
 from . import layout as L
-from .comm import Comm, Group, Handle
+from .comm import Comm, Group, Handle, TwoStageHandle
 from .plan import Plan
 
 
@@ -46,7 +46,9 @@ class UnitGroups:
 class ShardedUnit:
     def __init__(self, index: int, module: nn.Module, params: list[tuple[str, nn.Parameter]],
                  plan: Plan, comm: Comm, groups: UnitGroups, dtype: torch.dtype, align: int,
-                 grad_comm_dtype: torch.dtype, kernel_backend: Optional[str]):
+                 grad_comm_dtype: torch.dtype, kernel_backend: Optional[str],
+                 device: Optional[torch.device] = None,
+                 init: Optional[Callable[[nn.Module], None]] = None):
         self.index = index
         self.module = module
         self.plan = plan
@@ -68,10 +70,16 @@ class ShardedUnit:
         self.primary_range = lay.primary_range(rank)
         self.grad_range = lay.grad_range(rank)
         self.optim_range = lay.optim_range(rank)
-        device = params[0][1].device
+        device = torch.device(device) if device is not None else params[0][1].device
         self.device = device
-        # the primary shard, filled from the initial full weights (identical on every rank)
-        full = self._flatten_params(dtype=torch.float32)
+        if init is not None:
+            # sharded initialisation: materialise this unit alone, as views of one fp32 buffer,
+            # initialise it in place, keep this rank's shards and drop the rest (below)
+            full = torch.zeros(lay.padded, dtype=torch.float32, device=device)
+            self._rebind_params(full)
+            init(module)
+        else:  # an initialised model: flatten its weights (identical on every rank)
+            full = self._flatten_params(dtype=torch.float32)
         a, b = self.primary_range
         self.primary = full[a:b].to(dtype).clone()
         self.master_init = full[self.optim_range[0]:self.optim_range[1]].clone()  # fp32
@@ -84,7 +92,6 @@ class ShardedUnit:
         self.publish_handle: Optional[Handle] = None
         self.grads_ready = 0
         self.reduced_this_backward = False
-        self.needs_weights_in_backward = True
         if plan.weight_factor == 1:  # replicated weights: the module always views the primary
             self.full = self.primary
             self._set_views(self.primary)
@@ -93,10 +100,20 @@ class ShardedUnit:
 
     # -------------------------------------------------------------------------- params
     def _flatten_params(self, dtype) -> torch.Tensor:
-        out = torch.zeros(self.layout.padded, dtype=dtype, device=self.specs[0].param.device)
+        out = torch.zeros(self.layout.padded, dtype=dtype, device=self.device)
         for s in self.specs:
             out[s.offset:s.offset + s.numel].copy_(s.param.detach().reshape(-1))
         return out
+
+    def _rebind_params(self, full: torch.Tensor):
+        """Replace the (meta) parameters by parameters viewing ``full``: a meta parameter's data
+        cannot be set to a real tensor, so the module gets new Parameter objects."""
+        for s in self.specs:
+            owner, _, leaf = s.name.rpartition(".")
+            mod = self.module.get_submodule(owner) if owner else self.module
+            new = nn.Parameter(full[s.offset:s.offset + s.numel].view(s.shape), requires_grad=s.param.requires_grad)
+            mod._parameters[leaf] = new
+            s.param = new
 
     def _set_views(self, full: torch.Tensor):
         for s in self.specs:
@@ -268,33 +285,32 @@ class ShardedUnit:
         k = gsz // P
         q, sc = kernels.quantize_reordered(G, bits, blk, perm, backend=self.backend)
         rq, rs = torch.empty_like(q), torch.empty_like(sc)
-        w1 = self.comm.all_to_all(rq, q, self.g.node, async_op=True)
-        w2 = self.comm.all_to_all(rs, sc, self.g.node, async_op=True)
-        hop1 = Handle([w1, w2])
-        state = {}
+        first = [self.comm.all_to_all(rq, q, self.g.node, async_op=True),
+                 self.comm.all_to_all(rs, sc, self.g.node, async_op=True)]
+        bufs = {}
 
-        def second_hop():
-            hop1.wait()
+        def second_hop() -> list:
             q2, s2 = kernels.dequantize_sum_requantize(rq.view(P, -1), rs.view(P, -1), bits, blk,
                                                        backend=self.backend)
             rq2, rs2 = torch.empty_like(q2), torch.empty_like(s2)
-            state["works"] = [self.comm.all_to_all(rq2, q2, self.g.two_hop_peers, async_op=True),
-                              self.comm.all_to_all(rs2, s2, self.g.two_hop_peers, async_op=True)]
-            state["bufs"] = (rq2, rs2)
+            bufs["q"], bufs["s"] = rq2, rs2
+            return [self.comm.all_to_all(rq2, q2, self.g.two_hop_peers, async_op=True),
+                    self.comm.all_to_all(rs2, s2, self.g.two_hop_peers, async_op=True)]
 
-        def finish():
-            if "works" not in state:
-                second_hop()
-            for w in state["works"]:
-                if w is not None:
-                    w.wait()
-            rq2, rs2 = state["bufs"]
-            kernels.dequantize_sum(rq2.view(k, -1), rs2.view(k, -1), bits, blk, lay.grad_numel,
+        def finish(_keep=(q, sc)):  # send buffers live until the collectives are done
+            kernels.dequantize_sum(bufs["q"].view(k, -1), bufs["s"].view(k, -1), bits, blk, lay.grad_numel,
                                    out=acc, accumulate=True, backend=self.backend)
 
-        h = Handle([], finish)
-        h.second_hop = second_hop  # launched early by the engine when the first hop lands
-        self.reduce_handles.append(h)
+        self.reduce_handles.append(TwoStageHandle(first, second_hop, finish))
+
+    def reduce_landed(self) -> bool:
+        """Non-blocking: every collective of this unit's reduction has completed."""
+        return all(h.landed() for h in self.reduce_handles)
+
+    def advance_reduce(self, force: bool = False) -> bool:
+        """Launch a 2-hop reduction's second hop once its first hop has landed (``force``:
+        wait for it); True when a hop was launched."""
+        return any([h.advance(force) for h in self.reduce_handles])
 
     def wait_reduce(self) -> None:
         for h in self.reduce_handles:

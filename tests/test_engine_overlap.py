@@ -1,0 +1,60 @@
+"""Overlap in backward, proven by the engine's event trace (order of launches and waits against
+backward progress), not by timing: reductions finish oldest first, each unit's cross-replica
+combine starts right after its reduction lands, ZeRO++'s second hop goes out before the next
+unit's first hop."""
+import pytest
+
+from megatron_topo.config import ZeroTopoConfig
+
+from .dist_utils import run_distributed
+from .engine_cases import batch, loss_fn, make_engine, tiny_cfg
+
+LAYERS = 6  # 8 units: embedding, 6 layers, head
+
+
+def _trace(rank, world, preset):
+    eng = make_engine(rank, world, ZeroTopoConfig(preset=preset), gcds=2, gpus=1,
+                      cfg=tiny_cfg(num_layers=LAYERS))
+    for m in range(2):
+        x, y = batch(0, rank, m, cfg=eng.module.cfg)
+        if m == 1:
+            eng.trace = []
+        eng.backward(loss_fn(eng(x), y) / 2, last_micro_batch=m == 1)
+    trace, eng.trace = eng.trace, None
+    eng.step()
+    return trace, eng.max_in_flight, len(eng.units)
+
+
+def _pos(trace, what, unit):
+    return trace.index((what, unit))
+
+
+@pytest.mark.parametrize("preset", ["topo", "zeropp", "zero3", "mics"])
+def test_reductions_finish_oldest_first_and_combines_start_during_backward(preset):
+    trace, k, n = run_distributed(_trace, 4, preset)[0]  # 2 nodes x 1 GPU x 2 GCDs
+    launches = [u for e, u in trace if e == "launch_reduce"]
+    waits = [u for e, u in trace if e == "wait_reduce"]
+    assert launches == list(reversed(range(n))), trace  # backward order: head first
+    assert waits == launches, trace  # oldest first
+    done = trace.index(("autograd_done", None))
+    for i, u in enumerate(launches):
+        # at most k reductions in flight: unit u is finished no later than the launch k+1 after it
+        if i + k + 1 < n:
+            assert _pos(trace, "wait_reduce", u) < _pos(trace, "launch_reduce", launches[i + k + 1]), (u, trace)
+        if preset in ("topo", "mics"):  # node-sharded gradients: combined across nodes once per step
+            assert _pos(trace, "combine", u) == _pos(trace, "wait_reduce", u) + 1, (u, trace)
+            if i + k < n:  # every combine but the last k starts while autograd is still running
+                assert _pos(trace, "combine", u) < done, (u, trace)
+    if preset in ("topo", "mics"):
+        # the head's combine is in flight before backward reaches the embedding
+        assert _pos(trace, "combine", n - 1) < _pos(trace, "backward", 0), trace
+
+
+def test_zeropp_second_hop_launched_before_the_next_units_first_hop():
+    trace, k, n = run_distributed(_trace, 4, "zeropp")[0]
+    launches = [u for e, u in trace if e == "launch_reduce"]
+    assert sorted(u for e, u in trace if e == "hop2") == sorted(launches)
+    for i, u in enumerate(launches):
+        assert _pos(trace, "hop2", u) < _pos(trace, "wait_reduce", u)
+        if i + 1 < n:
+            assert _pos(trace, "hop2", u) < _pos(trace, "launch_reduce", launches[i + 1]), (u, trace)
