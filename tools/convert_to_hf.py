@@ -10,6 +10,14 @@ checkpoint's own config.yml) and ``model.safetensors`` with the published GPT-Ne
 (``gpt_neox.*`` and ``embed_out.weight``, which transformers >= 5 maps onto ``lm_head``).
 ``--dtype`` picks the stored precision (default fp32: the master weights, bit for bit).
 
+The checkpoint's tokenizer (``data.tokenizer_type``/``vocab_file``/``merge_file``; override them with
+``--tokenizer-type``/``--vocab-file``/``--merge-file`` if the files moved) is written too:
+``tokenizer.json`` + ``tokenizer_config.json`` (and vocab.json + merges.txt or tokenizer.model),
+``generation_config.json``, and bos/eos/pad ids (our EOD) in config.json, so that
+``AutoTokenizer``, ``AutoModelForCausalLM`` and ``pipeline("text-generation")`` take the folder
+as it is. A config tokenizer that cannot be built or has more ids than the model is left out
+with a warning; an override that fails is an error.
+
 The directory is written under a temporary name and renamed; an existing non-empty output is
 never touched without ``--force``. Bad input prints one line on stderr and exits 2.
 """
@@ -38,10 +46,13 @@ def parse_args(argv=None):
     p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--tokenizer-type", default=None, help="override the checkpoint's data.tokenizer_type")
+    p.add_argument("--vocab-file", default=None, help="override data.vocab_file (e.g. the file moved)")
+    p.add_argument("--merge-file", default=None, help="override data.merge_file (GPT2BPETokenizer merges.txt)")
     return p.parse_args(argv)
 
 
-def hf_config_dict(model_cfg, dtype: str) -> dict:
+def hf_config_dict(model_cfg, dtype: str, special_ids=None) -> dict:
     from megatron_topo.model.hf import hf_config_kwargs
 
     kw = hf_config_kwargs(model_cfg)
@@ -55,10 +66,15 @@ def hf_config_dict(model_cfg, dtype: str) -> dict:
     d["torch_dtype"] = DTYPES[dtype]
     d.pop("dtype", None)
     d["dtype"] = DTYPES[dtype]
+    d.update(special_ids or {})  # our EOD as bos/eos (not transformers' default 2), pad
     return d
 
 
-def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = False) -> str:
+def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = False, tokenizer=None,
+            warn=None) -> str:
+    """``tokenizer``: overrides {tokenizer_type, vocab_file, merge_file} of the checkpoint's data
+    config. The tokenizer files are written when the tokenizer can be built and fits the model;
+    otherwise ``warn`` says why (an error if ``tokenizer`` overrides were given)."""
     import torch
     from safetensors.torch import save_file
 
@@ -78,12 +94,21 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
         raise CheckpointError(f"{st['step_dir']}: tied embeddings are not supported by this converter")
     tdt = getattr(torch, DTYPES[dtype])
     weights = {k: v.to(tdt).contiguous() for k, v in to_hf_state_dict(st["params"], "embed_out").items()}
+    tok, special, why = _tokenizer(st, mcfg, tokenizer or {})
+    if why and tokenizer and any(tokenizer.values()):
+        raise CheckpointError(f"tokenizer: {why}")
+    if why and warn is not None:
+        warn(f"no tokenizer written ({why}); pass --tokenizer-type/--vocab-file/--merge-file to add one")
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(output))}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
         with open(os.path.join(tmp, "config.json"), "w") as f:
-            json.dump(hf_config_dict(mcfg, dtype), f, indent=2, sort_keys=True)
+            json.dump(hf_config_dict(mcfg, dtype, special), f, indent=2, sort_keys=True)
+        if tok is not None:
+            from megatron_topo.model.hf import write_hf_tokenizer
+
+            write_hf_tokenizer(tok, tmp, mcfg.vocab_size, mcfg.seq_length)
         save_file(weights, os.path.join(tmp, "model.safetensors"),
                   metadata={"format": "pt", "source": "megatron_topo", "step": str(st["meta"]["step"])})
         umask = os.umask(0)
@@ -103,19 +128,38 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     return output
 
 
+def _tokenizer(st, mcfg, overrides: dict):
+    """(our tokenizer, special ids, None) or (None, None, why not)."""
+    from megatron_topo.config import ConfigError, load_config
+    from megatron_topo.data import DataError
+    from megatron_topo.model.hf import hf_special_ids, tokenizer_from_config
+
+    try:
+        cfg = load_config([os.path.join(st["step_dir"], "config.yml")])
+        tok = tokenizer_from_config(cfg, **overrides)
+        if tok.vocab_size > mcfg.vocab_size:
+            return None, None, f"{tok.name} has {tok.vocab_size} ids, more than the model's {mcfg.vocab_size}"
+        return tok, hf_special_ids(tok), None
+    except (ConfigError, DataError, ImportError, OSError) as e:
+        return None, None, str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     try:
-        out = convert(args.checkpoint, args.output, args.dtype, args.force)
+        out = convert(args.checkpoint, args.output, args.dtype, args.force,
+                      tokenizer={"tokenizer_type": args.tokenizer_type, "vocab_file": args.vocab_file,
+                                 "merge_file": args.merge_file},
+                      warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
         return 2
-    print(f"wrote {out}/config.json and {out}/model.safetensors")
+    print(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}")
     return 0
 
 
