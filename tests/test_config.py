@@ -71,7 +71,7 @@ def test_effective_config_round_trips(tmp_path):
 @pytest.mark.parametrize("text,needle", [
     ("hiden_size: 64\n", "did you mean 'hidden_size'"),
     ("train_iters: [1]\n", "expected an integer"),
-    ("zero_topo: {preset: zero4}\n", "valid: ddp, zero1"),
+    ("zero_topo: {preset: zero4}\n", "use one of ddp, zero1"),
     ("hidden_size: 30\nnum_attention_heads: 4\n", "not divisible"),
 ])
 def test_train_py_exits_with_one_line(tmp_path, text, needle):
