@@ -25,9 +25,9 @@ def normalize_weights(weights: Optional[Sequence[float]], n: int, what: str) -> 
     weights = [float(w) for w in weights]
     if len(weights) != n:
         raise DataError(f"{what}: {len(weights)} weights for {n} datasets; give one weight per path")
-    if any(not w > 0 for w in weights):
-        raise DataError(f"{what}: weights {weights} must all be positive (leave a path out rather than "
-                        f"giving it weight 0)")
+    if any(not (w > 0 and math.isfinite(w)) for w in weights):
+        raise DataError(f"{what}: weights {weights} must all be positive finite numbers (leave a path out "
+                        f"rather than giving it weight 0)")
     total = sum(weights)
     return [w / total for w in weights]
 
@@ -73,6 +73,12 @@ class BlendedDataset(MappedArrays):
     def __init__(self, name: str, datasets: list, weights: Sequence[float], num_samples: int,
                  cache: Optional[IndexCache], cache_key: Optional[dict] = None):
         self.name, self.datasets, self.weights, self.size = name, datasets, list(weights), num_samples
+        from .gpt_dataset import available_memory_bytes
+
+        need, have = num_samples * 9, available_memory_bytes()
+        if need > have:
+            raise DataError(f"{name} blend: {num_samples:,} samples need {need / 2**30:,.1f} GiB of blending "
+                            f"indices, more than the {have / 2**30:,.1f} GiB of memory available; lower train_iters")
 
         def build():
             di, si = build_blending_indices(self.weights, num_samples)

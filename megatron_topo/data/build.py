@@ -92,6 +92,9 @@ def _build(cfg, seq_length, seed, num_samples, vocab_size, may_build: bool):
         prefix = strip_suffix(cfg.data_path)
     ds = open_dataset(prefix)
     ranges = split_ranges(cfg.split, len(ds))
+    if num_samples[0] > 0 and ranges[0][1] <= ranges[0][0]:
+        raise DataError(f"{prefix}: split '{cfg.split}' gives the train split 0 of the {len(ds)} documents; "
+                        f"raise the first share (e.g. 949,50,1) or add data")
     return tuple(None if end <= start or n == 0 else gpt(name, prefix, (start, end), n)
                  for name, (start, end), n in zip(SPLIT_NAMES, ranges, num_samples))
 
@@ -123,6 +126,8 @@ def check_token_range(ds: MMapIndexedDataset, vocab_size: int, cache: Optional[I
                   disable=total < _SCAN_PROGRESS_BYTES) as bar:
             return list(ds.token_id_range(progress=bar.update))
 
+    # keyed on the files' identity (size, inode, mtime, ctime, sampled digest): a .bin rewritten in
+    # place at the same size is scanned again, so out-of-vocabulary ids never reach training
     params = {"prefix": os.path.abspath(ds.prefix), "data": data_fingerprint(ds)}
     if cache is None:
         low, high = scan()

@@ -23,7 +23,7 @@ import numpy as np
 
 from .cache import IndexCache, MappedArrays, short_hash
 from .errors import DataError
-from .indexed_dataset import MMapIndexedDataset, index_file_path
+from .indexed_dataset import MMapIndexedDataset, data_file_path, index_file_path
 
 INDEX_VERSION = 1
 LAST_EPOCH_THRESHOLD = 0.80
@@ -118,10 +118,69 @@ def build_index_mappings(sizes: np.ndarray, documents: np.ndarray, num_samples: 
     return {"doc_idx": doc_idx, "sample_idx": sample_idx, "shuffle_idx": shuffle_idx}
 
 
+FINGERPRINT_VERSION = 2
+_SAMPLE_BLOCK = 1 << 12
+_SAMPLE_BLOCKS = 16
+
+
+def file_identity(path: str) -> dict:
+    """What identifies one file's contents without reading all of it: size, inode, mtime_ns and
+    ctime_ns (any write changes ctime, which no user call can set back) plus a SHA-256 of the
+    first and last 64 KiB and of 16 evenly spaced 4 KiB blocks. A file rewritten in place at the
+    same size, even with its mtime restored, gets another identity."""
+    import hashlib
+
+    st = os.stat(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        size = st.st_size
+        spots = [0, max(0, size - (1 << 16))] + [size * k // _SAMPLE_BLOCKS for k in range(_SAMPLE_BLOCKS)]
+        for i, off in enumerate(spots):
+            f.seek(off)
+            h.update(f.read((1 << 16) if i < 2 else _SAMPLE_BLOCK))
+    return {"bytes": st.st_size, "inode": st.st_ino, "device": st.st_dev, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns, "sampled_sha256": h.hexdigest()}
+
+
 def data_fingerprint(ds: MMapIndexedDataset) -> dict:
-    """What identifies a dataset's contents cheaply (a rewritten dataset changes it)."""
-    return {"idx_bytes": os.path.getsize(index_file_path(ds.prefix)), "bin_bytes": ds.bin_size,
-            "sequences": len(ds), "tokens": ds.num_tokens, "dtype": ds.dtype.name}
+    """What identifies a dataset's contents (caches are keyed on it): both files' identities."""
+    return {"version": FINGERPRINT_VERSION, "idx": file_identity(index_file_path(ds.prefix)),
+            "bin": file_identity(data_file_path(ds.prefix)), "sequences": len(ds), "tokens": ds.num_tokens,
+            "dtype": ds.dtype.name}
+
+
+def index_bytes(tokens_per_epoch: int, num_documents: int, num_samples: int, seq_length: int) -> int:
+    """Bytes of the doc_idx / sample_idx / shuffle_idx arrays ``build_index_mappings`` would make."""
+    epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
+    total = (epochs * tokens_per_epoch - 1) // seq_length
+    return epochs * num_documents * 8 + (total + 1) * 2 * 8 + total * 8
+
+
+def available_memory_bytes() -> int:
+    """MemAvailable (Linux) or physical memory; a large number where neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def check_index_size(prefix: str, name: str, tokens: int, documents: int, num_samples: int, seq_length: int) -> None:
+    """Fail in one line, before allocating anything, when the index arrays cannot fit in memory."""
+    need = index_bytes(tokens, documents, num_samples, seq_length)
+    have = available_memory_bytes()
+    if need > have:
+        epochs = num_epochs_needed(tokens, seq_length, num_samples)
+        raise DataError(f"{prefix}: the {name} split needs {num_samples:,} samples of {seq_length} tokens "
+                        f"({epochs:,} epochs of its {tokens:,} tokens), whose index arrays take "
+                        f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of memory available; "
+                        f"lower train_iters (or eval_iters) or add data")
 
 
 class GPTDataset(MappedArrays):
@@ -137,6 +196,7 @@ class GPTDataset(MappedArrays):
                             f"tokens; a sample needs at least 2 (change split or add data)")
         if num_samples < 1 or seq_length < 1:
             raise DataError(f"{name}: num_samples {num_samples} and seq_length {seq_length} must be >= 1")
+        check_index_size(indexed.prefix, name, tokens, end - start, num_samples, seq_length)
         params = {"version": INDEX_VERSION, "prefix": os.path.abspath(indexed.prefix), "split": name,
                   "documents": [start, end], "num_samples": num_samples, "seq_length": seq_length,
                   "seed": seed, "data": data_fingerprint(indexed)}

@@ -159,6 +159,10 @@ class MMapIndexedDataset:
         if self.bin_size < expect_next:
             raise DataError(f"{data_file_path(self.prefix)}: .bin is {self.bin_size} bytes but the index "
                             f"says {n} sequences need {expect_next} bytes (truncated .bin or wrong .idx)")
+        if self.bin_size > expect_next:  # an .idx and .bin from two different datasets
+            raise DataError(f"{data_file_path(self.prefix)}: .bin is {self.bin_size} bytes but the index "
+                            f"describes exactly {expect_next} bytes ({n} sequences of {self.dtype.name}); the .bin "
+                            f"and .idx come from different datasets (or the .idx is stale); re-run preprocessing")
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
