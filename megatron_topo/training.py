@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import faults
+from . import lifecycle
 from . import metrics as M
 from .config import Config, ConfigError, write_effective_config
 from .model import build_model
@@ -60,10 +61,17 @@ class Runtime:
     device: torch.device
     distributed: bool
     heartbeat: Optional[object] = None  # faults.Heartbeat: names a vanished rank when a collective fails
+    strict: bool = False  # Comm checks that every collective's tensors live on ``device``
 
     def barrier(self):
+        """All ranks wait for each other: a one-element all-reduce on the runtime device read
+        back on the host (``dist.barrier`` needs a CPU backend or a bound device; this works
+        on gloo, NCCL/RCCL and the fake process group alike)."""
         if self.distributed:
-            dist.barrier()
+            t = torch.zeros(1, device=self.device)
+            dist.all_reduce(t)
+            if t.device.type != "meta":
+                t.cpu()
 
 
 def setup_runtime(cfg: Config) -> Runtime:
@@ -131,6 +139,15 @@ def loss_fn(logits, labels):
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
+def dataset_num_samples(cfg: Config, world_size: int) -> tuple[int, int, int]:
+    """(train, valid, test) sample counts a run on ``world_size`` ranks draws: the sizes its
+    index caches are built for (tools/prepare_data.py builds the same ones ahead of a job)."""
+    t, lg = cfg.train, cfg.logging
+    gb = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * world_size
+    evals = (t.train_iters // max(1, lg.eval_interval) + 1) * lg.eval_iters * gb
+    return t.train_iters * gb, evals, lg.eval_iters * gb
+
+
 # ------------------------------------------------------------------------------- trainer
 @dataclass
 class TrainState:
@@ -142,15 +159,19 @@ class TrainState:
 
 
 def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None):
+    """Sharded initialisation: the model is built without storage and the engine materialises,
+    initialises and shards one unit at a time, so no rank ever holds the whole model."""
     t = cfg.train
-    model = build_model(cfg.model, device=rt.device, seed=t.seed)
+    model = build_model(cfg.model, device="meta")
+    model.init_buffers(rt.device)
     plan = plan or resolve_plan(cfg.zero_topo, rt.topo, cfg.zero_optimization)
-    comm = Comm(rt.topo, rt.rank, distributed=rt.distributed)
+    comm = Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
     eng = ZeroTopoEngine(
         model, model.shard_units(), plan, comm, precision=cfg.precision,
         lr=t.optimizer.params.lr, betas=tuple(t.optimizer.params.betas), eps=t.optimizer.params.eps,
         weight_decay=t.weight_decay, grad_clip=t.gradient_clipping, fp16_cfg=t.fp16,
-        kernel_backend=cfg.zero_topo.kernels,
+        kernel_backend=cfg.zero_topo.kernels, device=rt.device,
+        init=lambda unit: model.init_parameters(unit, t.seed),
     )
     return eng
 
@@ -160,14 +181,13 @@ class Trainer:
         self.cfg, self.rt = cfg, rt
         self.log = log if rt.rank == 0 else (lambda *a, **k: None)
         ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
-        if cfg.checkpoint.load:
-            ckpt.resolve(cfg.checkpoint.load)
+        self.resume_from = self._resume_source()  # `load`, `save` under auto_resume, or None: fresh
         seed_everything(cfg.train.seed)
         self.engine = build_engine(cfg, rt)
         self.plan = self.engine.plan
         self.state = TrainState()
-        if cfg.checkpoint.load:  # a bad checkpoint fails before data is built or logs are written
-            self._load(cfg.checkpoint.load)
+        if self.resume_from:  # a bad checkpoint fails before data is built or logs are written
+            self._load(self.resume_from)
         t = cfg.train
         self.batches_per_step = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * rt.world_size
         if datasets is None:
@@ -177,7 +197,11 @@ class Trainer:
                                 rt.world_size, rt.rank, rt.device) if ds is not None else None
         self.train_batches, self.valid_batches = mk(self.train_ds), mk(self.valid_ds)
         lg = cfg.logging
-        self.writer = M.MetricsWriter(lg.log_dir, lg.tensorboard_dir, enabled=rt.rank == 0)
+        # metrics.jsonl belongs to its run: a resumed run appends, a fresh one moves an older file aside
+        self.writer = M.MetricsWriter(lg.log_dir, lg.tensorboard_dir, enabled=rt.rank == 0,
+                                      fresh=not self.resume_from)
+        if self.writer.moved_to:
+            self.log(f"{self.writer.path} held an earlier run's records: moved to {self.writer.moved_to}")
         if rt.rank == 0:
             write_effective_config(cfg, lg.log_dir)
         self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step,
@@ -187,17 +211,38 @@ class Trainer:
     def _build_data(self):
         from .data import build_datasets
 
-        t, lg = self.cfg.train, self.cfg.logging
-        gb = self.batches_per_step
-        evals = (t.train_iters // max(1, lg.eval_interval) + 1) * lg.eval_iters * gb
+        t = self.cfg.train
         return build_datasets(self.cfg.data, seq_length=self.cfg.model.seq_length, seed=t.seed,
-                              num_samples=(t.train_iters * gb, evals, lg.eval_iters * gb),
+                              num_samples=dataset_num_samples(self.cfg, self.rt.world_size),
                               vocab_size=self.cfg.model.vocab_size, is_builder=self.rt.rank == 0,
                               barrier=self.rt.barrier if self.rt.distributed else None)
 
     # ---------------------------------------------------------------- checkpoints
+    def _resume_source(self) -> Optional[str]:
+        """Where this run resumes from: an explicit ``load`` (must exist); else, with
+        ``auto_resume``, the ``save`` folder when it holds a checkpoint; else None (a fresh run,
+        which must not save into a folder holding another run's checkpoints)."""
+        c = self.cfg.checkpoint
+        if c.load:
+            ckpt.resolve(c.load)
+            return c.load
+        if c.save and ckpt.holds_checkpoints(c.save):
+            if c.auto_resume:
+                ckpt.resolve(c.save)
+                return c.save
+            try:
+                latest = f"latest step {ckpt.read_meta(ckpt.resolve(c.save))['step']}"
+            except ckpt.CheckpointError as e:
+                latest = f"unreadable: {e}"
+            raise ckpt.CheckpointError(
+                f"checkpoint.save {c.save} already holds checkpoints ({latest}) and this run starts fresh; "
+                f"resume it with --set load={c.save} or --set auto_resume=true, or save elsewhere with --set save=DIR")
+        if c.auto_resume:
+            self.log(f"no checkpoint in {c.save or '(checkpoint.save unset)'}: starting fresh")
+        return None
+
     def _load(self, path: str):
-        st = ckpt.load(self.engine, path, self.rt.rank)
+        st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg)  # refuses another architecture
         self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
                                 consumed_valid=st.get("consumed_valid", 0))
         if "python_rng" in st:
@@ -213,6 +258,8 @@ class Trainer:
                          "consumed_valid": s.consumed_valid}
         path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.cfg.to_flat_yaml(), self.rt.rank,
                          self.rt.barrier, keep_last=c.keep_last)
+        if getattr(self, "lifecycle", None) is not None:
+            self.lifecycle.saved()  # the time-based interval restarts
         return path
 
     # ---------------------------------------------------------------- steps
@@ -262,29 +309,44 @@ class Trainer:
             return None
         eng = self.engine
         eng.eval()
-        tot = torch.zeros(1, dtype=torch.float64)
+        tot = torch.zeros(1, dtype=torch.float64, device=self.rt.device)
         iters = self.cfg.logging.eval_iters
         for _ in range(iters):
             x, y = self.valid_batches.micro(self.state.consumed_valid, 0)
-            tot += loss_fn(eng(x), y).double().cpu()
+            tot += loss_fn(eng(x), y).double()
             self.state.consumed_valid += self.valid_batches.mb * self.rt.world_size
-        if self.rt.distributed:
-            dist.all_reduce(tot)
         eng.train()
-        return tot.item() / (iters * self.rt.world_size)
+        (total,) = eng.comm.all_reduce_host(eng.comm.to_host(tot).tolist())
+        return total / (iters * self.rt.world_size)
 
     def _reduce_log(self, loss_sum: torch.Tensor, comm_bytes: dict) -> tuple[float, dict]:
-        vec = torch.tensor([loss_sum.item(), comm_bytes["intra_gpu"], comm_bytes["intra_node"],
-                            comm_bytes["inter_node"], comm_bytes["control"]], dtype=torch.float64)
-        if self.rt.distributed:
-            dist.all_reduce(vec)
-        return vec[0].item() / self.rt.world_size, {
+        """Mean loss and summed traffic counters over ranks: one all-reduce of a device tensor
+        (not counted in the traffic it reports)."""
+        comm = self.engine.comm
+        loss = comm.to_host(loss_sum.reshape(1).double()).item()
+        vec = comm.all_reduce_host([loss, comm_bytes["intra_gpu"], comm_bytes["intra_node"],
+                                    comm_bytes["inter_node"], comm_bytes["control"]])
+        return vec[0] / self.rt.world_size, {
             "comm_bytes_intra_gpu": int(vec[1]), "comm_bytes_intra_node": int(vec[2]),
             "comm_bytes_inter_node": int(vec[3]), "comm_bytes_control": int(vec[4])}
 
     def train(self, until: Optional[int] = None) -> dict:
-        """Train to ``train_iters`` (or stop early after step ``until``, saving as at the end)."""
+        """Train to ``train_iters`` (or stop early after step ``until``, saving as at the end).
+
+        SIGTERM, SIGUSR1 and SIGINT stop it after the current step on every rank, saving as at the
+        end; the returned record then has ``stopped_by`` (the signal's name)."""
+        signals = lifecycle.StopSignals().install()
+        try:
+            self.lifecycle = lifecycle.Lifecycle(signals, self.cfg.checkpoint.save_interval_minutes,
+                                                 distributed=self.rt.distributed, device=self.rt.device,
+                                                 rank=self.rt.rank)
+            return self._train(until)
+        finally:
+            signals.restore()
+
+    def _train(self, until: Optional[int]) -> dict:
         cfg, rt, s = self.cfg, self.rt, self.state
+        life = self.lifecycle
         t, lg = cfg.train, cfg.logging
         end = min(t.train_iters, until) if until is not None else t.train_iters
         self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
@@ -297,7 +359,7 @@ class Trainer:
             bar = tqdm(total=t.train_iters, initial=s.step, desc="train", unit="step", dynamic_ncols=True,
                        file=sys.stdout)
         last = {}
-        window_loss = torch.zeros((), dtype=torch.float64)
+        window_loss = torch.zeros((), dtype=torch.float64, device=rt.device)
         window_steps, window_time = 0, 0.0
         self.engine.comm.reset_counters()
         while s.step < end:
@@ -308,11 +370,12 @@ class Trainer:
             window_steps += 1
             if bar is not None:
                 bar.update(1)
+            stop, save_due = life.poll()  # agreed by all ranks: a stop signal, a time-based save
             evals = {}
             if lg.eval_interval and s.step % lg.eval_interval == 0 and self.valid_batches is not None:
                 ev = self.evaluate()
                 evals = {"eval_loss": ev, "eval_ppl": math.exp(min(ev, 50))}
-            if s.step % lg.log_interval == 0 or s.step == end:
+            if s.step % lg.log_interval == 0 or s.step == end or stop:
                 elapsed = window_time
                 loss, comm_bytes = self._reduce_log(window_loss / window_steps, self.engine.comm.reset_counters())
                 step_time = elapsed / window_steps
@@ -343,11 +406,16 @@ class Trainer:
                 self.writer.log(s.step, evals)
                 last.update(evals)
             c = cfg.checkpoint
-            if c.save and c.checkpoint_factor and s.step % c.checkpoint_factor == 0 and s.step < end:
+            if c.save and s.step < end and not stop and (
+                    (c.checkpoint_factor and s.step % c.checkpoint_factor == 0) or save_due):
                 self.save()
+            if stop:
+                break
         if bar is not None:
             bar.close()
         if cfg.checkpoint.save:
             last["checkpoint"] = self.save()
+        if life.stop_signal:
+            last["stopped_by"] = life.stop_name
         self.writer.close()
         return last

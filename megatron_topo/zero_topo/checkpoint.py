@@ -42,6 +42,12 @@ from .. import faults
 
 LATEST = "latest"
 FORMAT_VERSION = 2
+SUPPORTED_FORMATS = (1, 2)  # a missing "format" is 1
+# model keys that change the function the weights compute (resuming with another value is refused;
+# plan, world size, precision, seq_length, dropout and init keys may change: that is resharding/tuning)
+ARCH_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "rotary_pct", "rotary_emb_base",
+             "gpt_j_residual", "no_weight_tying", "norm", "layernorm_epsilon")
+_FAILED = (1 << 64) - 1  # a rank's size record when its write failed
 STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
 _META_KEYS = ("step", "world_size", "plan", "units", "trainer")
 
@@ -77,10 +83,14 @@ def _fsync_dir(path: str):
 
 def _atomic_write_bytes(path: str, data: bytes):
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
     os.replace(tmp, path)
 
 
@@ -99,13 +109,39 @@ def file_digest(path: str) -> tuple[int, str]:
 
 def _atomic_torch_save(obj, path: str) -> tuple[int, str]:
     part = path + ".part"
-    with open(part, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(part, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        _remove_quietly(part)  # a full disk must not keep the half-written file
+        raise
     size, digest = file_digest(part)  # of what is on disk, not of what we meant to write
     os.replace(part, path)
     return size, digest
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _write_failure(e: BaseException, where: str) -> str:
+    """One line for a failed checkpoint write (ENOSPC, EIO, torch's zip writer...)."""
+    if isinstance(e, OSError) and e.strerror:
+        why = e.strerror
+    else:
+        why = re.sub(r"\s+", " ", str(e)).strip()
+        why = re.sub(r"^\[enforce fail at [^\]]*\]\s*\.?\s*", "", why)[:160] or type(e).__name__
+    try:
+        st = os.statvfs(where)
+        free = f"; {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free there"
+    except OSError:
+        free = ""
+    return f"{why}{free}"
 
 
 def check_save_dir(root: Optional[str]) -> None:
@@ -147,13 +183,15 @@ def _gather_digests(engine, item: bytes) -> list[bytes]:
         return [item]
     import torch.distributed as dist
 
-    dev = engine.optimizer.params[0].device
+    dev = engine.comm.device  # NCCL/RCCL only take tensors on the runtime device
     t = torch.tensor(list(item), dtype=torch.uint8, device=dev)
     out = torch.empty(t.numel() * engine.topo.world_size, dtype=torch.uint8, device=dev)
     (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t)
-    raw = out.cpu().numpy().tobytes()
+    raw = engine.comm.to_host(out).numpy().tobytes()
     n = len(item)
-    return [raw[i * n:(i + 1) * n] for i in range(engine.topo.world_size)]
+    records = [raw[i * n:(i + 1) * n] for i in range(engine.topo.world_size)]
+    records[engine.comm.rank] = item  # exact even where the gather carries no data (dry run)
+    return records
 
 
 def _clean_leftovers(root: str, keep: str) -> None:
@@ -205,44 +243,79 @@ def save(engine, root: str, step: int, trainer_state: dict, config_yaml: str, ra
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         "scaler": engine.scaler.state_dict() if engine.scaler else None,
     }
-    size, digest = _atomic_torch_save(payload, rank_file(tmp, rank))
+    try:
+        size, digest = _atomic_torch_save(payload, rank_file(tmp, rank))
+        failure = None
+    except (OSError, RuntimeError) as e:  # a full disk: every rank learns of it through the gather
+        size, digest, failure = _FAILED, "00" * 32, _write_failure(e, tmp)
     faults.maybe_fail("save", rank=rank, step=step)
     records = _gather_digests(engine, size.to_bytes(8, "little") + bytes.fromhex(digest))
-    if rank == 0:
-        files = {os.path.basename(rank_file(tmp, r)): {"bytes": int.from_bytes(rec[:8], "little"),
-                                                       "sha256": rec[8:].hex()}
-                 for r, rec in enumerate(records)}
-        meta = {
-            "format": FORMAT_VERSION,
-            "step": step,
-            "world_size": engine.topo.world_size,
-            "topology": asdict(engine.topo),
-            "plan": asdict(engine.plan),
-            "precision": engine.precision,
-            "shard_holders": engine.plan.optimizer_factor,
-            "units": unit_table(engine),
-            "trainer": trainer_state,
-            "files": files,
-        }
-        _atomic_write_bytes(os.path.join(tmp, "config.yml"), config_yaml.encode())
-        _atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
-        _fsync_dir(tmp)
-        faults.maybe_fail("publish", rank=rank, step=step)
-        if os.path.isdir(final):  # re-saving the same step: move the old one aside first
-            old = final + ".old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            os.replace(tmp, final)
-            _fsync_dir(root)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-            _fsync_dir(root)
-        _atomic_write_bytes(os.path.join(root, LATEST), f"global_step{step}\n".encode())
-        _fsync_dir(root)
-        _prune(root, keep_last, protect=os.path.basename(final))
-    barrier()
+    failed = [r for r, rec in enumerate(records) if int.from_bytes(rec[:8], "little") == _FAILED]
+    if failed:
+        _abandon_save(root, tmp, rank, step, failed, failure)
+    try:
+        if rank == 0:
+            _publish(engine, root, tmp, final, step, trainer_state, config_yaml, records, keep_last)
+        ok = True
+    except OSError as e:
+        ok, failure = False, _write_failure(e, root)
+    status = _gather_digests(engine, bytes([0 if ok else 1]))  # doubles as the closing barrier
+    if any(s[0] for s in status):
+        _abandon_save(root, tmp, rank, step, [r for r, s in enumerate(status) if s[0]], failure)
     return final
+
+
+def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list, failure: Optional[str]) -> None:
+    """Every rank calls it after a failed write: rank 0 removes the partial step; all raise."""
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with open(os.path.join(root, LATEST)) as f:
+            prev = f"the previous checkpoint ({f.read().strip()}) is intact"
+    except OSError:
+        prev = "there is no previous checkpoint"
+    who = f"rank {failed[0]}" + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
+    why = failure or "another rank could not write its file"
+    raise CheckpointError(f"saving step {step} into {root} failed on {who}: {why}; the partial files were "
+                          f"removed and {prev}; free disk space (or set save elsewhere) and resume")
+
+
+def _publish(engine, root, tmp, final, step, trainer_state, config_yaml, records, keep_last) -> None:
+    """Rank 0: meta.json + config.yml, then the atomic renames and ``latest``."""
+    files = {os.path.basename(rank_file(tmp, r)): {"bytes": int.from_bytes(rec[:8], "little"),
+                                                   "sha256": rec[8:].hex()}
+             for r, rec in enumerate(records)}
+    meta = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "world_size": engine.topo.world_size,
+        "topology": asdict(engine.topo),
+        "plan": asdict(engine.plan),
+        "precision": engine.precision,
+        "shard_holders": engine.plan.optimizer_factor,
+        "units": unit_table(engine),
+        "trainer": trainer_state,
+        "files": files,
+    }
+    cfg_bytes = config_yaml.encode()
+    meta["config"] = {"file": "config.yml", "bytes": len(cfg_bytes), "sha256": hashlib.sha256(cfg_bytes).hexdigest()}
+    _atomic_write_bytes(os.path.join(tmp, "config.yml"), cfg_bytes)
+    _atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
+    _fsync_dir(tmp)
+    faults.maybe_fail("publish", rank=0, step=step)
+    if os.path.isdir(final):  # re-saving the same step: move the old one aside first
+        old = final + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    _atomic_write_bytes(os.path.join(root, LATEST), f"global_step{step}\n".encode())
+    _fsync_dir(root)
+    _prune(root, keep_last, protect=os.path.basename(final))
 
 
 def _prune(root: str, keep_last: int, protect: str = ""):
@@ -287,6 +360,14 @@ def resolve(path: str) -> str:
     raise CheckpointError(f"{path}: no meta.json and no '{LATEST}' file; not a checkpoint directory{hint}")
 
 
+def holds_checkpoints(root: Optional[str]) -> bool:
+    """Whether the ``save`` folder ``root`` has a '{LATEST}' file or a global_stepN directory."""
+    if not root or not os.path.isdir(root):
+        return False
+    return os.path.isfile(os.path.join(root, LATEST)) or any(
+        d.startswith("global_step") and d[len("global_step"):].isdigit() for d in os.listdir(root))
+
+
 def read_meta(step_path: str) -> dict:
     path = os.path.join(step_path, "meta.json")
     try:
@@ -299,6 +380,10 @@ def read_meta(step_path: str) -> dict:
     missing = [k for k in _META_KEYS if k not in meta]
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
+    fmt = meta.get("format", 1)
+    if isinstance(fmt, bool) or fmt not in SUPPORTED_FORMATS:
+        raise CheckpointError(f"{path}: checkpoint format {fmt!r} is not supported; this megatron_topo reads formats "
+                              f"{', '.join(map(str, SUPPORTED_FORMATS))} (saved by another version?)")
     try:
         ws = int(meta["world_size"])
         units = meta["units"]
@@ -448,11 +533,67 @@ def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
 
 
 # ------------------------------------------------------------------------------- load
-def load(engine, path: str, rank: int, strict_world: bool = False) -> dict:
-    """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json."""
+def read_config_yaml(sp: str, meta: dict) -> Optional[str]:
+    """The step's config.yml text, checked against the digest meta.json records (None if absent)."""
+    path = os.path.join(sp, "config.yml")
+    if not os.path.isfile(path):
+        if meta.get("config"):
+            raise CheckpointError(f"{path} is missing; meta.json records one")
+        return None
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise CheckpointError(f"{path} is unreadable: {e.strerror or e}") from None
+    rec = meta.get("config")
+    if rec and (len(raw) != rec.get("bytes") or hashlib.sha256(raw).hexdigest() != rec.get("sha256")):
+        raise CheckpointError(f"{path} was changed after the save: its SHA-256 differs from the one recorded in "
+                              f"meta.json (the model it describes may not be the one saved)")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path} is not UTF-8 text") from None
+
+
+def _saved_config(sp: str, meta: dict):
+    """The Config the checkpoint was saved with, or None when it has no config.yml."""
+    from ..config import ConfigError, load_config
+
+    text = read_config_yaml(sp, meta)
+    if text is None:
+        return None
+    try:
+        return load_config([os.path.join(sp, "config.yml")])
+    except ConfigError as e:
+        raise CheckpointError(f"{os.path.join(sp, 'config.yml')}: {e}") from None
+
+
+def check_resume(sp: str, meta: dict, cfg) -> None:
+    """A resume must keep the architecture (every key in ARCH_KEYS; the plan, world size and
+    precision may change) and have steps left to train."""
+    saved = _saved_config(sp, meta)
+    if saved is not None:
+        diff = [f"{k} {getattr(saved.model, k)!r} -> {getattr(cfg.model, k)!r}" for k in ARCH_KEYS
+                if getattr(saved.model, k) != getattr(cfg.model, k)]
+        if diff:
+            raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
+                                  f"resume with the saved values or start a new run (another plan or world size "
+                                  f"is fine)")
+    step = int(meta["step"])
+    if cfg.train.train_iters < step:
+        raise CheckpointError(f"{sp} is at step {step} but train_iters is {cfg.train.train_iters}; set "
+                              f"train_iters above {step} to continue training (nothing was loaded or written)")
+
+
+def load(engine, path: str, rank: int, strict_world: bool = False, config=None) -> dict:
+    """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json.
+    With ``config`` (the run's Config), a changed architecture or a ``train_iters`` below the
+    saved step is refused first."""
     sp = resolve(path)
     meta = read_meta(sp)
     check_compatible(sp, meta, unit_table(engine))
+    if config is not None:
+        check_resume(sp, meta, config)
     same = meta["world_size"] == engine.topo.world_size and meta["plan"] == asdict(engine.plan)
     if strict_world and not same:
         raise CheckpointError(f"{sp}: saved on {meta['world_size']} ranks with another plan")
@@ -504,6 +645,7 @@ def read_full_state(path: str) -> dict:
     """
     sp = resolve(path)
     meta = read_meta(sp)
+    config_yaml = read_config_yaml(sp, meta)  # an edited config.yml fails before any shard is read
     files: dict = {}
     params, optim, steps, units = {}, {}, {}, []
     for i, u in enumerate(meta["units"]):
@@ -516,8 +658,6 @@ def read_full_state(path: str) -> dict:
             if step is not None:
                 optim[name] = {k: full[k][sl].view(*shape).clone() for k in ("exp_avg", "exp_avg_sq")}
                 steps[name] = step
-    cfg_path = os.path.join(sp, "config.yml")
-    config_yaml = open(cfg_path).read() if os.path.isfile(cfg_path) else None
     return {"step_dir": sp, "meta": meta, "config_yaml": config_yaml, "params": params, "optimizer": optim,
             "adam_step": steps, "units": units}
 
