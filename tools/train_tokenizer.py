@@ -5,7 +5,8 @@ style, for --tokenizer-type HFTokenizer) or sentencepiece (.model, for SPMTokeni
     python tools/train_tokenizer.py --input data/pile/00.jsonl.zst --model-type bpe \\
         --vocab-size 50000 --output data/tokenizer.json
 
-Inputs as for preprocess_data.py (.jsonl, .jsonl.zst, text files, directories). Both models get
+Inputs as for preprocess_data.py (.jsonl[.zst|.gz|.xz], .parquet, .arrow, datasets save_to_disk
+folders, text files, directories; comma-separated lists too). Both models get
 an ``<|endoftext|>`` token (the EOD id) and reproduce any text exactly (byte-level alphabet for
 BPE; byte fallback, identity normalization and no dummy prefix for sentencepiece). The output is
 written atomically; bad input prints one line on stderr and exits 1.
@@ -23,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_topo.data import DataError  # noqa: E402
 from megatron_topo.data.errors import error_line  # noqa: E402
 from megatron_topo.data.atomic import commit, remove_quietly, temp_name  # noqa: E402
-from megatron_topo.data.corpus import expand_inputs, iter_documents  # noqa: E402
+from megatron_topo.data.preprocess import expand_sources, iter_source_documents  # noqa: E402
 
 SPECIAL = ["<|endoftext|>", "<|padding|>"]
 SPM_PIECE_CHARS = 2048  # documents are cut at line ends into pieces below sentencepiece's limit
@@ -74,7 +75,8 @@ def train_sentencepiece(texts, vocab_size: int, output: str, model_type: str = "
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--input", nargs="+", required=True, help=".jsonl, .jsonl.zst, text files or directories")
+    p.add_argument("--input", nargs="+", required=True,
+                   help=".jsonl[.zst|.gz|.xz], .parquet, .arrow, datasets folders, text files or directories")
     p.add_argument("--model-type", required=True, choices=["bpe", "sentencepiece"])
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--output", required=True, help="tokenizer.json (bpe) or NAME.model (sentencepiece)")
@@ -92,14 +94,14 @@ def main(argv=None) -> int:
         if args.vocab_size < smallest:
             raise DataError(f"--vocab-size {args.vocab_size}: must be >= {smallest} (the byte alphabet "
                             f"plus special tokens)")
-        files = expand_inputs(args.input)
+        files = expand_sources(args.input)
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
         count, failure = [0], []
 
         def texts():  # a reading error stops training cleanly and is raised afterwards
             try:
-                for text in iter_documents(files, tuple(args.jsonl_keys), args.skip_bad_lines, warn):
+                for text in iter_source_documents(files, tuple(args.jsonl_keys), args.skip_bad_lines, warn):
                     count[0] += 1
                     yield text
             except DataError as e:
