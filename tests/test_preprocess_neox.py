@@ -9,7 +9,6 @@
   ``--tokenizer-model`` and its no-op / refused flags;
 - bad inputs: one ``error:`` line, exit 1, existing output untouched.
 """
-import bz2  # noqa: F401 - (only gzip/lzma/zstd are inputs; bz2 is refused as "not JSON lines")
 import filecmp
 import gzip
 import json

@@ -74,11 +74,6 @@ class Tokenizer:
         ``detokenize``), with the EOD token registered as a special token."""
         raise NotImplementedError
 
-    @property
-    def eod_token(self) -> str:
-        """The EOD id's token string in ``hf_backend()``."""
-        return self.hf_backend().id_to_token(self.eod)
-
 
 class ByteLevelTokenizer(Tokenizer):
     name = "ByteLevel"
