@@ -37,6 +37,9 @@ def main(argv=None) -> int:
         rt = setup_runtime(cfg)
         trainer = Trainer(cfg, rt)
         last = trainer.train()
+    except KeyboardInterrupt:  # Ctrl-C before training started (in it, SIGINT stops after the step and saves)
+        print("error: interrupted before training started; nothing saved", file=sys.stderr)
+        return 130
     except (ConfigError, DataError, CheckpointError, TrainingError) as e:
         if rt is not None and rt.heartbeat is not None:
             rt.heartbeat.stop()  # leaving on purpose: the other ranks must not report this rank as lost
@@ -57,7 +60,10 @@ def main(argv=None) -> int:
         raise
     if rt.heartbeat is not None:
         rt.heartbeat.stop()
-    if rt.rank == 0:
+    if rt.rank == 0 and last.get("stopped_by"):  # SIGTERM/SIGUSR1/SIGINT: saved, exit 0
+        where = f"checkpoint {last['checkpoint']}" if last.get("checkpoint") else "no checkpoint (checkpoint.save is unset)"
+        print(f"stopped by {last['stopped_by']} at step {trainer.state.step}; {where}", flush=True)
+    elif rt.rank == 0:
         lg = cfg.logging
         print(f"done: step {trainer.state.step}, loss {last.get('loss', float('nan')):.4f}")
         print(f"metrics:     {os.path.join(lg.log_dir, 'metrics.jsonl')}")

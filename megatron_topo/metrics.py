@@ -160,19 +160,33 @@ class MetricsWriter:
     directories, files or TensorBoard writer are created). Resuming a run appends to the existing
     file; a last line left unterminated by a crash is closed first so the next record stays on
     its own line. ``tensorboard=False`` (or TensorBoard missing) writes the JSONL only.
+
+    ``fresh=True`` (a run that did not resume from a checkpoint) never appends to another run's
+    records: an existing non-empty ``metrics.jsonl`` is first renamed to ``metrics.jsonl.N`` (the
+    first unused N >= 1; ``self.moved_to`` names it), and so is the default TensorBoard folder.
     """
 
     def __init__(self, log_dir: str, tensorboard_dir: Optional[str] = None, enabled: bool = True, *,
-                 tensorboard: bool = True):
+                 tensorboard: bool = True, fresh: bool = False):
         self.enabled = enabled
         self.log_dir = log_dir
         self.tensorboard_dir = tensorboard_dir or os.path.join(log_dir, "tensorboard")
         self.path = os.path.join(log_dir, METRICS_FILE)
         self._file = None
         self._tb = None
+        self.moved_to = None
         if not enabled:
             return
         os.makedirs(log_dir, exist_ok=True)
+        if fresh and os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
+            n = 1
+            while os.path.exists(f"{self.path}.{n}"):
+                n += 1
+            os.replace(self.path, f"{self.path}.{n}")
+            self.moved_to = f"{self.path}.{n}"
+            if tensorboard_dir is None and os.path.isdir(self.tensorboard_dir) \
+                    and not os.path.exists(f"{self.tensorboard_dir}.{n}"):
+                os.replace(self.tensorboard_dir, f"{self.tensorboard_dir}.{n}")
         needs_newline = False
         if os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
             with open(self.path, "rb") as f:

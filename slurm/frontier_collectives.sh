@@ -3,8 +3,9 @@
 # performance model's ring constants (alpha per step, beta per GCD). The one measurement that
 # settles the model's paper comparison (docs/frontier.md §4): run it on the paper's 48 nodes and
 # pass the printed --set system.latency_inter_node_us=... to tools/perf_model.py.
-#   sbatch slurm/frontier_collectives.sh                   # from the repository root
+#   sbatch slurm/frontier_collectives.sh                   # from any folder
 #   sbatch --nodes=4 slurm/frontier_collectives.sh         # any other scale
+#   sbatch slurm/frontier_collectives.sh --sizes-mb 1,2 --iters 5   # arguments replace the defaults below
 # ============================ edit this block ===================================================
 #SBATCH --account=CHANGEME             # your OLCF project (e.g. abc123)
 #SBATCH --partition=batch
@@ -16,16 +17,24 @@
 #SBATCH -C nvme
 #SBATCH --job-name=collectives
 #SBATCH --output=%x-%j.out
-: "${REPO:=${SLURM_SUBMIT_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}}"  # repository root
-: "${VENV:=$REPO/.venv}"                          # venv with ROCm PyTorch (docs/frontier.md)
-: "${AWS_OFI_RCCL_DIR:=$HOME/aws-ofi-rccl/lib}"   # lib/ of the aws-ofi-rccl plugin build
-: "${PRGENV_MODULE:=PrgEnv-gnu}"
-: "${ROCM_MODULE:=rocm/6.2.4}"
-: "${MASTER_PORT:=29500}"
-: "${SIZES_MB:=16,64,128,256,512,1024}"           # per GCD: all-gather output / reduce-scatter input
-: "${ITERS:=10}"
-: "${OUT_DIR:=runs/collectives-${SLURM_NNODES:-1}n-${SLURM_JOB_ID:-local}}"
+# Results go to WORK_DIR/runs/collectives-<N>n-<job> (WORK_DIR: Orion scratch of --account by
+# default; knobs: the "site settings" block of slurm/frontier_env.sh).
 # ================================================================================================
+# ---- the repository: sbatch runs a copy of this script, so look where the original lives
+if [ -z "${REPO:-}" ]; then
+    for REPO in "$(scontrol show job "${SLURM_JOB_ID:-none}" -o 2>/dev/null | sed -n 's/.* Command=\([^ ]*\).*/\1/p')" \
+                "${SLURM_SUBMIT_DIR:-.}/slurm/x" "${BASH_SOURCE[0]}"; do
+        REPO="$(cd "$(dirname "$REPO")/.." 2>/dev/null && pwd)" && [ -f "$REPO/slurm/frontier_env.sh" ] && break
+    done
+fi
+if [ ! -f "$REPO/slurm/frontier_env.sh" ] || [ ! -f "$REPO/train.py" ]; then
+    echo "slurm: error: REPO=$REPO is not the megatron_topo repository (no slurm/frontier_env.sh, train.py); set REPO=/path/to/megatron_topo" >&2
+    exit 2
+fi
 source "$REPO/slurm/frontier_env.sh"
-echo "collectives: $NODES nodes x $RANKS_PER_NODE GCDs = $NTASKS ranks; sizes $SIZES_MB MB; results $OUT_DIR"
-srun_per_gcd tools/measure_collectives.py --sizes-mb "$SIZES_MB" --iters "$ITERS" --out "$OUT_DIR"
+out="$WORK_DIR/runs/collectives-${NODES}n-${SLURM_JOB_ID:-local}"
+if [ $# -eq 0 ]; then set -- --sizes-mb 16,64,128,256,512,1024 --iters 10; fi
+echo "collectives: $NODES nodes x $RANKS_PER_NODE GCDs = $NTASKS ranks; results $out"
+cd "$WORK_DIR"
+srun_per_gcd "$REPO/tools/measure_collectives.py" "$@" --out "$out" || true
+exit "$LAUNCH_RC"

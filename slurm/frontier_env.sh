@@ -1,46 +1,145 @@
 #!/bin/bash
-# Sourced by the Frontier batch scripts after their "edit this block": modules, the aws-ofi-rccl
-# plugin, RCCL/CXI settings, a per-job MIOpen cache, the env:// rendezvous on the first node, and
-# srun_per_gcd, which starts one task per GCD. Needs REPO, VENV, AWS_OFI_RCCL_DIR, PRGENV_MODULE,
-# ROCM_MODULE and MASTER_PORT (the scripts' top blocks set them).
-set -euo pipefail
-cd "$REPO"
-
-# ---- software environment
-if ! type module >/dev/null 2>&1 && [ -f /usr/share/lmod/lmod/init/bash ]; then
-    source /usr/share/lmod/lmod/init/bash
+# Sourced by the batch scripts (frontier_20b.sh, frontier_10b.sh, frontier_generic.sh,
+# frontier_collectives.sh) once they have found REPO: the site settings below, the work folder,
+# modules, the RCCL network plugin (checked: the library must load), RCCL/libfabric settings with
+# their sources, a per-job MIOpen cache, optional staging of the venv to node-local NVMe, the
+# env:// rendezvous on the first node, srun_per_gcd (one task per GCD; srun
+# in the background, so the batch shell can forward Slurm's warning signal to the ranks).
+#
+# Knobs read from the environment (export them before sbatch, or change the defaults here):
+#   SITE         frontier (default) | local_cpu: no modules, no plugin, gloo on CPU, the tiny model,
+#                ranks per node from the job (--ntasks-per-node); for trying the scripts on any
+#                Slurm cluster and for the test suite (tests/test_slurm_real.py).
+#   WORK_DIR     data, data_cache, runs and checkpoints (not the repository: home quotas are 50 GB)
+#   VENV         the Python environment with ROCm PyTorch
+#   RESUBMIT     how many more jobs to chain when the walltime warning stops training (default 0)
+#   STAGE_VENV   1: copy VENV to node-local NVMe (/mnt/bb/$USER) with sbcast before starting
+#   ROCM_MODULE, PRGENV_MODULE, PLUGIN_MODULE, PLUGIN_DIR, MASTER_PORT, REPO
+# Nothing else comes from the environment: the model, preset, run name, log and checkpoint folders
+# are set by the scripts and their arguments (an exported MODEL_CONFIG changes nothing).
+# ============================ site settings: edit this block ====================================
+: "${SITE:=frontier}"
+if [ "$SITE" = local_cpu ]; then
+    : "${WORK_DIR:=${TMPDIR:-/tmp}/megatron_topo-${USER:-$(id -un)}}"
+else  # Orion (Lustre) scratch of the job's project: /lustre/orion/<project>/scratch/<user>/megatron_topo
+    : "${WORK_DIR:=/lustre/orion/${SLURM_JOB_ACCOUNT:-CHANGEME}/scratch/${USER:-$(id -un)}/megatron_topo}"
 fi
-module load "$PRGENV_MODULE"
-module load "$ROCM_MODULE"
-module load craype-accel-amd-gfx90a
-if [ ! -x "$VENV/bin/python" ]; then
-    echo "slurm: no python in VENV=$VENV; create it (docs/frontier.md) or set VENV" >&2
+: "${VENV:=$REPO/.venv}"                     # venv with ROCm PyTorch (docs/frontier.md §1)
+: "${RESUBMIT:=0}"                           # jobs to chain after a walltime stop (0: none)
+: "${STAGE_VENV:=0}"                         # 1: sbcast the venv to /mnt/bb/$USER (needs -C nvme)
+: "${PRGENV_MODULE:=PrgEnv-gnu}"
+: "${ROCM_MODULE:=rocm/6.2.4}"               # match the ROCm your torch wheel was built for
+: "${PLUGIN_MODULE:=}"                       # a site module providing the RCCL network plugin, loaded after rocm
+                                             # (empty: aws-ofi-nccl for ROCm >= 7, else aws-ofi-rccl, if available)
+: "${PLUGIN_DIR:=$HOME/aws-ofi-rccl/lib}"    # else: lib/ of your own plugin build (librccl-net.so)
+: "${MASTER_PORT:=29500}"
+# ================================================================================================
+set -euo pipefail
+case "$SITE" in frontier|local_cpu) ;; *) echo "slurm: error: SITE=$SITE: expected frontier or local_cpu" >&2; exit 2;; esac
+case "$RESUBMIT" in ''|*[!0-9]*) echo "slurm: error: RESUBMIT=$RESUBMIT: expected a number of jobs (0: none)" >&2; exit 2;; esac
+if ! mkdir -p "$WORK_DIR" 2>/dev/null || [ ! -w "$WORK_DIR" ]; then
+    echo "slurm: error: WORK_DIR=$WORK_DIR cannot be created or written; set WORK_DIR (default: Orion scratch of the job's --account)" >&2
     exit 2
 fi
-if [ ! -d "$AWS_OFI_RCCL_DIR" ]; then
-    echo "slurm: warning: AWS_OFI_RCCL_DIR=$AWS_OFI_RCCL_DIR not found;" \
-         "RCCL falls back to TCP sockets over hsn0 (slow)" >&2
-fi
-export LD_LIBRARY_PATH="$AWS_OFI_RCCL_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # librccl-net.so
-
-# ---- RCCL / libfabric (CXI) settings. [S004] = seed 004 (Singh, Ch. 6 §6.1.1, tuned RCCL and
-# Cray MPICH on Frontier); [OLCF] = OLCF user guide, PyTorch on Frontier (cited there as well).
-export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-hsn0}"     # [OLCF] bootstrap over Slingshot, not mgmt eth
-export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-hsn0}"
-export NCCL_NET_GDR_LEVEL="${NCCL_NET_GDR_LEVEL:-3}"        # [S004] = PHB: GPU-direct RDMA GCD<->NIC on a NUMA node
-export NCCL_CROSS_NIC="${NCCL_CROSS_NIC:-1}"                # [OLCF] rings may use any of the 4 NICs
-export FI_CXI_ATS="${FI_CXI_ATS:-0}"                        # [OLCF] required by aws-ofi-rccl on Frontier
-export FI_CXI_DISABLE_CQ_HUGETLB="${FI_CXI_DISABLE_CQ_HUGETLB:-1}"  # [OLCF] avoid CQ hugepage failures
-export FI_CXI_DEFAULT_CQ_SIZE="${FI_CXI_DEFAULT_CQ_SIZE:-131072}"   # [OLCF] large jobs overflow the default
-export FI_MR_CACHE_MONITOR="${FI_MR_CACHE_MONITOR:-userfaultfd}"    # [OLCF] memory-registration cache
-export FI_CXI_RDZV_THRESHOLD="${FI_CXI_RDZV_THRESHOLD:-0}"  # [S004] no eager messages: faster
-export FI_CXI_RDZV_GET_MIN="${FI_CXI_RDZV_GET_MIN:-0}"      #   large-payload collectives
-export FI_CXI_RDZV_EAGER_SIZE="${FI_CXI_RDZV_EAGER_SIZE:-0}"
-export HSA_ENABLE_SDMA="${HSA_ENABLE_SDMA:-0}"              # [S004] copies by GPU kernels, not SDMA engines
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-7}"
-
-# ---- per-job MIOpen kernel database on node-local storage (a shared $HOME DB locks and corrupts)
 USER_NAME="${USER:-$(id -un)}"
+NODES="${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}"
+
+# ---- software environment
+if [ "$SITE" = frontier ]; then
+    if ! type module >/dev/null 2>&1 && [ -f /usr/share/lmod/lmod/init/bash ]; then
+        source /usr/share/lmod/lmod/init/bash
+    fi
+    module load "$PRGENV_MODULE"
+    module load "$ROCM_MODULE"
+    module load craype-accel-amd-gfx90a
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "slurm: error: no python in VENV=$VENV; create it (docs/frontier.md) or set VENV" >&2
+    exit 2
+fi
+
+# ---- the RCCL network plugin. With ROCm >= 7 aws-ofi-nccl replaces aws-ofi-rccl [LLNL]; a site
+# module is loaded after rocm; the library must load (a plugin built against a libfabric since
+# removed from the system does not): a multi-node run without one stops here instead of letting
+# RCCL fall back to TCP sockets.
+rocm_major() {
+    local v=""
+    [ -n "${ROCM_PATH:-}" ] && [ -f "$ROCM_PATH/.info/version" ] && v="$(cat "$ROCM_PATH/.info/version")"
+    [ -n "$v" ] || v="${ROCM_MODULE#*/}"
+    v="${v%%.*}"
+    case "$v" in ''|*[!0-9]*) echo 6;; *) echo "$v";; esac
+}
+find_net_plugin() {  # prints the first plugin library on LD_LIBRARY_PATH that loads
+    local d lib
+    if [ -n "${NCCL_NET_PLUGIN:-}" ] && [ -f "$NCCL_NET_PLUGIN" ]; then
+        set -- "$NCCL_NET_PLUGIN"
+    else
+        set --
+        local IFS=:
+        for d in ${LD_LIBRARY_PATH:-}; do
+            for lib in "$d/librccl-net.so" "$d/libnccl-net.so"; do [ -f "$lib" ] && set -- "$@" "$lib"; done
+        done
+    fi
+    for lib in "$@"; do
+        if "$VENV/bin/python" -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$lib" 2>/dev/null; then
+            echo "$lib"; return 0
+        fi
+    done
+    return 1
+}
+NET_PLUGIN=""
+if [ "$SITE" = frontier ]; then
+    if [ "$(rocm_major)" -ge 7 ]; then default_plugin=aws-ofi-nccl; else default_plugin=aws-ofi-rccl; fi
+    plugin_module="${PLUGIN_MODULE:-$default_plugin}"
+    if module is-avail "$plugin_module" >/dev/null 2>&1; then
+        module load "$plugin_module"                           # after rocm
+    fi
+    [ -d "$PLUGIN_DIR" ] && export LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    NET_PLUGIN="$(find_net_plugin || true)"
+    if [ -z "$NET_PLUGIN" ] && [ "$NODES" -gt 1 ]; then
+        echo "slurm: error: no loadable RCCL network plugin (librccl-net.so / libnccl-net.so) for ROCm $(rocm_major):" \
+             "no module $plugin_module, and none that loads in PLUGIN_DIR=$PLUGIN_DIR or on LD_LIBRARY_PATH;" \
+             "multi-node RCCL would fall back to TCP sockets (build one: docs/frontier.md §1)" >&2
+        exit 2
+    fi
+fi
+
+# ---- RCCL / libfabric (CXI) settings, each with its source; every one can be overridden by
+# exporting it before sbatch.
+#   [OLCF] OLCF user guide, "PyTorch on Frontier" (docs.olcf.ornl.gov/software/python/pytorch_frontier.html)
+#   [HPE]  HPE Slingshot CCL notes: ccl_env.sh and rccl/rccl_tuning_guide.md (github.com/HewlettPackard/shs-ccl-docs)
+#   [S004] seed 004, Ch. 6 §6.1.1 (tuned RCCL on Frontier)   [LLNL] LLNL HPC-launcher v1.0.4 release notes
+if [ "$SITE" = frontier ]; then
+    export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-hsn0}"            # [OLCF] bootstrap over Slingshot
+    export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-hsn0}"            #   (ours: gloo side channel on the same NIC)
+    export NCCL_NET_GDR_LEVEL="${NCCL_NET_GDR_LEVEL:-PHB}"             # [HPE][OLCF =3][S004] GPU-direct RDMA GCD<->NIC
+    export NCCL_CROSS_NIC="${NCCL_CROSS_NIC:-1}"                       # [HPE][OLCF]
+    export HSA_FORCE_FINE_GRAIN_PCIE="${HSA_FORCE_FINE_GRAIN_PCIE:-1}" # [HPE] peer access to large BARs
+    export FI_MR_CACHE_MONITOR="${FI_MR_CACHE_MONITOR:-userfaultfd}"   # [HPE] memory-registration cache monitor
+    export FI_CXI_DISABLE_HOST_REGISTER="${FI_CXI_DISABLE_HOST_REGISTER:-1}"  # [HPE] avoids RCCL deadlocks
+    export FI_CXI_DEFAULT_CQ_SIZE="${FI_CXI_DEFAULT_CQ_SIZE:-131072}"  # [HPE] large jobs
+    export FI_CXI_DEFAULT_TX_SIZE="${FI_CXI_DEFAULT_TX_SIZE:-2048}"    # [HPE] large jobs, unexpected rendezvous messages
+    export FI_CXI_RDZV_PROTO="${FI_CXI_RDZV_PROTO:-alt_read}"          # [HPE] (needs srun --network=disable_rdzv_get)
+    export FI_CXI_RX_MATCH_MODE="${FI_CXI_RX_MATCH_MODE:-hybrid}"      # [HPE] software matching when hardware runs out
+    export FI_CXI_RDZV_EAGER_SIZE="${FI_CXI_RDZV_EAGER_SIZE:-0}"       # [HPE][S004] no eager data
+    export FI_CXI_RDZV_GET_MIN="${FI_CXI_RDZV_GET_MIN:-0}"             # [HPE][S004]
+    export FI_CXI_RDZV_THRESHOLD="${FI_CXI_RDZV_THRESHOLD:-0}"         # [S004] no eager messages: faster large collectives
+    export HSA_ENABLE_SDMA="${HSA_ENABLE_SDMA:-0}"                     # [S004] copies by GPU kernels, not SDMA engines
+    if [ -n "$NET_PLUGIN" ]; then
+        export NCCL_NET="${NCCL_NET:-AWS Libfabric}"                   # [HPE] RCCL stops instead of falling back to sockets
+    fi
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-7}"                     # ours: --cpus-per-task=7
+    RANKS_PER_NODE=8                                                   # 4 MI250X x 2 GCDs
+    SRUN_SITE_OPTS=(--cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest --network=disable_rdzv_get)  # [OLCF][HPE]
+else
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+    per="${SLURM_NTASKS_PER_NODE:-2}"; per="${per%%(*}"; per="${per%%,*}"
+    RANKS_PER_NODE="$per"
+    SRUN_SITE_OPTS=(--cpus-per-task=1)
+fi
+NTASKS=$((NODES * RANKS_PER_NODE))
+
+# ---- per-job MIOpen kernel database on node-local storage (a shared $HOME DB locks and corrupts) [OLCF]
 if [ -d "/mnt/bb/$USER_NAME" ]; then
     export MIOPEN_USER_DB_PATH="/mnt/bb/$USER_NAME/miopen-${SLURM_JOB_ID:-local}"
 else
@@ -48,22 +147,59 @@ else
 fi
 export MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"       # created on every node by srun_task.sh
 
+# ---- optional: the venv on node-local NVMe (NVMe > Orion >> NFS for Python start-up [OLCF])
+RUN_VENV="$VENV"                                            # the ranks' venv (VENV itself is not changed)
+if [ "$STAGE_VENV" = 1 ]; then
+    stage="/mnt/bb/$USER_NAME"
+    tarball="$WORK_DIR/venv-$(basename "$VENV").tar"
+    if [ ! -f "$tarball" ] || [ -n "$(find "$VENV" -newer "$tarball" -print -quit)" ]; then
+        tar -C "$(dirname "$VENV")" -cf "$tarball.tmp" "$(basename "$VENV")" && mv "$tarball.tmp" "$tarball"
+    fi
+    sbcast --force "$tarball" "$stage/venv.tar"
+    srun --nodes="$NODES" --ntasks-per-node=1 tar -C "$stage" -xf "$stage/venv.tar"
+    RUN_VENV="$stage/$(basename "$VENV")"
+fi
+
 # ---- rendezvous: torch.distributed env:// on the first node of the allocation
 # (no `| head -n 1`: under pipefail a SIGPIPE in scontrol would abort the job)
 HOSTS="$(scontrol show hostnames "${SLURM_NODELIST:?submit with sbatch (or run inside salloc)}")"
-MASTER_ADDR="${HOSTS%%$'\n'*}"
+FIRST_NODE="${HOSTS%%$'\n'*}"
+MASTER_ADDR="$(scontrol show node "$FIRST_NODE" -o 2>/dev/null | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')"
+MASTER_ADDR="${MASTER_ADDR:-$FIRST_NODE}"
 export MASTER_ADDR MASTER_PORT
-
-NODES="${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}"
-RANKS_PER_NODE=8                                            # 4 MI250X x 2 GCDs
-NTASKS=$((NODES * RANKS_PER_NODE))
 
 # One task per GCD. --distribution=block puts ranks 8n..8n+7 on node n (node-major, as
 # megatron_topo.topology expects); with 7 cores per task and --gpu-bind=closest, local ranks
 # 2k and 2k+1 get the two GCDs of one MI250X (the GCD pair of the `topo` preset).
-#   srun_per_gcd SCRIPT.py ARGS...   runs "$VENV/bin/python -u SCRIPT.py ARGS..." on every GCD
+#   srun_per_gcd SCRIPT.py ARGS...   runs "$RUN_VENV/bin/python -u SCRIPT.py ARGS..." on every GCD
+# srun runs in the background and the batch shell waits for it: Slurm's warning (#SBATCH
+# --signal=B:USR1@...) and scancel's SIGTERM reach the batch shell, which forwards them to srun,
+# which passes them to every task. STOP_SIGNAL names the signal that arrived; LAUNCH_RC is srun's
+# exit status (also the function's).
+STOP_SIGNAL=""
+LAUNCH_PID=""
+forward_signal() {
+    STOP_SIGNAL="$1"
+    echo "slurm: got SIG$1 at $(date +%T); forwarding it to the ranks" >&2
+    if [ -n "$LAUNCH_PID" ]; then kill -s "$1" "$LAUNCH_PID" 2>/dev/null || true; fi
+}
+trap 'forward_signal USR1' USR1
+trap 'forward_signal TERM' TERM
 srun_per_gcd() {
-    srun --nodes="$NODES" --ntasks="$NTASKS" --ntasks-per-node="$RANKS_PER_NODE" --cpus-per-task=7 \
-         --gpus-per-task=1 --gpu-bind=closest --distribution=block --kill-on-bad-exit=1 \
-         "$REPO/slurm/srun_task.sh" "$VENV/bin/python" -u "$@"
+    srun --nodes="$NODES" --ntasks="$NTASKS" --ntasks-per-node="$RANKS_PER_NODE" "${SRUN_SITE_OPTS[@]}" \
+         --distribution=block --kill-on-bad-exit=1 \
+         "$REPO/slurm/srun_task.sh" "$RUN_VENV/bin/python" -u "$@" &
+    LAUNCH_PID=$!  # srun itself (a plain command in the background, not a subshell)
+    LAUNCH_RC=0
+    while :; do
+        wait "$LAUNCH_PID" && LAUNCH_RC=0 || LAUNCH_RC=$?
+        # a trapped signal interrupts `wait` (status > 128) while the step still runs
+        if [ "$LAUNCH_RC" -gt 128 ] && kill -0 "$LAUNCH_PID" 2>/dev/null; then continue; fi
+        break
+    done
+    if [ "$LAUNCH_RC" -gt 128 ]; then  # interrupted just as the step ended: its own status, if bash kept it
+        wait "$LAUNCH_PID" 2>/dev/null && LAUNCH_RC=0 || { r=$?; [ "$r" -eq 127 ] || LAUNCH_RC=$r; }
+    fi
+    LAUNCH_PID=""
+    return "$LAUNCH_RC"
 }

@@ -17,4 +17,7 @@ export LOCAL_WORLD_SIZE="$per_node"
 if [ -n "${MIOPEN_USER_DB_PATH:-}" ]; then
     mkdir -p "$MIOPEN_USER_DB_PATH"
 fi
+# Slurm's walltime warning (SIGUSR1, forwarded by the batch script) must not kill a rank that has
+# not yet installed its handler (train.py does when training starts): ignore it until then.
+trap '' USR1
 exec "$@"

@@ -360,6 +360,46 @@ def resolve(path: str) -> str:
     raise CheckpointError(f"{path}: no meta.json and no '{LATEST}' file; not a checkpoint directory{hint}")
 
 
+def _inside(a: str, b: str) -> bool:
+    return a == b or a.startswith(b.rstrip(os.sep) + os.sep)
+
+
+def check_output_outside(checkpoint: str, output: str, flag: str = "--output", scan_limit: int = 10_000) -> None:
+    """For tools that read ``checkpoint`` and write ``output`` (replacing it under --force): refuse
+    an output that is, contains or lies inside the checkpoint (the path given, its step directory
+    and its save folder), that is the working directory or above it, or an existing directory that
+    holds a checkpoint or more than ``scan_limit`` entries (not an earlier export)."""
+    out = os.path.realpath(output)
+    inputs = {os.path.realpath(checkpoint)}
+    try:
+        sp = os.path.realpath(resolve(checkpoint))
+        inputs.add(sp)
+        parent = os.path.dirname(sp)
+        if os.path.isfile(os.path.join(parent, LATEST)) or re.fullmatch(r"global_step\d+(\.old)?", os.path.basename(sp)):
+            inputs.add(parent)
+    except CheckpointError:
+        pass  # the reader reports what is wrong with the checkpoint itself
+    for src in sorted(inputs, key=len):
+        if _inside(out, src) or _inside(src, out):
+            how = "is" if out == src else "lies inside" if _inside(out, src) else "contains"
+            raise CheckpointError(f"{flag} {output} {how} the checkpoint it reads ({src}); write it elsewhere "
+                                  f"(nothing was changed)")
+    if _inside(os.path.realpath(os.getcwd()), out):
+        raise CheckpointError(f"{flag} {output} is the working directory or above it; write it into a new directory")
+    if not os.path.isdir(out):
+        return
+    seen = 0
+    for dirpath, dirs, files in os.walk(out):
+        seen += len(dirs) + len(files)
+        if seen > scan_limit:
+            raise CheckpointError(f"{flag} {output} holds more than {scan_limit:,} entries; it is not an earlier "
+                                  f"export, so it is not replaced: write it elsewhere")
+        marks = [n for n in files if n in (LATEST, "meta.json")] + [d for d in dirs if re.fullmatch(r"global_step\d+", d)]
+        if marks:
+            raise CheckpointError(f"{flag} {output} holds a checkpoint ({os.path.join(dirpath, marks[0])}); "
+                                  f"it is not replaced, even with --force: write it elsewhere")
+
+
 def holds_checkpoints(root: Optional[str]) -> bool:
     """Whether the ``save`` folder ``root`` has a '{LATEST}' file or a global_stepN directory."""
     if not root or not os.path.isdir(root):

@@ -1,0 +1,108 @@
+"""Walltime safety for the training loop.
+
+``StopSignals`` turns SIGTERM, SIGUSR1 and SIGINT into a request to stop: the handler only records
+the signal, the loop finishes its current step, every rank agrees (one MAX all-reduce), the
+trainer saves and ``train.py`` exits 0 with one line. Slurm sends SIGUSR1 ahead of the time limit
+(``#SBATCH --signal=B:USR1@...`` in slurm/, forwarded to the ranks) and SIGTERM when it cancels or
+preempts a job; Ctrl-C is SIGINT.
+
+``Lifecycle.poll`` is the per-step agreement: ``[signal number, time-based save due]`` reduced
+with MAX over all ranks on the runtime device (a CUDA tensor under NCCL). Only rank 0's clock
+decides whether a time-based save is due, so every rank saves at the same step.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class StopSignals:
+    """Install handlers that record the first stop signal (``signum``) instead of dying.
+
+    A second SIGINT while a stop is pending restores the default handler, so a third Ctrl-C
+    interrupts at once. Use as a context manager; the previous handlers come back on exit.
+    Outside the main thread (where Python cannot install handlers) it does nothing.
+    """
+
+    def __init__(self, signals=STOP_SIGNALS):
+        self.signals = tuple(signals)
+        self.signum: Optional[int] = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is None:
+            self.signum = signum
+        elif signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def install(self) -> "StopSignals":
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    def __enter__(self):
+        return self.install()
+
+    def __exit__(self, *exc):
+        self.restore()
+        return False
+
+
+class Lifecycle:
+    """Per-step decisions every rank takes together: stop (a signal reached any rank) and
+    time-based checkpoints (every ``save_interval_minutes`` by rank 0's clock; 0 = off)."""
+
+    def __init__(self, signals: StopSignals, save_interval_minutes: float = 0.0, *, distributed: bool = False,
+                 device=None, rank: int = 0, clock=time.monotonic):
+        if save_interval_minutes < 0:
+            raise ValueError(f"save_interval_minutes {save_interval_minutes} must be >= 0 (0: off)")
+        self.signals = signals
+        self.interval_s = 60.0 * float(save_interval_minutes)
+        self.distributed = distributed
+        self.device = device if device is not None else torch.device("cpu")
+        self.rank = rank
+        self.clock = clock
+        self.last_save = clock()
+        self.stop_signal: Optional[int] = None  # agreed: the signal that stops the run
+
+    def saved(self) -> None:
+        """Restart the time-based interval (call after every checkpoint)."""
+        self.last_save = self.clock()
+
+    def poll(self) -> tuple[bool, bool]:
+        """(stop, time-based save due), the same on every rank. Collective when distributed."""
+        local_sig = self.signals.signum or 0
+        due = 1 if (self.rank == 0 and self.interval_s > 0 and self.clock() - self.last_save >= self.interval_s) else 0
+        if self.distributed:
+            # one tensor on the runtime device: NCCL cannot reduce CPU tensors
+            vec = torch.tensor([local_sig, due], dtype=torch.int32, device=self.device)
+            dist.all_reduce(vec, op=dist.ReduceOp.MAX)
+            local_sig, due = (int(v) for v in vec.tolist())
+        if local_sig and self.stop_signal is None:
+            self.stop_signal = local_sig
+        return bool(local_sig), bool(due)
+
+    @property
+    def stop_name(self) -> Optional[str]:
+        return signal_name(self.stop_signal) if self.stop_signal else None
