@@ -155,26 +155,30 @@ def test_pipeline_generates_like_tools_generate(setup, tmp_path, capsys):
 
 
 def test_tokenizer_problems(setup, tmp_path, capsys):
-    """A config tokenizer that cannot be built or does not fit: the model is exported without one
-    and a warning says why; a bad override is an error and writes nothing."""
+    """A config tokenizer that cannot be built (its file moved) or does not fit: the model is
+    exported without one and a warning says why; a bad override is an error and writes nothing."""
     import shutil
 
-    tmp, files = setup
-    step = tmp_path / "global_step2"
-    shutil.copytree(tmp / "ck" / "global_step2", step)
-    text = (step / "config.yml").read_text()
-    assert "tokenizer_type: ByteLevel\nvocab_file: null\n" in text
-    (step / "config.yml").write_text(text.replace("tokenizer_type: ByteLevel\nvocab_file: null\n",
-                                                  f"tokenizer_type: HFTokenizer\nvocab_file: {tmp_path}/moved.json\n"))
+    _, files = setup
+    moved = tmp_path / "tok.json"
+    shutil.copyfile(files["bpe"], moved)
+    cfg = small_config(tmp_path, **{"train.train_iters": 1})
+    cfg.model.vocab_size = VOCAB
+    cfg.data.tokenizer_type, cfg.data.vocab_file = "HFTokenizer", str(moved)
+    cfg.checkpoint.save = str(tmp_path / "ck")
+    Trainer(cfg, local_runtime(0, 1), datasets=datasets(cfg), log=lambda *a, **k: None).train(until=1)
+    os.remove(moved)
+    out = tmp_path / "out"
+    out.mkdir()
     capsys.readouterr()
-    assert convert_to_hf.main(["--checkpoint", str(step), "--output", str(tmp_path / "a")]) == 0
+    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "a")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("warning: no tokenizer written") and "moved.json" in err[0]
-    assert sorted(os.listdir(tmp_path / "a")) == ["config.json", "model.safetensors"]
+    assert len(err) == 1 and err[0].startswith("warning: no tokenizer written") and "tok.json" in err[0]
+    assert sorted(os.listdir(out / "a")) == ["config.json", "model.safetensors"]
     # the override fixes it
-    assert convert_to_hf.main(["--checkpoint", str(step), "--output", str(tmp_path / "b"), "--vocab-file",
+    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "b"), "--vocab-file",
                                files["bpe"]]) == 0
-    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "b"))
+    hf = transformers.AutoTokenizer.from_pretrained(str(out / "b"))
     assert hf("return the string")["input_ids"] == build_tokenizer("HFTokenizer", files["bpe"]).tokenize(
         "return the string")
     # a tokenizer larger than the model's vocabulary
@@ -183,12 +187,12 @@ def test_tokenizer_problems(setup, tmp_path, capsys):
                                  files["corpus_texts"]]), "--model-type", "bpe", "--vocab-size", "700",
                                  "--output", big]) == 0
     capsys.readouterr()
-    assert convert_to_hf.main(["--checkpoint", str(step), "--output", str(tmp_path / "c"), "--vocab-file",
+    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "c"), "--vocab-file",
                                big]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "700 ids, more than the model's 640" in err[0]
-    assert convert_to_hf.main(["--checkpoint", str(step), "--output", str(tmp_path / "d"), "--tokenizer-type",
-                               "GPT2BPETokenizer", "--vocab-file", files["vocab"]]) == 2
+    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "d"),
+                               "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", files["vocab"]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: tokenizer:") and "merge_file" in err[0]
-    assert not os.path.exists(tmp_path / "c") and not os.path.exists(tmp_path / "d")
+    assert sorted(os.listdir(out)) == ["a", "b"]
