@@ -24,8 +24,9 @@ import generate  # noqa: E402
 import train_tokenizer  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
-VOCAB = 640  # >= every tokenizer below (600 BPE/SPM, 257 ByteLevel, 512 CharLevel, 501 HFGPT2)
-EXTRA = ["x <|endoftext|> y", "  double  spaces  ", "\n\nleading newlines", "mixed 日本 and ascii"]
+VOCAB = 720  # >= every tokenizer below (600/700 BPE/SPM, 257 ByteLevel, 512 CharLevel, 501 HFGPT2)
+EXTRA = ["x <|endoftext|> y", "  double  spaces  ", "\n\nleading newlines", "mixed 日本 and ascii", " ", "\n",
+         "  x  \n  y", "ＡＢＣ full width ①"]
 
 
 def _gpt2_files(directory, corpus_texts):
@@ -60,6 +61,11 @@ def setup(tmp_path_factory):
     assert train_tokenizer.main(["--input", corpus, "--model-type", "sentencepiece", "--spm-model-type", "bpe",
                                  "--vocab-size", "600", "--output", files["spm_bpe"]]) == 0
     files["vocab"], files["merges"] = _gpt2_files(tmp, texts)
+    import sentencepiece as spm  # sentencepiece's defaults (Llama-like): nmt_nfkc, dummy prefix, no byte fallback
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter([t[:4000] for t in texts]), model_prefix=str(tmp / "spm_def"),
+                                   vocab_size=700, minloglevel=2, num_threads=1)
+    files["spm_default"] = str(tmp / "spm_def.model")
     cfg = small_config(tmp, **{"train.train_iters": 2})
     cfg.model.vocab_size = VOCAB
     cfg.checkpoint.save = str(tmp / "ck")
@@ -74,6 +80,7 @@ KINDS = {  # name -> (tokenizer_type, vocab_file key, merge_file key)
     "HFTokenizer": ("HFTokenizer", "bpe", None),
     "SPM-unigram": ("SPMTokenizer", "spm", None),
     "SPM-bpe": ("SPMTokenizer", "spm_bpe", None),
+    "SPM-default": ("SPMTokenizer", "spm_default", None),
     "GPT2BPE": ("GPT2BPETokenizer", "vocab", "merges"),
     "HFGPT2": ("HFGPT2Tokenizer", "vocab", "merges"),
 }
@@ -184,13 +191,13 @@ def test_tokenizer_problems(setup, tmp_path, capsys):
     # a tokenizer larger than the model's vocabulary
     big = str(tmp_path / "big.json")
     assert train_tokenizer.main(["--input", write_jsonl(str(tmp_path / "c.jsonl"), [{"text": t} for t in
-                                 files["corpus_texts"]]), "--model-type", "bpe", "--vocab-size", "700",
+                                 files["corpus_texts"]]), "--model-type", "bpe", "--vocab-size", "800",
                                  "--output", big]) == 0
     capsys.readouterr()
     assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "c"), "--vocab-file",
                                big]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "700 ids, more than the model's 640" in err[0]
+    assert len(err) == 1 and "800 ids, more than the model's 720" in err[0]
     assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "d"),
                                "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", files["vocab"]]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -365,8 +365,8 @@ class SPMTokenizer(Tokenizer):
         steps = []
         if ns.precompiled_charsmap:
             steps.append(normalizers.Precompiled(ns.precompiled_charsmap))
-        if ns.remove_extra_whitespaces:
-            steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
+        if ns.remove_extra_whitespaces:  # sentencepiece: spaces only (not newlines or tabs)
+            steps += [normalizers.Replace(Regex("\\A +| +\\z"), ""), normalizers.Replace(Regex(" {2,}"), " ")]
         if ns.add_dummy_prefix:
             steps.append(normalizers.Prepend("\u2581"))
         if ns.escape_whitespaces or not ns.HasField("escape_whitespaces"):
@@ -374,6 +374,8 @@ class SPMTokenizer(Tokenizer):
         if steps:
             tok.normalizer = normalizers.Sequence(steps)
         dec = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+        if unk >= 0 and m.trainer_spec.unk_surface:  # how sentencepiece writes <unk> back (" \u2047 ")
+            dec.insert(0, decoders.Replace(pieces[unk][0], m.trainer_spec.unk_surface))
         if ns.add_dummy_prefix:
             dec.append(decoders.Strip(" ", 1, 0))
         tok.decoder = decoders.Sequence(dec)
