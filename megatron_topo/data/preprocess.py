@@ -328,12 +328,10 @@ def _dataset_chunks(src: Source, keys, chunk_rows: int) -> Iterator[Chunk]:
         ds = ds[split]
     columns = ds.column_names
     _check_columns(src.path, columns, keys)
-    use = list(keys) if columns is not None else None
     try:
-        if isinstance(ds, datasets.Dataset):
-            batches = ds.select_columns(use).iter(batch_size=chunk_rows)
-        else:
-            batches = ds.iter(batch_size=chunk_rows)
+        if columns is not None:  # read (and, streaming, download) only the text columns
+            ds = ds.select_columns(list(keys))
+        batches = ds.iter(batch_size=chunk_rows)
         yield from _batches_of_rows(src.path, batches, keys, chunk_rows)
     except DataError:
         raise
