@@ -108,6 +108,7 @@ def test_every_container_gives_the_same_bytes(corpus, tmp_path):
             "cache_dir": str(tmp_path / "cache")}),
         "hf_dataset_saved_folder": dict(inputs=[], hf_dataset={"path": str(d / "saved")}),
         "two_workers_gz": dict(inputs=[str(d / "c.jsonl.gz")], workers=2),
+        "two_workers_parquet": dict(inputs=[str(d / "c.parquet")], workers=2),
     }
     for name, kw in cases.items():
         st = _run(kw.pop("inputs"), tmp_path / name, **kw)
