@@ -37,8 +37,8 @@ fi
 set -euo pipefail
 case "$SITE" in frontier|local_cpu) ;; *) echo "slurm: error: SITE=$SITE: expected frontier or local_cpu" >&2; exit 2;; esac
 case "$RESUBMIT" in ''|*[!0-9]*) echo "slurm: error: RESUBMIT=$RESUBMIT: expected a number of jobs (0: none)" >&2; exit 2;; esac
-if ! mkdir -p "$WORK_DIR" 2>/dev/null || [ ! -w "$WORK_DIR" ]; then
-    echo "slurm: error: WORK_DIR=$WORK_DIR cannot be created or written; set WORK_DIR (default: Orion scratch of the job's --account)" >&2
+if [ ! -d "$(dirname "$WORK_DIR")" ] || ! mkdir -p "$WORK_DIR" 2>/dev/null || [ ! -w "$WORK_DIR" ]; then
+    echo "slurm: error: WORK_DIR=$WORK_DIR cannot be created or written (its parent must exist); set WORK_DIR (default: Orion scratch of the job's --account)" >&2
     exit 2
 fi
 USER_NAME="${USER:-$(id -un)}"
