@@ -53,6 +53,9 @@ def resolve_backend(backend: str | None, tensor: torch.Tensor) -> str:
 
 
 def _impl(backend, tensor):
+    if tensor.device.type == "meta":  # dry run: shapes only
+        from . import meta
+        return meta
     return _triton_module() if resolve_backend(backend, tensor) == "triton" else reference
 
 
