@@ -22,7 +22,17 @@ def main(argv=None) -> int:
     ap.add_argument("configs", nargs="+", help="YAML files merged in order")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set train_iters=10 --set zero_topo.preset=zero3")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="run one step's real engine code as one rank on meta tensors and the fake process "
+                         "group (no data, no GPU): prints the config, plan, traffic and memory; last line JSON")
+    ap.add_argument("--world-size", type=int, default=None,
+                    help="with --dry-run: the world to emulate (default: the launcher's)")
+    ap.add_argument("--rank", type=int, default=None, help="with --dry-run: the rank to be (default: the launcher's)")
     args = ap.parse_args(argv)
+    if (args.world_size is not None or args.rank is not None) and not args.dry_run:
+        ap.error("--world-size and --rank go with --dry-run")
+    if args.dry_run:
+        return dry_run(args)
 
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.data import DataError
@@ -65,12 +75,36 @@ def main(argv=None) -> int:
         print(f"stopped by {last['stopped_by']} at step {trainer.state.step}; {where}", flush=True)
     elif rt.rank == 0:
         lg = cfg.logging
-        print(f"done: step {trainer.state.step}, loss {last.get('loss', float('nan')):.4f}")
+        if "loss" in last:
+            print(f"done: step {trainer.state.step}, loss {last['loss']:.4f}")
+        else:
+            print(f"done: step {trainer.state.step} (train_iters reached before this run: nothing to train)")
         print(f"metrics:     {os.path.join(lg.log_dir, 'metrics.jsonl')}")
         print(f"tensorboard: {lg.tensorboard_dir or os.path.join(lg.log_dir, 'tensorboard')}")
         if last.get("checkpoint"):
             print(f"checkpoint:  {last['checkpoint']}")
     return 0
+
+
+def dry_run(args) -> int:
+    from megatron_topo import dryrun
+    from megatron_topo.config import ConfigError, load_config
+    from megatron_topo.topology import launcher_env
+
+    try:
+        cfg = load_config(args.configs, args.overrides)
+        env = launcher_env()
+        world = args.world_size if args.world_size is not None else env["world_size"]
+        rank = args.rank if args.rank is not None else (env["rank"] if args.world_size is None else 0)
+        if world < 1:
+            raise ConfigError(f"--world-size must be >= 1, got {world}")
+        if not 0 <= rank < world:
+            raise ConfigError(f"--rank {rank} is outside the world of {world} ranks; valid 0..{world - 1}")
+        local = env["local_world_size"] if args.world_size is None else None
+        return dryrun.main(cfg, world, rank, local, sys.stdout)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import faults
+from . import faults, preflight
 from . import lifecycle
 from . import metrics as M
 from .config import Config, ConfigError, write_effective_config
@@ -158,11 +158,11 @@ class TrainState:
     extra: dict = field(default_factory=dict)
 
 
-def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None):
+def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None):
     """Sharded initialisation: the model is built without storage and the engine materialises,
     initialises and shards one unit at a time, so no rank ever holds the whole model."""
     t = cfg.train
-    model = build_model(cfg.model, device="meta")
+    model = model if model is not None else build_model(cfg.model, device="meta")
     model.init_buffers(rt.device)
     plan = plan or resolve_plan(cfg.zero_topo, rt.topo, cfg.zero_optimization)
     comm = Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
@@ -183,7 +183,9 @@ class Trainer:
         ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
         self.resume_from = self._resume_source()  # `load`, `save` under auto_resume, or None: fresh
         seed_everything(cfg.train.seed)
-        self.engine = build_engine(cfg, rt)
+        plan = resolve_plan(cfg.zero_topo, rt.topo, cfg.zero_optimization)
+        self.memory_estimate = preflight.check(cfg, plan, rt.topo, rt.device)  # before allocating
+        self.engine = build_engine(cfg, rt, plan)
         self.plan = self.engine.plan
         self.state = TrainState()
         if self.resume_from:  # a bad checkpoint fails before data is built or logs are written
@@ -347,6 +349,7 @@ class Trainer:
     def _train(self, until: Optional[int]) -> dict:
         cfg, rt, s = self.cfg, self.rt, self.state
         life = self.lifecycle
+        start_step = s.step
         t, lg = cfg.train, cfg.logging
         end = min(t.train_iters, until) if until is not None else t.train_iters
         self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
@@ -413,8 +416,10 @@ class Trainer:
                 break
         if bar is not None:
             bar.close()
-        if cfg.checkpoint.save:
+        if cfg.checkpoint.save and (s.step > start_step or not self.resume_from):
             last["checkpoint"] = self.save()
+        elif cfg.checkpoint.save:  # resumed at train_iters: nothing trained, the checkpoint stands
+            last["checkpoint"] = ckpt.resolve(self.resume_from)
         if life.stop_signal:
             last["stopped_by"] = life.stop_name
         self.writer.close()

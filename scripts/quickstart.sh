@@ -7,6 +7,7 @@ bash scripts/setup.sh
 export OMP_NUM_THREADS=1
 RUN=runs/tiny
 .venv/bin/torchrun --standalone --nproc_per_node 8 train.py \
-    configs/tiny.yml configs/topo.yml configs/local_cpu.yml --set log_dir=$RUN --set save=$RUN/checkpoints "$@"
+    configs/tiny.yml configs/topo.yml configs/local_cpu.yml --set log_dir=$RUN --set save=$RUN/checkpoints \
+    --set auto_resume=true "$@"   # a second run continues this one (train_iters reached: nothing to do)
 .venv/bin/python tools/plot_metrics.py "$RUN" --out "$RUN/loss.png"
 echo "plot:        $RUN/loss.png"

@@ -182,6 +182,11 @@ def test_fresh_run_into_a_used_save_folder_stops_and_touches_nothing(cache, tmp_
     rc, out, err = _run(_args(cache, tmp_path, 3, auto_resume="true"), tmp_path)
     assert rc == 0, out + err
     assert f"no checkpoint in {tmp_path / 'ckpt'}: starting fresh" in out
+    meta = tmp_path / "ckpt" / "global_step3" / "meta.json"
+    before = meta.stat().st_mtime_ns
+    rc, out, err = _run(_args(cache, tmp_path, 3, auto_resume="true"), tmp_path, tag="again")
+    assert rc == 0 and "done: step 3 (train_iters reached before this run: nothing to train)" in out, out + err
+    assert meta.stat().st_mtime_ns == before  # nothing trained: the checkpoint is not written again
     snapshot = {p: os.stat(os.path.join(d, p)).st_mtime_ns
                 for d in (tmp_path / "ckpt", tmp_path / "run") for p in os.listdir(d)}
 
