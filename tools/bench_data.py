@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 from megatron_topo.data import DataError  # noqa: E402
 from megatron_topo.data.errors import error_line  # noqa: E402
@@ -49,7 +50,7 @@ def train_bpe_for_bench(inputs, directory: str, vocab_size: int) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--input", nargs="+", default=None, help="corpus files (default: generated stdlib .jsonl.zst)")
     p.add_argument("--mb", type=float, default=8.0, help="size of the generated corpus in MB of source")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])

@@ -26,6 +26,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 import kernels  # noqa: E402
 
 K = 8  # stacked inputs for the fused sum kernels (ranks per node)
@@ -83,7 +84,7 @@ def cases(x: torch.Tensor, block_size: int, backend: str):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes-mib", type=float, nargs="+", default=[1, 16, 64],
                     help="fp32 tensor sizes in MiB (default: 1 16 64)")
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON to this path")

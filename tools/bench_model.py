@@ -33,6 +33,7 @@ import time
 from contextlib import nullcontext
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -201,7 +202,7 @@ class Plain:
 
 # ============================================================================ driver
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", nargs="+", default=None, metavar="YML", help="model YAML(s); flags below override")
     p.add_argument("--num-layers", type=int, default=None)
     p.add_argument("--hidden-size", type=int, default=None)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 from megatron_topo.emulation import (  # noqa: E402
     Cluster, ClusterSpec, EmulationError, Interrupted, check_privileges, format_rate, launch, parse_rate,
@@ -474,7 +475,7 @@ def write_reports(out, rows, meta):
 
 # ------------------------------------------------------------------------------ main
 def build_parser():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--gpus-per-node", type=int, default=2)
     ap.add_argument("--gcds-per-gpu", type=int, default=2)

@@ -97,9 +97,10 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from megatron_topo.zero_topo.checkpoint import CheckpointError
+    from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside
 
     try:
+        check_output_outside(args.checkpoint, args.output)  # never a file of the checkpoint it reads
         outs = consolidate(args.checkpoint, args.output, args.force)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -79,8 +79,10 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     from safetensors.torch import save_file
 
     from megatron_topo.model.hf import to_hf_state_dict
-    from megatron_topo.zero_topo.checkpoint import CheckpointError, load_model_config, read_full_state
+    from megatron_topo.zero_topo.checkpoint import (CheckpointError, check_output_outside, load_model_config,
+                                                    read_full_state)
 
+    check_output_outside(checkpoint, output)  # never the checkpoint, its run folder or a folder above it
     if os.path.exists(output) and not os.path.isdir(output):
         raise CheckpointError(f"--output {output} exists and is not a directory")
     if os.path.isdir(output) and os.listdir(output) and not force:

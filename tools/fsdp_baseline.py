@@ -28,6 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -134,7 +135,7 @@ def param_groups(model, weight_decay: float):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("configs", nargs="+")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--mode", default="full", choices=("full", "hsdp"))

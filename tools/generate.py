@@ -119,15 +119,46 @@ def generate(model, ids: list[int], n: int, greedy: bool, temperature: float, to
     return out[len(ids):]
 
 
+def check_device(name: str) -> str:
+    """'cpu', 'cuda' or 'cuda:N' that exists here; anything else is one line."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise GenerateError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return name
+    if dev.type != "cuda":
+        raise GenerateError(f"--device {name!r}: only cpu and cuda are supported")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        raise GenerateError(f"--device {name}: no GPU is visible; use --device cpu")
+    if dev.index is not None and not 0 <= dev.index < n:
+        raise GenerateError(f"--device {name}: this machine has {n} GPU(s), cuda:0..cuda:{n - 1}")
+    return name
+
+
+def check_args(args) -> None:
+    import math
+
+    if args.max_new_tokens < 0:
+        raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must be >= 0")
+    if not math.isfinite(args.temperature) or args.temperature <= 0:
+        raise GenerateError(f"--temperature {args.temperature}: must be a finite number > 0")
+    if args.top_k < 0:
+        raise GenerateError(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
+    if not 0 <= args.seed < 2**63:
+        raise GenerateError(f"--seed {args.seed}: must lie in [0, 2**63)")
+    check_device(args.device)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     try:
-        if args.max_new_tokens < 0:
-            raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must be >= 0")
-        if not args.greedy and (args.temperature <= 0 or args.top_k < 0):
-            raise GenerateError("--temperature must be > 0 and --top-k >= 0 when sampling; or use --greedy")
+        check_args(args)
         model, cfg = load_model(args.checkpoint, args.device)
         tok, why = build_tokenizer_or_none(cfg)
         if args.prompt is not None:

@@ -16,6 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer  # noqa: E402
 from megatron_topo.data.build import check_token_range  # noqa: E402
@@ -31,7 +32,7 @@ def stats(ds: MMapIndexedDataset) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("prefix", help="dataset prefix (PREFIX.bin/.idx; a .bin or .idx path also works)")
     p.add_argument("--doc", type=int, default=None, help="print document N's token ids as a JSON list")
     p.add_argument("--stats", action="store_true", help="print counts as JSON (the default without --doc)")

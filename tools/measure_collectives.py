@@ -23,6 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -39,7 +40,7 @@ MIB = 2 ** 20
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes-mb", default="16,64,256,1024", help="comma-separated MB per rank")
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated: all_gather, reduce_scatter")
     p.add_argument("--iters", type=int, default=10)

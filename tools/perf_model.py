@@ -36,6 +36,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 from megatron_topo import perf_model as pm  # noqa: E402
 from megatron_topo import perf_sources as sources  # noqa: E402
@@ -54,7 +55,7 @@ BENCH_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", 
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="model YAML (configs/20B.yml)")
     p.add_argument("--system", help="system YAML (configs/frontier.yml; configs/emulated_cpu.yml with --emulated)")
     p.add_argument("--gcds", help="comma-separated GCD (rank) counts, e.g. 8,16,384")

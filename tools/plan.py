@@ -25,10 +25,17 @@ from megatron_topo.config import ConfigError, load_config  # noqa: E402
 from megatron_topo.zero_topo.plan import PRESETS  # noqa: E402
 
 GB = 1e9
+MAX_NODES = 100_000  # larger than any machine; the legal-plan search walks the divisors of nodes x ranks
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + error
+        usage = " ".join(self.format_usage().split())[len("usage: "):]
+        self.exit(2, f"error: {message} (usage: {usage})\n")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _Parser(prog="plan.py", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model YAML (configs/20B.yml)")
     p.add_argument("--system", required=True, help="system YAML (configs/frontier.yml)")
     p.add_argument("--nodes", required=True, type=int, help="number of nodes")
@@ -50,8 +57,14 @@ def plan_dict(plan) -> dict:
 
 
 def run(args) -> dict:
-    if args.nodes < 1:
-        raise ConfigError(f"--nodes must be >= 1, got {args.nodes}")
+    import math
+
+    if not 1 <= args.nodes <= MAX_NODES:
+        raise ConfigError(f"--nodes must lie in [1, {MAX_NODES:,}], got {args.nodes}")
+    if not (math.isfinite(args.reserve_gib) and args.reserve_gib >= 0):
+        raise ConfigError(f"--reserve-gib must be a finite number >= 0, got {args.reserve_gib}")
+    if args.top < 0:
+        raise ConfigError(f"--top must be >= 0, got {args.top}")
     cfg = load_config([args.model, args.system])
     if cfg.system is None:
         raise ConfigError(f"{args.system}: no 'system:' block; use a system YAML such as configs/frontier.yml")
@@ -61,6 +74,9 @@ def run(args) -> dict:
     per_node = cfg.topology.gcds_per_gpu * cfg.topology.gpus_per_node
     topo = pm.topology_for(args.nodes * per_node, cfg.topology)
     mem = system.device_memory_gib * pm.GIB
+    if args.reserve_gib >= system.device_memory_gib:
+        raise ConfigError(f"--reserve-gib {args.reserve_gib:g} leaves nothing of the {system.device_memory_gib:g} GiB "
+                          f"per device; reserve less")
     limit = mem - args.reserve_gib * pm.GIB
     mb, ga, rc = cfg.train.train_micro_batch_size_per_gpu, cfg.train.gradient_accumulation_steps, \
         cfg.model.checkpoint_activations
@@ -131,7 +147,7 @@ def main(argv=None) -> int:
     try:
         r = run(args)
     except (ConfigError, ValueError) as e:
-        print(f"plan.py: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(r, indent=1) if args.json else render(r))
     return 0

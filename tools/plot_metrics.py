@@ -34,8 +34,14 @@ class PlotError(Exception):
     pass
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + error
+        usage = " ".join(self.format_usage().split())[len("usage: "):]
+        self.exit(2, f"error: {message} (usage: {usage})\n")
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = _Parser(prog="plot_metrics.py", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", required=True, metavar="FILE.png", help="output image (PNG)")
     p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per RUN_DIR")
@@ -87,9 +93,24 @@ def load_runs(run_dirs: list[str]) -> list[list[dict]]:
             raise PlotError(f"{d}: no metrics.jsonl in this run directory (expected {path})")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            recs = read_metrics(path, last_per_step=True)
+            try:
+                recs = read_metrics(path)
+            except UnicodeDecodeError as e:
+                raise PlotError(f"{path}: not UTF-8 text (byte {e.start}); is it a metrics.jsonl?") from None
+            except OSError as e:
+                raise PlotError(f"{path}: cannot read it ({e.strerror or e})") from None
         for w in caught:
             print(f"plot_metrics: warning: {w.message}", file=sys.stderr)
+        for r in recs:
+            s = r["step"]
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s != int(s):
+                shown = repr(s) if len(repr(s)) <= 40 else repr(s)[:40] + "..."
+                raise PlotError(f"{path}: a record has step {shown}; steps must be integers (a metrics.jsonl "
+                                f"written by megatron_topo.metrics.MetricsWriter)")
+        by_step: dict = {}
+        for r in recs:  # a resumed run repeats steps: the last record of each step wins
+            by_step.setdefault(int(r["step"]), {}).update(r)
+        recs = [by_step[s] for s in sorted(by_step)]
         if not recs:
             raise PlotError(f"{path}: no records (the file is empty)")
         runs.append(recs)
@@ -169,7 +190,7 @@ def main(argv=None) -> int:
     try:
         out = plot(args.runs, args.out, args.labels, args.smooth, args.metrics, args.title)
     except PlotError as e:
-        print(f"plot_metrics: error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")
     return 0

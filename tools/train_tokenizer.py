@@ -20,6 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 from megatron_topo.data import DataError  # noqa: E402
 from megatron_topo.data.errors import error_line  # noqa: E402
@@ -74,7 +75,7 @@ def train_sentencepiece(texts, vocab_size: int, output: str, model_type: str = "
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--input", nargs="+", required=True,
                    help=".jsonl[.zst|.gz|.xz], .parquet, .arrow, datasets folders, text files or directories")
     p.add_argument("--model-type", required=True, choices=["bpe", "sentencepiece"])
