@@ -197,3 +197,9 @@ def build_model(cfg: ModelConfig, device="cpu", seed: int | None = None) -> GPTN
 
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def unit_numels(cfg: ModelConfig) -> list[int]:
+    """Trainable parameters of each unit the engine wraps (built on the meta device: no memory)."""
+    model = build_model(cfg, device="meta")
+    return [sum(p.numel() for p in u.parameters() if p.requires_grad) for u in model.shard_units()]

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from . import layout as L
+from . import memory
 from .comm import Comm
 from .optimizer import ShardedAdamW
 from .plan import Plan
@@ -63,7 +64,7 @@ class ZeroTopoEngine:
         wire = DTYPES[grad_comm_dtype] if grad_comm_dtype else self.dtype
         kernel_backend = None if kernel_backend in (None, "auto") else kernel_backend
         groups = self._make_groups()
-        align = L.alignment(self.topo.world_size, self._block_sizes())
+        align = L.alignment(self.topo.world_size, memory.block_sizes(plan))
         seen: dict[int, str] = {}
         unit_params = []
         for mod in units:
@@ -102,15 +103,6 @@ class ZeroTopoEngine:
         self._install_hooks()
 
     # ---------------------------------------------------------------------------- setup
-    def _block_sizes(self) -> list[int]:
-        p = self.plan
-        out = []
-        if p.weight_bits < 16 or (p.secondary_degree and p.secondary_bits < 16):
-            out.append(p.quant_block_size)
-        if p.grad_bits < 16:
-            out.append(p.grad_quant_block_size)
-        return out or [16]
-
     def _make_groups(self) -> UnitGroups:
         W, P = self.topo.world_size, self.topo.ranks_per_node
         w, g, o = self.plan.factors
