@@ -107,7 +107,7 @@ fi
 # ---- RCCL / libfabric (CXI) settings, each with its source; every one can be overridden by
 # exporting it before sbatch.
 #   [OLCF] OLCF user guide, "PyTorch on Frontier" (docs.olcf.ornl.gov/software/python/pytorch_frontier.html)
-#   [HPE]  HPE Slingshot CCL notes: ccl_env.sh and rccl/rccl_tuning_guide.md (github.com/HewlettPackard/shs-ccl-docs)
+#   [HPE]  HPE Slingshot CCL notes, shs-ccl-docs: ccl_env.sh and rccl/rccl_tuning_guide.md
 #   [S004] seed 004, Ch. 6 §6.1.1 (tuned RCCL on Frontier)   [LLNL] LLNL HPC-launcher v1.0.4 release notes
 if [ "$SITE" = frontier ]; then
     export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-hsn0}"            # [OLCF] bootstrap over Slingshot
