@@ -1,21 +1,31 @@
 """Block INT8/INT4 quantization kernels (DESIGN.md §5) — the API the ZeRO engine calls.
 
 The format is defined by :mod:`kernels.reference` (pure PyTorch); :mod:`kernels.triton_kernels`
-matches it bit for bit on GPUs (NVIDIA and AMD) and under ``TRITON_INTERPRET=1``.
+matches it bit for bit on GPUs (NVIDIA and AMD) and under ``TRITON_INTERPRET=1``, and
+:mod:`kernels.cpu_fast` (one C pass per block, compiled on first use) matches it on CPUs.
 
 Backend selection, per call:
-1. the ``backend=`` argument if given: ``"triton"``, ``"reference"`` or ``"auto"``;
+1. the ``backend=`` argument if given: ``"triton"``, ``"cpu_fast"``, ``"reference"`` or ``"auto"``;
 2. else the environment variable ``MEGATRON_TOPO_KERNELS`` (same values), read at call time;
 3. ``"auto"`` (the default): GPU tensors (``x.is_cuda``, which includes ROCm) use Triton when it
-   imports, everything else uses the reference.
+   imports, else the reference; CPU tensors use ``cpu_fast`` when it builds and passes its
+   self-check (:func:`cpu_fast_available`), else the reference.
 Forcing ``"triton"`` with CPU tensors only works when the kernels were built for the interpreter
-(``TRITON_INTERPRET=1`` set before ``kernels.triton_kernels`` is first imported).
+(``TRITON_INTERPRET=1`` set before ``kernels.triton_kernels`` is first imported). Forcing
+``"cpu_fast"`` raises when it is unavailable (the reason is in the message).
+
+Timing: :data:`timer` sums the wall time spent inside these calls per process when enabled
+(``timer.enable()``, or ``MEGATRON_TOPO_KERNEL_TIMES`` set: ``1`` counts, a directory also writes
+``kernel_times.<rank>.<pid>.json`` there at exit). For GPU tensors it measures launch time only.
 
 Non-finite inputs propagate (a block with NaN/inf dequantizes to all-NaN); see the reference.
 """
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import time
 
 import torch
 
@@ -24,10 +34,63 @@ from ._common import inverse_permutation, num_blocks, payload_nbytes
 
 __all__ = ["quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
            "quantize_reordered", "inverse_permutation", "payload_nbytes", "num_blocks",
-           "resolve_backend", "triton_available", "ENV_VAR", "BACKENDS"]
+           "resolve_backend", "triton_available", "cpu_fast_available", "ENV_VAR", "BACKENDS",
+           "timer", "TIMES_ENV"]
 
 ENV_VAR = "MEGATRON_TOPO_KERNELS"
-BACKENDS = ("auto", "triton", "reference")
+TIMES_ENV = "MEGATRON_TOPO_KERNEL_TIMES"
+BACKENDS = ("auto", "triton", "cpu_fast", "reference")
+
+
+class KernelTimer:
+    """Per-process totals of the wall time spent in the kernel calls (off unless enabled)."""
+
+    def __init__(self):
+        self.enabled = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls, self.seconds, self.per_op = 0, 0.0, {}
+
+    def enable(self, on: bool = True) -> None:
+        self.enabled = bool(on)
+
+    def add(self, op: str, backend: str, dt: float) -> None:
+        self.calls += 1
+        self.seconds += dt
+        c = self.per_op.setdefault(f"{op}/{backend}", [0, 0.0])
+        c[0] += 1
+        c[1] += dt
+
+    def snapshot(self) -> dict:
+        return {"calls": self.calls, "seconds": self.seconds,
+                "per_op": {k: {"calls": v[0], "seconds": v[1]} for k, v in self.per_op.items()}}
+
+    def write(self, directory: str) -> str:
+        """Write the snapshot (plus rank and pid) as JSON into ``directory``; returns the path."""
+        os.makedirs(directory, exist_ok=True)
+        rank = os.environ.get("RANK", "0")
+        path = os.path.join(directory, f"kernel_times.{rank}.{os.getpid()}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"rank": int(rank) if rank.isdigit() else rank, "pid": os.getpid(),
+                       **self.snapshot()}, f)
+        os.replace(path + ".tmp", path)
+        return path
+
+
+timer = KernelTimer()
+
+
+def _init_timer_from_env() -> None:
+    v = os.environ.get(TIMES_ENV, "").strip()
+    if not v or v == "0":
+        return
+    timer.enable()
+    if v != "1":
+        atexit.register(lambda: timer.write(v))
+
+
+_init_timer_from_env()
 
 
 def _triton_module():
@@ -41,22 +104,51 @@ def triton_available() -> bool:
 
 
 def resolve_backend(backend: str | None, tensor: torch.Tensor) -> str:
-    """'triton' or 'reference' for an op on ``tensor`` (argument > env var > auto)."""
+    """'triton', 'cpu_fast' or 'reference' for an op on ``tensor`` (argument > env var > auto)."""
     source = "backend argument"
     if backend is None:
         backend, source = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto", ENV_VAR
     if backend not in BACKENDS:
         raise ValueError(f"{source} must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "auto":
-        return "triton" if tensor.is_cuda and triton_available() else "reference"
+        if tensor.is_cuda:
+            return "triton" if triton_available() else "reference"
+        if tensor.device.type == "cpu" and cpu_fast_available():
+            return "cpu_fast"
+        return "reference"
     return backend
+
+
+def _cpu_fast_module():
+    from . import cpu_fast  # lazy: the first use compiles (or loads the cached) C library
+    return cpu_fast
+
+
+def cpu_fast_available() -> bool:
+    """True when the cpu_fast C library builds (or is cached), loads and passes its self-check;
+    ``kernels.cpu_fast.unavailable_reason()`` says why not."""
+    return _cpu_fast_module().available()
 
 
 def _impl(backend, tensor):
     if tensor.device.type == "meta":  # dry run: shapes only
         from . import meta
         return meta
-    return _triton_module() if resolve_backend(backend, tensor) == "triton" else reference
+    name = resolve_backend(backend, tensor)
+    if name == "triton":
+        return _triton_module()
+    return _cpu_fast_module() if name == "cpu_fast" else reference
+
+
+def _call(op: str, backend, tensor, *args, **kw):
+    impl = _impl(backend, tensor)
+    if not timer.enabled or tensor.device.type == "meta":
+        return getattr(impl, op)(*args, **kw)
+    t0 = time.perf_counter()
+    try:
+        return getattr(impl, op)(*args, **kw)
+    finally:
+        timer.add(op, impl.__name__.rsplit(".", 1)[-1], time.perf_counter() - t0)
 
 
 def _tensor_arg(t, name):
@@ -68,13 +160,13 @@ def _tensor_arg(t, name):
 def quantize(x: torch.Tensor, bits: int, block_size: int,
              backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Flatten ``x`` (fp32/bf16/fp16) and quantize it -> (payload, fp32 scales)."""
-    return _impl(backend, _tensor_arg(x, "x")).quantize(x, bits, block_size)
+    return _call("quantize", backend, _tensor_arg(x, "x"), x, bits, block_size)
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
                dtype: torch.dtype = torch.float32, backend: str | None = None) -> torch.Tensor:
     """Flat tensor of ``numel`` elements in ``dtype`` (q_fp32 * scale, then cast)."""
-    return _impl(backend, _tensor_arg(q, "q")).dequantize(q, scales, bits, block_size, numel, dtype)
+    return _call("dequantize", backend, _tensor_arg(q, "q"), q, scales, bits, block_size, numel, dtype)
 
 
 def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,
@@ -82,8 +174,8 @@ def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
                    backend: str | None = None) -> torch.Tensor:
     """fp32 sum over k stacked inputs ([k, nbytes], [k, nblocks]) in index order; with
     ``accumulate=True`` returns ``out`` after ``out += sum``; with ``out`` only, writes into it."""
-    return _impl(backend, _tensor_arg(q_stack, "q_stack")).dequantize_sum(
-        q_stack, scales_stack, bits, block_size, numel, out=out, accumulate=accumulate)
+    return _call("dequantize_sum", backend, _tensor_arg(q_stack, "q_stack"), q_stack, scales_stack,
+                 bits, block_size, numel, out=out, accumulate=accumulate)
 
 
 def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
@@ -91,11 +183,11 @@ def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor,
                               out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused dequantize + fp32 sum + quantize (to ``out_bits``, default ``bits``) over all
     nblocks*block_size elements: the intra-node hop of ZeRO++ 2-hop gradient reduction."""
-    return _impl(backend, _tensor_arg(q_stack, "q_stack")).dequantize_sum_requantize(
-        q_stack, scales_stack, bits, block_size, out_bits=out_bits)
+    return _call("dequantize_sum_requantize", backend, _tensor_arg(q_stack, "q_stack"), q_stack,
+                 scales_stack, bits, block_size, out_bits=out_bits)
 
 
 def quantize_reordered(x: torch.Tensor, bits: int, block_size: int, perm,
                        backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut ``x`` into len(perm) equal slices; output slot i holds quantized slice perm[i]."""
-    return _impl(backend, _tensor_arg(x, "x")).quantize_reordered(x, bits, block_size, perm)
+    return _call("quantize_reordered", backend, _tensor_arg(x, "x"), x, bits, block_size, perm)

@@ -36,6 +36,32 @@ def make_input(n, dtype, seed, scale=3.0):
     return (torch.randn(n, generator=g) * mags * scale).to(dtype)
 
 
+SPECIALS = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -3e38, 3e38]
+
+
+def special_input(n, dtype, block_size, seed):
+    """Random data plus: an all-zero and an all -0.0 block, NaN/inf blocks, exact .5 ties
+    (a block with absmax 127 so that x/scale is exactly k + 0.5), subnormals, huge values."""
+    x = make_input(n, dtype, seed).float()
+    nb = -(-n // block_size)
+    g = torch.Generator().manual_seed(seed)
+    for blk in range(nb):
+        lo, hi = blk * block_size, min(n, (blk + 1) * block_size)
+        kind = blk % 6
+        if kind == 1:
+            x[lo:hi] = 0.0 if blk % 12 == 1 else -0.0
+        elif kind == 2:
+            x[lo + int(torch.randint(0, hi - lo, (1,), generator=g))] = SPECIALS[blk % 3]
+        elif kind == 3:
+            x[lo] = 127.0  # scale 1: every other value is an exact tie k + 0.5
+            x[lo + 1:hi] = torch.arange(hi - lo - 1, dtype=torch.float32) % 254 - 126.5
+        elif kind == 4:
+            x[lo:hi] = x[lo:hi] * 1e-39  # subnormal fp32 (zero-ish in bf16/fp16)
+        elif kind == 5 and dtype != torch.float16:
+            x[lo] = SPECIALS[6 + blk % 2]
+    return x.to(dtype)
+
+
 def padded_fp32(x, block_size):
     flat = x.reshape(-1).float()
     nb = R.num_blocks(flat.numel(), block_size)
@@ -285,7 +311,13 @@ def test_argument_validation():
 def test_backend_resolution(monkeypatch):
     x = torch.zeros(4)
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
-    assert kernels.resolve_backend(None, x) == "reference"  # auto on CPU
+    auto_cpu = "cpu_fast" if kernels.cpu_fast_available() else "reference"
+    assert kernels.resolve_backend(None, x) == auto_cpu  # auto on CPU
+    monkeypatch.setattr(kernels, "cpu_fast_available", lambda: False)
+    assert kernels.resolve_backend(None, x) == "reference"  # the fallback
+    monkeypatch.undo()
+    monkeypatch.setenv(kernels.ENV_VAR, "cpu_fast")
+    assert kernels.resolve_backend(None, x) == "cpu_fast"
     monkeypatch.setenv(kernels.ENV_VAR, "triton")
     assert kernels.resolve_backend(None, x) == "triton"  # env read at call time
     assert kernels.resolve_backend("reference", x) == "reference"  # argument wins
@@ -342,3 +374,280 @@ def test_lazy_triton_import_and_cpu_without_interpreter():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=180)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+# ------------------------------------------------------------------ cpu_fast == reference, bit for bit
+from kernels import cpu_fast as CF  # noqa: E402
+
+needs_fast = pytest.mark.skipif(not CF.available(), reason=f"cpu_fast unavailable: {CF.unavailable_reason()}")
+RAW_INT = {torch.float32: (torch.int32, 2 ** 31), torch.bfloat16: (torch.int16, 2 ** 15),
+           torch.float16: (torch.int16, 2 ** 15)}
+
+
+def raw_bits(n, dtype, seed):
+    """Uniformly random bit patterns: every exponent, NaN payloads, infinities, subnormals, -0.0."""
+    it, lim = RAW_INT[dtype]
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-lim, lim, (n,), generator=g, dtype=torch.int64).to(it).view(dtype)
+
+
+def assert_same_ops(x, bits, B, k=2, seed=0):
+    """Every op of cpu_fast equals the reference on x (and k-1 more inputs) bit for bit."""
+    n = x.numel()
+    qr, sr = R.quantize(x, bits, B)
+    qf, sf = CF.quantize(x, bits, B)
+    assert_bitwise_equal(qf, qr)
+    assert_bitwise_equal(sf, sr)
+    for dt in DTYPES:
+        assert_bitwise_equal(CF.dequantize(qr, sr, bits, B, n, dt), R.dequantize(qr, sr, bits, B, n, dt))
+    more = [R.quantize(special_input(n, x.dtype, B, seed + i), bits, B) for i in range(1, k)]
+    qs = torch.stack([qr] + [m[0] for m in more])
+    ss = torch.stack([sr] + [m[1] for m in more])
+    assert_bitwise_equal(CF.dequantize_sum(qs, ss, bits, B, n), R.dequantize_sum(qs, ss, bits, B, n))
+    base = special_input(n, torch.float32, 64, seed + 99)  # NaN/inf/-0.0 already in out
+    o_r, o_f = base.clone(), base.clone()
+    R.dequantize_sum(qs, ss, bits, B, n, out=o_r, accumulate=True)
+    assert CF.dequantize_sum(qs, ss, bits, B, n, out=o_f, accumulate=True) is o_f
+    assert_bitwise_equal(o_f, o_r)
+    o_r, o_f = torch.full((n,), 5.0), torch.full((n,), -7.0)
+    R.dequantize_sum(qs, ss, bits, B, n, out=o_r)
+    assert CF.dequantize_sum(qs, ss, bits, B, n, out=o_f) is o_f
+    assert_bitwise_equal(o_f, o_r)
+    for ob in (8, 4):
+        a, b = (CF.dequantize_sum_requantize(qs, ss, bits, B, out_bits=ob),
+                R.dequantize_sum_requantize(qs, ss, bits, B, out_bits=ob))
+        assert_bitwise_equal(a[0], b[0])
+        assert_bitwise_equal(a[1], b[1])
+
+
+@needs_fast
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [64, 128, 1024, 8192])
+def test_cpu_fast_bit_exact_special_values(bits, dtype, block_size):
+    for i, n in enumerate([1, 63, block_size - 1, block_size, block_size + 1, 3017, 3 * block_size + 5]):
+        assert_same_ops(special_input(n, dtype, block_size, seed=block_size + i), bits, block_size,
+                        k=1 + i % 3, seed=i)
+
+
+@needs_fast
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 20000), bits=st.sampled_from([8, 4]), dtype=st.sampled_from(DTYPES),
+       log_b=st.integers(6, 13), k=st.integers(1, 5), seed=st.integers(0, 2 ** 31),
+       kind=st.sampled_from(["special", "raw", "random"]))
+def test_cpu_fast_hypothesis(n, bits, dtype, log_b, k, seed, kind):
+    x = {"special": special_input, "raw": lambda n, d, b, s: raw_bits(n, d, s),
+         "random": lambda n, d, b, s: make_input(n, d, s)}[kind](n, dtype, 2 ** log_b, seed)
+    assert_same_ops(x, bits, 2 ** log_b, k=k, seed=seed)
+
+
+@needs_fast
+@settings(max_examples=40, deadline=None)
+@given(nb=st.integers(1, 40), bits=st.sampled_from([8, 4]), log_b=st.integers(6, 9),
+       k=st.integers(1, 4), seed=st.integers(0, 2 ** 31))
+def test_cpu_fast_arbitrary_payloads_and_scales(nb, bits, log_b, k, seed):
+    """Dequantization paths on payloads/scales no quantizer would produce: any byte, any fp32 scale
+    (negative, NaN, inf, subnormal, huge: products and sums overflow)."""
+    B = 2 ** log_b
+    g = torch.Generator().manual_seed(seed)
+    width = B if bits == 8 else B // 2
+    q = torch.randint(0, 256, (k, nb * width), generator=g, dtype=torch.int32).to(torch.uint8)
+    q = q.view(torch.int8) if bits == 8 else q
+    s = raw_bits(k * nb, torch.float32, seed).view(k, nb)
+    n = nb * B - int(torch.randint(0, B, (1,), generator=g))
+    for dt in DTYPES:
+        assert_bitwise_equal(CF.dequantize(q[0], s[0], bits, B, n, dt), R.dequantize(q[0], s[0], bits, B, n, dt))
+    assert_bitwise_equal(CF.dequantize_sum(q, s, bits, B, n), R.dequantize_sum(q, s, bits, B, n))
+    base = raw_bits(n, torch.float32, seed + 1)
+    o_r, o_f = base.clone(), base.clone()
+    R.dequantize_sum(q, s, bits, B, n, out=o_r, accumulate=True)
+    CF.dequantize_sum(q, s, bits, B, n, out=o_f, accumulate=True)
+    assert_bitwise_equal(o_f, o_r)
+    for ob in (8, 4):
+        a, b = CF.dequantize_sum_requantize(q, s, bits, B, out_bits=ob), R.dequantize_sum_requantize(
+            q, s, bits, B, out_bits=ob)
+        assert_bitwise_equal(a[0], b[0])
+        assert_bitwise_equal(a[1], b[1])
+
+
+@needs_fast
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cpu_fast_every_16bit_pattern(dtype):
+    """All 65536 input bit patterns quantized; every fp32 product rounded to the 16-bit dtype."""
+    x = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    for bits in (8, 4):
+        for B in (64, 2048):
+            qr, sr = R.quantize(x, bits, B)
+            qf, sf = CF.quantize(x, bits, B)
+            assert_bitwise_equal(qf, qr)
+            assert_bitwise_equal(sf, sr)
+    # dequantize to the 16-bit dtype: q in [-127, 127] times scales from every fp32 exponent,
+    # including products that land on exact ties, in the subnormal range and overflow
+    q = torch.arange(-127, 128, dtype=torch.int8).repeat(4)[:1024]
+    scales = raw_bits(4096, torch.float32, 5).abs()
+    scales[:8] = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 2 ** -24, 2 ** -25, 3 * 2 ** -26,
+                               65520.0 / 127, 65504.0 / 127, 1e-45])
+    for i in range(0, 4096, 64):
+        s = scales[i:i + 64]
+        qq = q.repeat(64)[:64 * 64]
+        assert_bitwise_equal(CF.dequantize(qq, s, 8, 64, 64 * 64, dtype),
+                             R.dequantize(qq, s, 8, 64, 64 * 64, dtype))
+
+
+@needs_fast
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("perm", [[0], [1, 0], [2, 0, 3, 1], [0, 4, 1, 5, 2, 6, 3, 7]])
+def test_cpu_fast_quantize_reordered(bits, dtype, perm):
+    x = special_input(len(perm) * 128 * 3, dtype, 128, seed=len(perm))
+    a, b = CF.quantize_reordered(x, bits, 128, perm), R.quantize_reordered(x, bits, 128, perm)
+    assert_bitwise_equal(a[0], b[0])
+    assert_bitwise_equal(a[1], b[1])
+    with pytest.raises(ValueError, match="not divisible by block_size"):
+        CF.quantize_reordered(x[:len(perm) * 96], bits, 128, perm)
+
+
+@needs_fast
+def test_cpu_fast_strided_inputs_and_threads(monkeypatch):
+    x = make_input(64 * 300, torch.float32, 5).view(300, 64).t()  # non-contiguous
+    for bits in (8, 4):
+        a, b = CF.quantize(x, bits, 128), R.quantize(x, bits, 128)
+        assert_bitwise_equal(a[0], b[0])
+        assert_bitwise_equal(a[1], b[1])
+        qs, ss = zip(*(R.quantize(make_input(4000, torch.bfloat16, i), bits, 64) for i in range(3)))
+        q_nc, s_nc = torch.stack(qs, 1).t(), torch.stack(ss, 1).t()  # [k, ...], not contiguous
+        assert not q_nc.is_contiguous()
+        assert_bitwise_equal(CF.dequantize_sum(q_nc, s_nc, bits, 64, 4000),
+                             R.dequantize_sum(q_nc, s_nc, bits, 64, 4000))
+    # splitting the blocks between threads changes nothing
+    monkeypatch.setattr(CF, "MIN_ELEMS_PER_THREAD", 64)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        for dtype in DTYPES:
+            assert_same_ops(special_input(64 * 37 + 5, dtype, 64, 3), 4, 64, k=3, seed=3)
+            x = special_input(8 * 64 * 5, dtype, 64, 4)
+            a, b = CF.quantize_reordered(x, 8, 64, [3, 1, 0, 2]), R.quantize_reordered(x, 8, 64, [3, 1, 0, 2])
+            assert_bitwise_equal(a[0], b[0])
+            assert_bitwise_equal(a[1], b[1])
+    finally:
+        torch.set_num_threads(prev)
+
+
+@needs_fast
+def test_cpu_fast_is_the_cpu_default_and_errors_match(monkeypatch):
+    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    calls = []
+    orig = CF.quantize
+    monkeypatch.setattr(CF, "quantize", lambda *a, **kw: calls.append(1) or orig(*a, **kw))
+    x = make_input(700, torch.float32, 3)
+    q, s = kernels.quantize(x, 8, 64)
+    assert calls == [1]
+    kernels.quantize(x, 8, 64, backend="reference")
+    monkeypatch.setenv(kernels.ENV_VAR, "reference")
+    kernels.quantize(x, 8, 64)
+    assert calls == [1]
+    monkeypatch.undo()
+    for fn, args in (("quantize", (x.double(), 8, 64)), ("quantize", (x, 3, 64)),
+                     ("dequantize", (q, s, 8, 64, 2000)),
+                     ("dequantize_sum", (torch.stack([q, q]), s[None], 8, 64, 700))):
+        with pytest.raises(ValueError) as fast_err:
+            getattr(CF, fn)(*args)
+        with pytest.raises(ValueError) as ref_err:
+            getattr(R, fn)(*args)
+        assert str(fast_err.value) == str(ref_err.value)
+    q0, s0 = CF.quantize(torch.zeros(0), 4, 64)
+    assert q0.numel() == 0 and s0.numel() == 0 and CF.dequantize(q0, s0, 4, 64, 0).numel() == 0
+
+
+def test_cpu_fast_builds_where_a_compiler_exists():
+    import shutil
+    if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler on this machine")
+    assert CF.available(), CF.unavailable_reason()
+    assert kernels.cpu_fast_available()
+
+
+def _run_py(code, extra_env, timeout=300):
+    env = dict(os.environ, PYTHONPATH=ROOT, **extra_env)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout, r.stderr)
+    return r.stdout
+
+
+def test_cpu_fast_falls_back_without_a_compiler(tmp_path):
+    code = (
+        "import torch, kernels, kernels.cpu_fast as CF\n"
+        "assert not kernels.cpu_fast_available()\n"
+        "assert 'no C compiler' in CF.unavailable_reason(), CF.unavailable_reason()\n"
+        "x = torch.randn(500)\n"
+        "assert kernels.resolve_backend(None, x) == 'reference'\n"
+        "q, s = kernels.quantize(x, 8, 64)\n"
+        "try:\n"
+        "    kernels.quantize(x, 8, 64, backend='cpu_fast')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'cpu_fast kernels unavailable' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('forced cpu_fast without a compiler did not raise')\n"
+        "print('ok')\n")
+    env = {"PATH": str(tmp_path / "nothing"), CF.CACHE_ENV: str(tmp_path / "cache"), "CC": ""}
+    _run_py(code, env)
+
+
+@needs_fast
+@pytest.mark.parametrize("cflags", ["-DMT_NO_F16C", "-DMT_NO_F16C -DMT_NO_FLOAT16"])
+def test_cpu_fast_portable_builds(cflags, tmp_path):
+    """The fp16 conversions without F16C instructions (_Float16, then plain integer code) are what
+    other CPUs/compilers get: same bits, checked on every fp16 pattern and the special values."""
+    code = (
+        "import torch, kernels.cpu_fast as CF\n"
+        "from tests.test_kernels import special_input, assert_same_ops\n"
+        f"assert CF.available(), CF.unavailable_reason()\n"
+        f"assert CF._lib().mt_f16_impl() == {1 if cflags == '-DMT_NO_F16C' else 0}\n"
+        "import tests.test_kernels as T\n"
+        "T.test_cpu_fast_every_16bit_pattern.__wrapped__(torch.float16) if hasattr("
+        "T.test_cpu_fast_every_16bit_pattern, '__wrapped__') else T.test_cpu_fast_every_16bit_pattern(torch.float16)\n"
+        "for B in (64, 1024):\n"
+        "    for bits in (8, 4):\n"
+        "        for n in (1, 3017, 3 * B + 5):\n"
+        "            assert_same_ops(special_input(n, torch.float16, B, n), bits, B, k=3, seed=n)\n"
+        "print('ok')\n")
+    _run_py(code, {CF.CFLAGS_ENV: cflags, CF.CACHE_ENV: str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
+
+
+def test_kernel_timer(tmp_path, monkeypatch):
+    t = kernels.timer
+    was = t.enabled
+    t.reset()
+    t.enable()
+    try:
+        x = make_input(5000, torch.float32, 1)
+        q, s = kernels.quantize(x, 8, 64)
+        kernels.dequantize(q, s, 8, 64, 5000, backend="reference")
+        kernels.quantize(x.to("meta"), 8, 64)  # shapes only: not timed
+        snap = t.snapshot()
+        assert snap["calls"] == 2 and snap["seconds"] > 0
+        fast = "cpu_fast" if kernels.cpu_fast_available() else "reference"
+        assert set(snap["per_op"]) == {f"quantize/{fast}", "dequantize/reference"}
+        assert abs(sum(v["seconds"] for v in snap["per_op"].values()) - snap["seconds"]) < 1e-9
+    finally:
+        t.enable(was)
+        t.reset()
+    t.add("x", "y", 1.0)
+    t.reset()
+    before = t.calls
+    kernels.quantize(torch.zeros(64), 8, 64)
+    assert t.calls == before  # disabled: nothing counted
+    out = tmp_path / "times"
+    code = ("import torch, kernels\n"
+            "q, s = kernels.quantize(torch.randn(1000), 4, 64)\n"
+            "kernels.dequantize_sum(q[None], s[None], 4, 64, 1000)\n"
+            "print('ok')\n")
+    _run_py(code, {kernels.TIMES_ENV: str(out), "RANK": "3"})
+    import json
+    files = list(out.glob("kernel_times.3.*.json"))
+    assert len(files) == 1
+    rec = json.loads(files[0].read_text())
+    assert rec["rank"] == 3 and rec["calls"] == 2 and rec["seconds"] > 0
+    assert {k.split("/")[0] for k in rec["per_op"]} == {"quantize", "dequantize_sum"}

@@ -35,7 +35,8 @@ if not T.available() or not T.interpreted():
 
 import kernels  # noqa: E402
 from kernels import reference as R  # noqa: E402
-from tests.test_kernels import DTYPES, assert_bitwise_equal, make_input  # noqa: E402
+from tests.test_kernels import (DTYPES, assert_bitwise_equal, make_input,  # noqa: E402
+                                special_input)
 
 
 # inputs near the fp32 maximum legitimately overflow to inf (fp16 outputs, sums); numpy says so
@@ -51,32 +52,6 @@ def _interpret_env():
         os.environ.pop("TRITON_INTERPRET", None)
     else:
         os.environ["TRITON_INTERPRET"] = _prev
-
-
-SPECIALS = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -3e38, 3e38]
-
-
-def special_input(n, dtype, block_size, seed):
-    """Random data plus: an all-zero and an all -0.0 block, NaN/inf blocks, exact .5 ties
-    (a block with absmax 127 so that x/scale is exactly k + 0.5), subnormals, huge values."""
-    x = make_input(n, dtype, seed).float()
-    nb = -(-n // block_size)
-    g = torch.Generator().manual_seed(seed)
-    for blk in range(nb):
-        lo, hi = blk * block_size, min(n, (blk + 1) * block_size)
-        kind = blk % 6
-        if kind == 1:
-            x[lo:hi] = 0.0 if blk % 12 == 1 else -0.0
-        elif kind == 2:
-            x[lo + int(torch.randint(0, hi - lo, (1,), generator=g))] = SPECIALS[blk % 3]
-        elif kind == 3:
-            x[lo] = 127.0  # scale 1: every other value is an exact tie k + 0.5
-            x[lo + 1:hi] = torch.arange(hi - lo - 1, dtype=torch.float32) % 254 - 126.5
-        elif kind == 4:
-            x[lo:hi] = x[lo:hi] * 1e-39  # subnormal fp32 (zero-ish in bf16/fp16)
-        elif kind == 5 and dtype != torch.float16:
-            x[lo] = SPECIALS[6 + blk % 2]
-    return x.to(dtype)
 
 
 def both(fn, *args, **kw):
@@ -172,7 +147,7 @@ def test_dispatch_forced_triton(monkeypatch):
     x = make_input(700, torch.float32, 3)
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
     kernels.quantize(x, 8, 64)
-    assert calls == []  # auto on CPU -> reference
+    assert calls == []  # auto on CPU -> cpu_fast or the reference, never triton
     kernels.quantize(x, 8, 64, backend="triton")
     assert calls == [1]
     monkeypatch.setenv(kernels.ENV_VAR, "triton")
