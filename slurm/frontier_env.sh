@@ -13,8 +13,8 @@
 #   WORK_DIR     data, data_cache, runs and checkpoints (not the repository: home quotas are 50 GB)
 #   VENV         the Python environment with ROCm PyTorch
 #   RESUBMIT     how many more jobs to chain when the walltime warning stops training (default 0)
-#   STAGE_VENV   1: copy VENV to node-local NVMe (/mnt/bb/$USER) with sbcast before starting
-#   ROCM_MODULE, PRGENV_MODULE, PLUGIN_MODULE, PLUGIN_DIR, MASTER_PORT, REPO
+#   STAGE_VENV   1: copy VENV to node-local NVMe (NVME_DIR, default /mnt/bb/$USER) with sbcast first
+#   ROCM_MODULE, PRGENV_MODULE, PLUGIN_MODULE, PLUGIN_DIR, MASTER_PORT, NVME_DIR, SRUN_NETWORK, REPO
 # Nothing else comes from the environment: the model, preset, run name, log and checkpoint folders
 # are set by the scripts and their arguments (an exported MODEL_CONFIG changes nothing).
 # ============================ site settings: edit this block ====================================
@@ -26,13 +26,15 @@ else  # Orion (Lustre) scratch of the job's project: /lustre/orion/<project>/scr
 fi
 : "${VENV:=$REPO/.venv}"                     # venv with ROCm PyTorch (docs/frontier.md §1)
 : "${RESUBMIT:=0}"                           # jobs to chain after a walltime stop (0: none)
-: "${STAGE_VENV:=0}"                         # 1: sbcast the venv to /mnt/bb/$USER (needs -C nvme)
+: "${STAGE_VENV:=0}"                         # 1: sbcast the venv to NVME_DIR on every node
+: "${NVME_DIR:=/mnt/bb/${USER:-$(id -un)}}"  # node-local NVMe (#SBATCH -C nvme)
 : "${PRGENV_MODULE:=PrgEnv-gnu}"
 : "${ROCM_MODULE:=rocm/6.2.4}"               # match the ROCm your torch wheel was built for
 : "${PLUGIN_MODULE:=}"                       # a site module providing the RCCL network plugin, loaded after rocm
                                              # (empty: aws-ofi-nccl for ROCm >= 7, else aws-ofi-rccl, if available)
 : "${PLUGIN_DIR:=$HOME/aws-ofi-rccl/lib}"    # else: lib/ of your own plugin build (librccl-net.so)
 : "${MASTER_PORT:=29500}"
+: "${SRUN_NETWORK:=disable_rdzv_get}"        # srun --network= for FI_CXI_RDZV_PROTO=alt_read [HPE] (empty: none)
 # ================================================================================================
 set -euo pipefail
 case "$SITE" in frontier|local_cpu) ;; *) echo "slurm: error: SITE=$SITE: expected frontier or local_cpu" >&2; exit 2;; esac
@@ -130,7 +132,8 @@ if [ "$SITE" = frontier ]; then
     fi
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-7}"                     # ours: --cpus-per-task=7
     RANKS_PER_NODE=8                                                   # 4 MI250X x 2 GCDs
-    SRUN_SITE_OPTS=(--cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest --network=disable_rdzv_get)  # [OLCF][HPE]
+    SRUN_SITE_OPTS=(--cpus-per-task=7 --gpus-per-task=1 --gpu-bind=closest)   # [OLCF]
+    if [ -n "$SRUN_NETWORK" ]; then SRUN_SITE_OPTS+=("--network=$SRUN_NETWORK"); fi  # [HPE]
 else
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
     per="${SLURM_NTASKS_PER_NODE:-2}"; per="${per%%(*}"; per="${per%%,*}"
@@ -150,13 +153,13 @@ export MIOPEN_CUSTOM_CACHE_DIR="$MIOPEN_USER_DB_PATH"       # created on every n
 # ---- optional: the venv on node-local NVMe (NVMe > Orion >> NFS for Python start-up [OLCF])
 RUN_VENV="$VENV"                                            # the ranks' venv (VENV itself is not changed)
 if [ "$STAGE_VENV" = 1 ]; then
-    stage="/mnt/bb/$USER_NAME"
+    stage="$NVME_DIR"
     tarball="$WORK_DIR/venv-$(basename "$VENV").tar"
     if [ ! -f "$tarball" ] || [ -n "$(find "$VENV" -newer "$tarball" -print -quit)" ]; then
         tar -C "$(dirname "$VENV")" -cf "$tarball.tmp" "$(basename "$VENV")" && mv "$tarball.tmp" "$tarball"
     fi
     sbcast --force "$tarball" "$stage/venv.tar"
-    srun --nodes="$NODES" --ntasks-per-node=1 tar -C "$stage" -xf "$stage/venv.tar"
+    srun --nodes="$NODES" --ntasks="$NODES" --ntasks-per-node=1 tar -C "$stage" -xf "$stage/venv.tar"
     RUN_VENV="$stage/$(basename "$VENV")"
 fi
 
@@ -176,12 +179,21 @@ export MASTER_ADDR MASTER_PORT
 # --signal=B:USR1@...) and scancel's SIGTERM reach the batch shell, which forwards them to srun,
 # which passes them to every task. STOP_SIGNAL names the signal that arrived; LAUNCH_RC is srun's
 # exit status (also the function's).
+# A rank ignores SIGUSR1 until training starts (srun_task.sh), so the warning is sent again every
+# minute until the step ends: a warning that came during start-up is not lost.
 STOP_SIGNAL=""
 LAUNCH_PID=""
+REFORWARD_PID=""
 forward_signal() {
     STOP_SIGNAL="$1"
     echo "slurm: got SIG$1 at $(date +%T); forwarding it to the ranks" >&2
-    if [ -n "$LAUNCH_PID" ]; then kill -s "$1" "$LAUNCH_PID" 2>/dev/null || true; fi
+    if [ -n "$LAUNCH_PID" ]; then
+        kill -s "$1" "$LAUNCH_PID" 2>/dev/null || true
+        if [ "$1" = USR1 ] && [ -z "$REFORWARD_PID" ]; then
+            (while sleep 60; do kill -s USR1 "$LAUNCH_PID" 2>/dev/null || exit 0; done) &
+            REFORWARD_PID=$!
+        fi
+    fi
 }
 trap 'forward_signal USR1' USR1
 trap 'forward_signal TERM' TERM
@@ -201,5 +213,6 @@ srun_per_gcd() {
         wait "$LAUNCH_PID" 2>/dev/null && LAUNCH_RC=0 || { r=$?; [ "$r" -eq 127 ] || LAUNCH_RC=$r; }
     fi
     LAUNCH_PID=""
+    if [ -n "$REFORWARD_PID" ]; then kill "$REFORWARD_PID" 2>/dev/null || true; REFORWARD_PID=""; fi
     return "$LAUNCH_RC"
 }

@@ -379,6 +379,21 @@ def test_cpu_site_profile(fake_slurm):
     assert r.returncode == 2 and "SITE=laptop" in r.stderr
 
 
+def test_stage_venv_to_node_local_storage(fake_slurm, tmp_path):
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    _write(os.path.join(os.path.dirname(fake_slurm["log"]), "bin", "sbcast"),
+           '#!/bin/bash\nprintf "%s\\n" "$*" >> "$FAKE_LOG/sbcast_calls"; cp "${@: -2:1}" "${@: -1}"\n')
+    r = fake_slurm["submit"]("frontier_20b.sh", sbatch_args=("--nodes=2",),
+                             extra_env={"STAGE_VENV": "1", "NVME_DIR": str(nvme)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    tarball = os.path.join(fake_slurm["work"], "venv-venv.tar")
+    assert _lines(os.path.join(fake_slurm["log"], "sbcast_calls")) == [f"--force {tarball} {nvme}/venv.tar"]
+    assert os.access(nvme / "venv" / "bin" / "python", os.X_OK)  # unpacked on the node
+    srun = _lines(os.path.join(fake_slurm["log"], "srun_args"))
+    assert str(nvme / "venv" / "bin" / "python") in srun  # the ranks run the staged copy
+
+
 def test_collectives_job_under_fake_slurm(fake_slurm):
     """The measurement that settles the perf model's paper comparison runs like training: one
     task per GCD, the same RCCL/CXI environment, tools/measure_collectives.py on every rank."""
