@@ -60,6 +60,43 @@ class PeakMemory(TorchDispatchMode):
         return out
 
 
+class _FusedAttentionShapes(torch.autograd.Function):
+    """Scaled-dot-product attention with the memory of a fused (flash) kernel, shapes only: it
+    keeps q, k, v, the output and one fp32 log-sum-exp per row, never the s x s matrix that
+    PyTorch's math fallback (the only one on the meta device) would allocate."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, _, _ = ctx.saved_tensors
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+@contextlib.contextmanager
+def fused_attention_on_meta():
+    """Route meta-tensor attention through :class:`_FusedAttentionShapes` (also in the
+    activation recompute, which runs inside autograd where function modes do not reach)."""
+    F = torch.nn.functional
+    real = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, *args, **kwargs):
+        if q.device.type == "meta":
+            return _FusedAttentionShapes.apply(q, k, v)
+        return real(q, k, v, *args, **kwargs)
+
+    F.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = real
+
+
 @contextlib.contextmanager
 def fake_process_group(world_size: int, rank: int, device_type: str = "cuda"):
     """PyTorch's fake process group: collectives return at once without moving data; bound to
@@ -94,7 +131,7 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
         # too); from here on every storage is one the run would allocate on the GPU
         model = build_model(cfg.model, device=META)
         tracker = PeakMemory()
-        with tracker:
+        with tracker, fused_attention_on_meta():
             eng = build_engine(cfg, rt, model=model)
             after_init = tracker.current
             init_peak = tracker.peak

@@ -49,7 +49,7 @@ def test_20b_parameter_count():
 
 
 def test_paper_example_16_gcds():
-    r = _plan_json(2)
+    r = _plan_json(2, "--convention", "paper")
     assert r["gcds"] == 16
     best = {p["preset"]: p["max_params"] for p in r["presets"]}
     assert best["zero3"] == pytest.approx(68.7e9, rel=0.01)
@@ -106,8 +106,8 @@ def test_engine_convention_counts_fp32_gradients_and_int8_secondaries():
 
 
 def test_max_params_and_reserve():
-    r0 = _plan_json(2)
-    r8 = _plan_json(2, "--reserve-gib", "8")
+    r0 = _plan_json(2, "--convention", "paper")
+    r8 = _plan_json(2, "--convention", "paper", "--reserve-gib", "8")
     a = {p["preset"]: p["max_params"] for p in r0["presets"]}
     b = {p["preset"]: p["max_params"] for p in r8["presets"]}
     assert b["zero3"] == pytest.approx(a["zero3"] * 56 / 64)

@@ -5,9 +5,13 @@ and the fastest legal sharding plan under the device memory (modelled step time)
     python tools/plan.py --model configs/20B.yml --system configs/frontier.yml --nodes 48
     python tools/plan.py --model configs/20B.yml --system configs/frontier.yml --nodes 2 --json
 
-Memory is model states only (DESIGN §4: weights 2psi/w + secondary, gradients 2psi/g, Adam
-12psi/o); ``--convention engine`` counts what megatron_topo keeps (fp32 gradient shards, every
-secondary at its configured bits), ``--reserve-gib`` keeps room for activations and buffers.
+Memory, by default (``--convention engine``), is what megatron_topo allocates per rank, byte for
+byte as ``train.py --dry-run`` measures it (fp32 gradient shards, every secondary at its bits,
+padding and quantization scales; zero_topo/memory.py), and a plan fits when those model states
+plus the activation and gathered-unit estimate the trainer's preflight uses fit the device.
+``--convention paper`` is the ZeRO-topo paper's accounting (DESIGN §4: weights 2psi/w + secondary,
+16-bit gradients 2psi/g, Adam 12psi/o, model states only), for comparing with its tables.
+``--reserve-gib`` replaces the activation estimate by a fixed reserve.
 Times come from megatron_topo.perf_model with the model YAML's micro-batch and accumulation.
 Bad input prints one line on stderr and exits 2.
 """
@@ -22,6 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron_topo import perf_model as pm  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
+from megatron_topo import preflight  # noqa: E402
+from megatron_topo.model import unit_numels  # noqa: E402
 from megatron_topo.zero_topo.plan import PRESETS  # noqa: E402
 
 GB = 1e9
@@ -39,9 +45,12 @@ def parse_args(argv=None):
     p.add_argument("--model", required=True, help="model YAML (configs/20B.yml)")
     p.add_argument("--system", required=True, help="system YAML (configs/frontier.yml)")
     p.add_argument("--nodes", required=True, type=int, help="number of nodes")
-    p.add_argument("--convention", choices=("paper", "engine"), default="paper",
-                   help="state dtypes: the paper's (16-bit gradients) or the engine's (fp32 gradient shards)")
-    p.add_argument("--reserve-gib", type=float, default=0.0, help="memory kept free per device (activations)")
+    p.add_argument("--convention", choices=("paper", "engine"), default="engine",
+                   help="engine: what megatron_topo allocates (fp32 gradient shards, padding, scales) plus an "
+                        "activation estimate; paper: the paper's model-state accounting (16-bit gradients)")
+    p.add_argument("--reserve-gib", type=float, default=None,
+                   help="memory kept free per device for activations and buffers (default: the trainer's "
+                        "estimate with --convention engine, 0 with paper)")
     p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="ring",
                    help="how ranks share the NICs (megatron_topo/perf_model.py; ring is the validated rule)")
     p.add_argument("--top", type=int, default=10, help="plans shown from the search")
@@ -61,7 +70,7 @@ def run(args) -> dict:
 
     if not 1 <= args.nodes <= MAX_NODES:
         raise ConfigError(f"--nodes must lie in [1, {MAX_NODES:,}], got {args.nodes}")
-    if not (math.isfinite(args.reserve_gib) and args.reserve_gib >= 0):
+    if args.reserve_gib is not None and not (math.isfinite(args.reserve_gib) and args.reserve_gib >= 0):
         raise ConfigError(f"--reserve-gib must be a finite number >= 0, got {args.reserve_gib}")
     if args.top < 0:
         raise ConfigError(f"--top must be >= 0, got {args.top}")
@@ -74,28 +83,50 @@ def run(args) -> dict:
     per_node = cfg.topology.gcds_per_gpu * cfg.topology.gpus_per_node
     topo = pm.topology_for(args.nodes * per_node, cfg.topology)
     mem = system.device_memory_gib * pm.GIB
-    if args.reserve_gib >= system.device_memory_gib:
+    if args.reserve_gib is not None and args.reserve_gib >= system.device_memory_gib:
         raise ConfigError(f"--reserve-gib {args.reserve_gib:g} leaves nothing of the {system.device_memory_gib:g} GiB "
                           f"per device; reserve less")
-    limit = mem - args.reserve_gib * pm.GIB
+    engine = args.convention == "engine"
+    numels = unit_numels(cfg.model) if engine else None
+
+    def need(plan) -> tuple[dict, float]:
+        """(model-state bytes by kind, reserve bytes) of one plan, in this convention."""
+        if engine:
+            est = preflight.estimate(cfg, plan, topo.world_size, numels)
+            states = {k: v for k, v in est["states"].items() if k != "total"}
+            reserve = est["total"] - est["model_states"]
+        else:
+            states = dict(pm.model_state_memory(shape.params, plan, "paper").__dict__)
+            reserve = 0.0
+        if args.reserve_gib is not None:
+            reserve = args.reserve_gib * pm.GIB
+        return states, reserve
+
     mb, ga, rc = cfg.train.train_micro_batch_size_per_gpu, cfg.train.gradient_accumulation_steps, \
         cfg.model.checkpoint_activations
     presets = []
     for name in PRESETS:
         plan = pm.preset_plan(name, topo)
-        m = pm.model_state_memory(shape.params, plan, args.convention)
+        states, reserve = need(plan)
+        total = sum(states.values())
         est = pm.estimate_step(shape, plan, topo, system, mb, ga, rc, args.nic_sharing, args.convention)
         presets.append({
             "preset": name, "plan": plan_dict(plan),
-            "memory_gib": {k: v / pm.GIB for k, v in m.__dict__.items()} | {"total": m.total / pm.GIB},
-            "fits": m.total <= limit, "max_params": pm.max_params(limit, plan, args.convention),
+            "memory_gib": {k: v / pm.GIB for k, v in states.items()} | {"total": total / pm.GIB},
+            "reserve_gib": reserve / pm.GIB,
+            "fits": total + reserve <= mem, "max_params": pm.max_params(mem - reserve, plan, args.convention),
             "step_s": est.step_s, "tflops_per_gcd": est.tflops_per_gcd,
             "bytes_per_level": est.bytes_per_level,
         })
-    found = pm.search_plans(shape, topo, system, mb, ga, rc, limit, args.convention, args.nic_sharing)
-    best = [{"plan": plan_dict(p), "memory_gib": e.memory_gib, "step_s": e.step_s,
+    found = []
+    for p, e in pm.search_plans(shape, topo, system, mb, ga, rc, mem, args.convention, args.nic_sharing):
+        states, reserve = need(p)
+        if sum(states.values()) + reserve <= mem:
+            found.append((p, e, sum(states.values())))
+    best = [{"plan": plan_dict(p), "memory_gib": st / pm.GIB, "step_s": e.step_s,
              "tflops_per_gcd": e.tflops_per_gcd, "bytes_per_level": e.bytes_per_level}
-            for p, e in found[: args.top]]
+            for p, e, st in found[: args.top]]
+    limit = mem - (args.reserve_gib or 0.0) * pm.GIB
     return {
         "model": args.model, "params": shape.params, "system": system.name, "topology": topo.describe(),
         "nodes": args.nodes, "gcds": topo.world_size, "device_memory_gib": system.device_memory_gib,
@@ -113,19 +144,20 @@ def _bits(p: dict) -> str:
 def render(r: dict) -> str:
     lines = [
         f"model {r['model']}: {r['params'] / 1e9:.2f} B parameters; {r['system']}: {r['topology']}; "
-        f"{r['device_memory_gib']:g} GiB per device (limit {r['memory_limit_gib']:g} GiB, model states only, "
-        f"{r['convention']} dtypes); micro-batch {r['micro_batch']} x {r['grad_accum']} per step",
+        f"{r['device_memory_gib']:g} GiB per device ({r['convention']} convention: "
+        + ("model states as the engine allocates them + activation/buffer reserve" if r["convention"] == "engine"
+           else "the paper's model states only") + f"); micro-batch {r['micro_batch']} x {r['grad_accum']} per step",
         "",
-        "model-state memory per device (GiB), largest model that fits, modelled TFLOPS/GCD",
+        "model-state memory per device (GiB), reserve, largest model that fits, modelled TFLOPS/GCD",
         f"{'preset':<9} {'w':>4} {'g':>4} {'os':>4} {'sec':>4} {'weights':>8} {'second.':>8} {'grads':>7} "
-        f"{'optim':>7} {'total':>7} {'fits':>4} {'max B':>7} {'TFLOPS':>7}",
+        f"{'optim':>7} {'total':>7} {'reserve':>7} {'fits':>4} {'max B':>7} {'TFLOPS':>7}",
     ]
     for p in r["presets"]:
         m, pl = p["memory_gib"], p["plan"]
         lines.append(
             f"{p['preset']:<9} {pl['weight_factor']:>4} {pl['grad_factor']:>4} {pl['optimizer_factor']:>4} "
             f"{pl['secondary_degree'] or '-':>4} {m['weights']:>8.2f} {m['secondary']:>8.2f} {m['gradients']:>7.2f} "
-            f"{m['optimizer']:>7.2f} {m['total']:>7.2f} {'yes' if p['fits'] else 'NO':>4} "
+            f"{m['optimizer']:>7.2f} {m['total']:>7.2f} {p['reserve_gib']:>7.2f} {'yes' if p['fits'] else 'NO':>4} "
             f"{p['max_params'] / 1e9:>7.1f} {p['tflops_per_gcd']:>7.1f}")
     lines += ["", f"fastest plans ({r['fitting_plans']} of {r['searched_plans']} legal plans fit)",
               f"{'#':>3} {'w':>4} {'g':>4} {'os':>4} {'sec':>4} {'bits w/s/g':>11} {'combine':>14} "

@@ -387,11 +387,15 @@ class ShardedUnit:
             self.primary[a:a + new.numel()].copy_(new)
             self._published()
             return
-        tmp = torch.empty(new.numel() * grp.size, dtype=self.dtype, device=self.device)
         if new.data_ptr() == master.data_ptr():  # fp32: do not send the live master
             new = new.clone()
-        work = self.comm.all_gather(tmp, new, grp, async_op=True)
         slots = L.post_gather_slots(grp.ranks, *plan.factors)
+        if slots == list(range(grp.size)):  # the group's order is the shard order: gather in place
+            work = self.comm.all_gather(self.primary, new, grp, async_op=True)
+            self.publish_handle = Handle([work], lambda _keep=new: self._published())
+            return
+        tmp = torch.empty(new.numel() * grp.size, dtype=self.dtype, device=self.device)
+        work = self.comm.all_gather(tmp, new, grp, async_op=True)
 
         def place():
             n = new.numel()
