@@ -35,7 +35,7 @@ from ._common import inverse_permutation, num_blocks, payload_nbytes
 __all__ = ["quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
            "quantize_reordered", "inverse_permutation", "payload_nbytes", "num_blocks",
            "resolve_backend", "triton_available", "cpu_fast_available", "ENV_VAR", "BACKENDS",
-           "timer", "TIMES_ENV"]
+           "timer", "TIMES_ENV", "KernelTimer"]
 
 ENV_VAR = "MEGATRON_TOPO_KERNELS"
 TIMES_ENV = "MEGATRON_TOPO_KERNEL_TIMES"

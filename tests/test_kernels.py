@@ -651,3 +651,26 @@ def test_kernel_timer(tmp_path, monkeypatch):
     rec = json.loads(files[0].read_text())
     assert rec["rank"] == 3 and rec["calls"] == 2 and rec["seconds"] > 0
     assert {k.split("/")[0] for k in rec["per_op"]} == {"quantize", "dequantize_sum"}
+
+
+def test_bench_sharding_reads_kernel_times(tmp_path):
+    """bench_sharding's quant s column: each rank's kernels.timer file, per step, mean over ranks."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import bench_sharding as BS
+    finally:
+        sys.path.pop(0)
+    assert BS.KERNEL_TIMES_ENV == kernels.TIMES_ENV
+    assert BS.read_kernel_times(str(tmp_path / "absent"), 8) == {"quant_s": 0.0, "quant_s_max": 0.0,
+                                                                  "quant_ranks": 0}
+    t = kernels.KernelTimer()
+    for rank, secs in (("0", 0.8), ("1", 1.6)):
+        t.reset()
+        t.add("quantize", "cpu_fast", secs)
+        os.environ["RANK"], prev = rank, os.environ.get("RANK")
+        try:
+            t.write(str(tmp_path))
+        finally:
+            os.environ.pop("RANK") if prev is None else os.environ.__setitem__("RANK", prev)
+    got = BS.read_kernel_times(str(tmp_path), 8)
+    assert got["quant_ranks"] == 2 and abs(got["quant_s"] - 0.15) < 1e-12 and abs(got["quant_s_max"] - 0.2) < 1e-12

@@ -20,6 +20,8 @@ to the bytes measured on the wire (tc classes on the veths, loopback for the GCD
 per rank (wait4), and bounds: each strategy is run a second time with shaping off (its
 "compute" time t0), and t0 + max over link levels (busiest link's bytes / its rate) is the
 no-overlap bound printed beside the measurement (max(t0, comm) is the perfect-overlap one).
+"quant s" is the time per step a rank spends inside the quantization kernels (kernels.timer, each
+rank's whole-run total over the steps, mean over ranks), so CPU cost is told apart from network.
 
 Writes DIR/results.json (a list of row objects), DIR/results.md (tables with ratios against
 zero3 and zeropp), DIR/results.png, DIR/meta.json and, with the scaling series, DIR/scaling.png.
@@ -157,6 +159,25 @@ def read_metrics(path: str) -> list[dict]:
     return [r for r in out if "step_time_s" in r]
 
 
+KERNEL_TIMES_ENV = "MEGATRON_TOPO_KERNEL_TIMES"  # kernels.timer: each rank writes its totals at exit
+
+
+def read_kernel_times(directory: str, steps: int) -> dict:
+    """Seconds per step inside the quantization kernels (kernels.timer, whole run / steps): the mean
+    and the max over ranks; zero for rows that never quantize."""
+    per_rank = []
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            if name.startswith("kernel_times.") and name.endswith(".json"):
+                try:
+                    with open(os.path.join(directory, name)) as f:
+                        per_rank.append(json.load(f)["seconds"] / max(steps, 1))
+                except (OSError, ValueError, KeyError):
+                    pass
+    return {"quant_s": statistics.mean(per_rank) if per_rank else 0.0,
+            "quant_s_max": max(per_rank) if per_rank else 0.0, "quant_ranks": len(per_rank)}
+
+
 def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
     spec = ClusterSpec(rd.nodes, rd.gpus_per_node, rd.gcds_per_gpu,
                        inter_node_bps=a.inter_bps if shaped else None,
@@ -172,7 +193,8 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
         before = cluster.counters()
         argv = [x.replace(LOG_DIR, run_dir) for x in rd.argv]
         res = launch(cluster, [sys.executable, *argv], stdout_ranks="0", out=logf, err=logf, cwd=ROOT,
-                     timeout_s=a.timeout)
+                     timeout_s=a.timeout, env=dict(os.environ, **{KERNEL_TIMES_ENV: os.path.join(
+                         run_dir, "kernel_times")}))
         after = cluster.counters()
     finally:
         cluster.down()
@@ -204,6 +226,7 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
         "busiest_nic_bytes": int(summ["busiest_nic_bytes"] / steps),
         "busiest_intra_node_link_bytes": int(busiest_intra),
         "tx_drops": summ["tx_drops"], "wire_packages": per_pkg,
+        **read_kernel_times(os.path.join(run_dir, "kernel_times"), steps),
     })
     return row
 
@@ -296,6 +319,7 @@ def merge(rows: list[dict], a) -> dict:
     m["bytes_equal_across_rounds"] = all(
         r[f"comm_bytes_{lvl}"] == m[f"comm_bytes_{lvl}"] for r in good for lvl in LEVELS)
     m["bench_seconds"] = sum(r.get("bench_seconds", 0) for r in rows)
+    m["quant_s"] = statistics.median(r.get("quant_s", 0.0) for r in good)
     return finalize(m, a)
 
 
@@ -312,18 +336,19 @@ def table_main(rows: list[dict]) -> str:
     ok = {r["strategy"]: r for r in rows if r.get("ok")}
     z3 = ok.get("zero3", {}).get("tokens_per_sec")
     zpp = ok.get("zeropp", {}).get("tokens_per_sec")
-    lines = ["| strategy | step s (median) | tokens/s | vs zero3 | vs zeropp | unshaped s | bound s (t0+comm) "
+    lines = ["| strategy | step s (median) | tokens/s | vs zero3 | vs zeropp | unshaped s | quant s | bound s (t0+comm) "
              "| bound s (overlap) | inter-node MB/step ours / formula / wire | check | intra-node MB ours / wire "
              "| intra-gpu MB ours / wire | busiest NIC MB | peak RSS MiB |",
-             "|" + "---|" * 14]
+             "|" + "---|" * 15]
     for r in rows:
         if not r.get("ok"):
-            lines.append(f"| {r['strategy']} | failed: {r.get('error', '?')} |" + " |" * 12)
+            lines.append(f"| {r['strategy']} | failed: {r.get('error', '?')} |" + " |" * 13)
             continue
         tps = r["tokens_per_sec"]
         lines.append(
             f"| {r['strategy']} | {r['step_time_s']:.2f} | {tps:.0f} | {_ratio(tps, z3)} | {_ratio(tps, zpp)} | "
-            f"{r.get('unshaped_step_time_s', float('nan')):.2f} | {r.get('lower_bound_s', float('nan')):.2f} | "
+            f"{r.get('unshaped_step_time_s', float('nan')):.2f} | {r.get('quant_s', float('nan')):.2f} | "
+            f"{r.get('lower_bound_s', float('nan')):.2f} | "
             f"{r.get('lower_bound_overlap_s', float('nan')):.2f} | "
             f"{_mb(r['comm_bytes_inter_node'])} / {_mb(r.get('formula_bytes_inter_node'))} / "
             f"{_mb(r['wire_bytes_inter_node'])} | {r.get('formula_check', '—')} | "
@@ -593,7 +618,8 @@ def summary_line(r: dict) -> str:
     s = (f"step {r['step_time_s']:.2f} s, {r['tokens_per_sec']:.0f} tok/s, inter-node ours "
          f"{r['comm_bytes_inter_node'] / 1e6:.1f} MB (formula {r.get('formula_bytes_inter_node', 0) / 1e6:.1f} MB: "
          f"{r.get('formula_check')}), wire {r['wire_bytes_inter_node'] / 1e6:.1f} MB, busiest NIC "
-         f"{r['busiest_nic_bytes'] / 1e6:.1f} MB, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB")
+         f"{r['busiest_nic_bytes'] / 1e6:.1f} MB, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB, "
+         f"quantization {r.get('quant_s', 0.0):.3f} s/step per rank")
     if r.get("unshaped_timed_s"):
         r = dict(r, unshaped_step_time_s=statistics.median(r["unshaped_timed_s"]))
     if r.get("unshaped_step_time_s") is not None and r.get("lower_bound_s") is not None:

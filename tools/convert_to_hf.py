@@ -8,7 +8,13 @@
 saved under any plan and world size. The output directory gets ``config.json`` (from the
 checkpoint's own config.yml) and ``model.safetensors`` with the published GPT-NeoX tensor names
 (``gpt_neox.*`` and ``embed_out.weight``, which transformers >= 5 maps onto ``lm_head``).
-``--dtype`` picks the stored precision (default fp32: the master weights, bit for bit).
+``--dtype`` picks the stored precision (default fp32: the master weights, bit for bit). A model
+larger than ``--max-shard-size`` (default 5GB) is written as ``model-0000K-of-0000N.safetensors``
+files + ``model.safetensors.index.json``, the layout ``save_pretrained`` writes.
+
+The export streams: it reads one unit (layer) of master weights at a time from the memory-mapped
+rank files (never the Adam moments) and writes each tensor straight into its file, so its memory
+is about one unit, not the model (read_full_state would hold master + moments: ~250 GB for 20B).
 
 The checkpoint's tokenizer (``data.tokenizer_type``/``vocab_file``/``merge_file``; override them with
 ``--tokenizer-type``/``--vocab-file``/``--merge-file`` if the files moved) is written too:
@@ -49,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--tokenizer-type", default=None, help="override the checkpoint's data.tokenizer_type")
     p.add_argument("--vocab-file", default=None, help="override data.vocab_file (e.g. the file moved)")
     p.add_argument("--merge-file", default=None, help="override data.merge_file (GPT2BPETokenizer merges.txt)")
+    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                   help="largest safetensors file (default 5GB; e.g. 500MB, 2GiB); a larger model is split "
+                        "into model-0000K-of-0000N.safetensors + model.safetensors.index.json")
     return p.parse_args(argv)
 
 
@@ -71,17 +80,24 @@ def hf_config_dict(model_cfg, dtype: str, special_ids=None) -> dict:
 
 
 def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = False, tokenizer=None,
-            warn=None) -> str:
+            warn=None, max_shard_size="5GB") -> str:
     """``tokenizer``: overrides {tokenizer_type, vocab_file, merge_file} of the checkpoint's data
     config. The tokenizer files are written when the tokenizer can be built and fits the model;
-    otherwise ``warn`` says why (an error if ``tokenizer`` overrides were given)."""
+    otherwise ``warn`` says why (an error if ``tokenizer`` overrides were given).
+
+    The weights stream: one unit's master weights are read at a time (never the Adam moments) and
+    written into their safetensors shard, so the peak memory is about one unit, not the model."""
     import torch
-    from safetensors.torch import save_file
 
-    from megatron_topo.model.hf import to_hf_state_dict
+    from megatron_topo.model.hf import (ShardedSafetensorsWriter, iter_checkpoint_units, parse_size, to_hf_key,
+                                        verify_checkpoint_files)
     from megatron_topo.zero_topo.checkpoint import (CheckpointError, check_output_outside, load_model_config,
-                                                    read_full_state)
+                                                    read_config_yaml, read_meta, resolve)
 
+    try:
+        max_bytes = parse_size(max_shard_size)
+    except ValueError as e:
+        raise CheckpointError(f"--max-shard-size: {e}") from None
     check_output_outside(checkpoint, output)  # never the checkpoint, its run folder or a folder above it
     if os.path.exists(output) and not os.path.isdir(output):
         raise CheckpointError(f"--output {output} exists and is not a directory")
@@ -90,12 +106,16 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise CheckpointError(f"--output {output}: directory {parent} does not exist")
-    st = read_full_state(checkpoint)
+    sp = resolve(checkpoint)
+    meta = read_meta(sp)
+    st = {"step_dir": sp, "meta": meta, "config_yaml": read_config_yaml(sp, meta)}  # edited config.yml fails here
     mcfg = load_model_config(st)
     if not mcfg.no_weight_tying:
-        raise CheckpointError(f"{st['step_dir']}: tied embeddings are not supported by this converter")
+        raise CheckpointError(f"{sp}: tied embeddings are not supported by this converter")
+    verify_checkpoint_files(sp, meta)  # a bad rank file fails before anything is written
     tdt = getattr(torch, DTYPES[dtype])
-    weights = {k: v.to(tdt).contiguous() for k, v in to_hf_state_dict(st["params"], "embed_out").items()}
+    entries = [(to_hf_key(name, "embed_out"), tuple(shape), tdt) for u in meta["units"]
+               for name, _, _, shape in u["params"]]
     tok, special, why = _tokenizer(st, mcfg, tokenizer or {})
     if why and tokenizer and any(tokenizer.values()):
         raise CheckpointError(f"tokenizer: {why}")
@@ -104,6 +124,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(output))}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    writer = None
     try:
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(hf_config_dict(mcfg, dtype, special), f, indent=2, sort_keys=True)
@@ -111,8 +132,15 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
             from megatron_topo.model.hf import write_hf_tokenizer
 
             write_hf_tokenizer(tok, tmp, mcfg.vocab_size, mcfg.seq_length)
-        save_file(weights, os.path.join(tmp, "model.safetensors"),
-                  metadata={"format": "pt", "source": "megatron_topo", "step": str(st["meta"]["step"])})
+        writer = ShardedSafetensorsWriter(tmp, entries, max_bytes,
+                                          metadata={"format": "pt", "source": "megatron_topo",
+                                                    "step": str(meta["step"])})
+        for _, state, params in iter_checkpoint_units(sp, meta, keys=("master",), verify=False):
+            flat = state["master"]
+            for name, off, numel, shape in params:
+                writer.put(to_hf_key(name, "embed_out"), flat[int(off):int(off) + int(numel)].view(*shape))
+        writer.close()
+        writer = None
         umask = os.umask(0)
         os.umask(umask)
         for name in os.listdir(tmp):
@@ -126,6 +154,8 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
         else:
             os.replace(tmp, output)
     finally:
+        if writer is not None:
+            writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
     return output
 
@@ -154,6 +184,7 @@ def main(argv=None) -> int:
         out = convert(args.checkpoint, args.output, args.dtype, args.force,
                       tokenizer={"tokenizer_type": args.tokenizer_type, "vocab_file": args.vocab_file,
                                  "merge_file": args.merge_file},
+                      max_shard_size=args.max_shard_size,
                       warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)

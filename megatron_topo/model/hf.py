@@ -120,3 +120,194 @@ def write_hf_tokenizer(tok, out_dir: str, model_vocab_size: int, max_length: int
     elif tok.name == "SPMTokenizer":
         shutil.copyfile(tok.vocab_file, os.path.join(out_dir, "tokenizer.model"))
     return ids
+
+
+# ------------------------------------------------------------------------------ streaming export
+# A checkpoint is read one unit at a time (master weights only, from memory-mapped rank files) and
+# every tensor is written straight to its place in the output file, so the peak memory of an export
+# is about one unit, never the model (a 20B checkpoint's master + moments are ~250 GB).
+_ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text) -> int:
+    """``5GB`` (10**9, as transformers' ``max_shard_size``), ``500MiB``, ``1e9`` or a byte count."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).upper() if m else None
+    if not m or unit not in _SIZE_UNITS or float(m.group(1)) * _SIZE_UNITS[unit] < 1:
+        raise ValueError(f"{text!r} is not a size (e.g. 5GB, 500MB, 2GiB or a number of bytes)")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def verify_checkpoint_files(step_path: str, meta: dict) -> None:
+    """Open every rank file that holds tensors once: size and SHA-256 against meta.json, and a
+    pickle that would run code is refused (CheckpointError). Nothing stays in memory."""
+    from ..zero_topo import checkpoint as ckpt
+
+    holders = int(meta.get("shard_holders") or meta["world_size"])  # only holders store tensors
+    for r in range(holders):
+        ckpt.load_rank_file(step_path, r, meta)  # memory-mapped: hashed by reading, not loaded
+
+
+def iter_checkpoint_units(step_path: str, meta: dict, keys=("master",), verify: bool = True):
+    """Yield ``(unit index, state, params)`` one unit at a time: ``state`` is the unit's unpadded
+    flat fp32 ``keys`` (+ ``step``) as :func:`checkpoint.full_unit_state` reassembles it, ``params``
+    its ``[name, offset, numel, shape]`` table. The rank files are checked against meta.json once
+    (:func:`verify_checkpoint_files`; ``verify=False`` when the caller did), then memory-mapped
+    again per unit, so only the bytes of that unit's ``keys`` are read and nothing of the previous
+    unit stays mapped."""
+    from ..zero_topo import checkpoint as ckpt
+
+    if verify:
+        verify_checkpoint_files(step_path, meta)
+    checked = {k: v for k, v in meta.items() if k != "files"}  # no second digest pass per unit
+    for i, u in enumerate(meta["units"]):
+        state = ckpt.full_unit_state(step_path, checked, i, {}, keys)
+        yield i, state, u["params"]
+        del state
+
+
+class SafetensorsWriter:
+    """One ``.safetensors`` file whose tensor table is known up front (``entries``: name -> (shape,
+    torch dtype)); :meth:`put` writes each tensor at its place as it comes, in any order. The
+    header is what ``safetensors.torch.save_file`` writes for the same tensors (names sorted,
+    compact JSON, space padded to 8 bytes), so the file is byte-identical to it."""
+
+    def __init__(self, path: str, entries: dict, metadata: dict | None = None):
+        import json
+
+        self.path, self.entries, self.done = path, dict(entries), set()
+        header, offsets, pos = {}, {}, 0
+        if metadata:
+            header["__metadata__"] = {str(k): str(v) for k, v in sorted(metadata.items())}
+        for name in sorted(self.entries, key=lambda s: s.encode()):
+            shape, dtype = self.entries[name]
+            nbytes = _numel(shape) * _itemsize(dtype)
+            header[name] = {"dtype": _ST_DTYPES[str(dtype).split(".")[-1]], "shape": [int(x) for x in shape],
+                            "data_offsets": [pos, pos + nbytes]}
+            offsets[name] = pos
+            pos += nbytes
+        raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        raw += b" " * (-len(raw) % 8)
+        self.data_start = 8 + len(raw)
+        self.offsets, self.nbytes = offsets, pos
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            _pwrite_all(self.fd, len(raw).to_bytes(8, "little") + raw, 0)
+            os.ftruncate(self.fd, self.data_start + pos)
+        except BaseException:
+            self.abort()
+            raise
+
+    def put(self, name: str, tensor) -> None:
+        import torch
+
+        shape, dtype = self.entries[name]
+        if name in self.done:
+            raise ValueError(f"{self.path}: tensor {name} written twice")
+        if tuple(tensor.shape) != tuple(shape):
+            raise ValueError(f"{self.path}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
+        t = tensor.detach().to(device="cpu", dtype=dtype).contiguous().reshape(-1)
+        if t.numel():
+            _pwrite_all(self.fd, t.view(torch.uint8).numpy(), self.data_start + self.offsets[name])
+        self.done.add(name)
+
+    def close(self) -> None:
+        missing = sorted(set(self.entries) - self.done)
+        if missing:
+            self.abort()
+            raise ValueError(f"{self.path}: {len(missing)} tensors were never written ({missing[0]}, ...)")
+        os.fsync(self.fd)
+        os.close(self.fd)
+        self.fd = None
+
+    def abort(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _numel(shape) -> int:
+    n = 1
+    for x in shape:
+        n *= int(x)
+    return n
+
+
+def _itemsize(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _pwrite_all(fd: int, data, pos: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, pos)
+        view, pos = view[n:], pos + n
+
+
+def shard_names(entries: list, max_shard_bytes: int) -> list[list[str]]:
+    """Split ``entries`` (ordered ``(name, shape, dtype)``) into consecutive shards of at most
+    ``max_shard_bytes`` (a larger tensor gets a shard of its own), as transformers'
+    ``save_pretrained`` does."""
+    shards, size = [[]], 0
+    for name, shape, dtype in entries:
+        n = _numel(shape) * _itemsize(dtype)
+        if shards[-1] and size + n > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    return shards
+
+
+class ShardedSafetensorsWriter:
+    """HF's sharded layout in ``out_dir``: ``model.safetensors`` when everything fits in one
+    ``max_shard_bytes`` file, else ``model-0000K-of-0000N.safetensors`` + ``model.safetensors.index.json``
+    (``{"metadata": {"total_size"}, "weight_map": {name: file}}``). Every file is created (header
+    written, size set) up front; :meth:`put` writes a tensor into its file as soon as it is read."""
+
+    def __init__(self, out_dir: str, entries: list, max_shard_bytes: int, metadata: dict | None = None):
+        self.out_dir = out_dir
+        table = {name: (tuple(shape), dtype) for name, shape, dtype in entries}
+        if len(table) != len(entries):
+            raise ValueError("duplicate tensor names")
+        groups = shard_names(entries, max_shard_bytes)
+        n = len(groups)
+        self.files = ["model.safetensors"] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+                                                           for k in range(n)]
+        self.where, self.writers = {}, []
+        try:
+            for fname, names in zip(self.files, groups):
+                self.writers.append(SafetensorsWriter(os.path.join(out_dir, fname), {m: table[m] for m in names},
+                                                      metadata))
+                self.where.update({m: len(self.writers) - 1 for m in names})
+        except BaseException:
+            self.abort()
+            raise
+        self.total_size = sum(w.nbytes for w in self.writers)
+
+    def put(self, name: str, tensor) -> None:
+        self.writers[self.where[name]].put(name, tensor)
+
+    def close(self) -> list[str]:
+        import json
+
+        for w in self.writers:
+            w.close()
+        if len(self.files) > 1:
+            index = {"metadata": {"total_size": self.total_size},
+                     "weight_map": {m: self.files[k] for m, k in sorted(self.where.items())}}
+            with open(os.path.join(self.out_dir, "model.safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=2)
+                f.write("\n")
+            return self.files + ["model.safetensors.index.json"]
+        return list(self.files)
+
+    def abort(self) -> None:
+        for w in self.writers:
+            w.abort()

@@ -449,14 +449,18 @@ def _verify_file(path: str, record: Optional[dict]) -> None:
         raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one recorded in meta.json")
 
 
-def load_rank_file(step_path: str, rank: int, meta: Optional[dict] = None) -> dict:
+def load_rank_file(step_path: str, rank: int, meta: Optional[dict] = None, mmap: bool = True) -> dict:
+    """One rank file (checked against meta.json's size and digest when ``meta`` is given). With
+    ``mmap`` (the default) the tensors are views of the mapped file: only the bytes a caller touches
+    are read (a reader of one unit's master weights never pages in the moments or other units);
+    callers copy what they keep, so the mapping goes away with the returned dict."""
     path = rank_file(step_path, rank)
     if not os.path.isfile(path):
         raise CheckpointError(f"missing shard file {path}")
     # Refuse code before anything else looks at the bytes: weights_only rejects every global but
     # tensors and plain containers, so a crafted pickle fails here and runs nothing.
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         m = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global| Please|\.\s|$)", str(e))
         why = m.group(1).strip() if m else _one_line(e)[:120]
@@ -474,10 +478,10 @@ def load_rank_file(step_path: str, rank: int, meta: Optional[dict] = None) -> di
     return data
 
 
-def _shard_tensors(path: str, sh: dict, unit: int) -> dict:
+def _shard_tensors(path: str, sh: dict, unit: int, keys=STATE_KEYS) -> dict:
     lo, hi = int(sh["lo"]), int(sh["hi"])
     out = {}
-    for k in STATE_KEYS:
+    for k in keys:
         v = sh.get(k)
         if v is None:
             continue
@@ -504,11 +508,16 @@ def _holder_ranges(meta: dict, unit: int) -> Optional[list[tuple[int, int, int]]
         raise CheckpointError(f"meta.json: plan {plan} does not describe unit {unit}'s layout") from None
 
 
-def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, files: Optional[dict] = None) -> dict:
+def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, files: Optional[dict] = None,
+                     keys=STATE_KEYS) -> dict:
     """master/exp_avg/exp_avg_sq of elements ``[a, b)`` of ``unit``'s flat buffer (zeros beyond
-    the real parameters) and the Adam step, reading only the shard files that overlap."""
+    the real parameters) and the Adam step, reading only the shard files that overlap. ``keys``
+    (which must include ``master``) limits what is read: ``("master",)`` never touches the moments
+    (the rank files are memory-mapped, so the bytes of other keys and units are not read)."""
+    if "master" not in keys:
+        raise ValueError(f"keys {keys!r} must include 'master'")
     n = int(meta["units"][unit]["numel"])
-    out = {k: torch.zeros(b - a, dtype=torch.float32) for k in STATE_KEYS}
+    out = {k: torch.zeros(b - a, dtype=torch.float32) for k in keys}
     end = min(b, n)
     have = torch.zeros(max(end - a, 0), dtype=torch.bool)
     files = files if files is not None else {}
@@ -529,7 +538,7 @@ def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, file
         x, y = max(a, lo), min(end, hi)
         if x >= y or bool(have[x - a:y - a].all()):
             continue
-        tens = _shard_tensors(rank_file(step_path, r), sh, unit)
+        tens = _shard_tensors(rank_file(step_path, r), sh, unit, keys)
         if "master" not in tens:
             raise CheckpointError(f"{rank_file(step_path, r)}: unit {unit} has no master weights")
         for k, v in tens.items():
@@ -544,13 +553,15 @@ def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, file
         if r not in files:
             files[r] = load_rank_file(step_path, r, meta)
         step = files[r]["shards"][unit].get("step")
-    out["step"] = step
+    out["step"] = step.clone() if torch.is_tensor(step) else step  # not a view of the mapped file
     return out
 
 
-def full_unit_state(step_path: str, meta: dict, unit: int, files: Optional[dict] = None) -> dict:
-    """Reassemble a unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) from the shards."""
-    return unit_state_range(step_path, meta, unit, 0, int(meta["units"][unit]["numel"]), files)
+def full_unit_state(step_path: str, meta: dict, unit: int, files: Optional[dict] = None,
+                    keys=STATE_KEYS) -> dict:
+    """Reassemble a unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) from the shards;
+    ``keys=("master",)`` reads the master weights only."""
+    return unit_state_range(step_path, meta, unit, 0, int(meta["units"][unit]["numel"]), files, keys)
 
 
 def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
