@@ -180,7 +180,7 @@ export MASTER_ADDR MASTER_PORT
 # which passes them to every task. STOP_SIGNAL names the signal that arrived; LAUNCH_RC is srun's
 # exit status (also the function's).
 # A rank ignores SIGUSR1 until training starts (srun_task.sh), so the warning is sent again every
-# minute until the step ends: a warning that came during start-up is not lost.
+# 10 s until the step ends: a warning that came during start-up is not lost.
 STOP_SIGNAL=""
 LAUNCH_PID=""
 REFORWARD_PID=""
@@ -190,7 +190,7 @@ forward_signal() {
     if [ -n "$LAUNCH_PID" ]; then
         kill -s "$1" "$LAUNCH_PID" 2>/dev/null || true
         if [ "$1" = USR1 ] && [ -z "$REFORWARD_PID" ]; then
-            (while sleep 60; do kill -s USR1 "$LAUNCH_PID" 2>/dev/null || exit 0; done) &
+            (while sleep 10; do kill -s USR1 "$LAUNCH_PID" 2>/dev/null || exit 0; done) &
             REFORWARD_PID=$!
         fi
     fi
