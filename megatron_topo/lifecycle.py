@@ -7,18 +7,16 @@ trainer saves and ``train.py`` exits 0 with one line. Slurm sends SIGUSR1 ahead 
 preempts a job; Ctrl-C is SIGINT.
 
 ``Lifecycle.poll`` is the per-step agreement: ``[signal number, time-based save due]`` reduced
-with MAX over all ranks on the runtime device (a CUDA tensor under NCCL). Only rank 0's clock
-decides whether a time-based save is due, so every rank saves at the same step.
+with MAX over all ranks through a tensor on the runtime device (a GPU tensor under NCCL/RCCL; the
+trainer passes the engine's ``Comm.all_reduce_host``). Only rank 0's clock decides whether a
+time-based save is due, so every rank saves at the same step.
 """
 from __future__ import annotations
 
 import signal
 import threading
 import time
-from typing import Optional
-
-import torch
-import torch.distributed as dist
+from typing import Callable, Optional
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -73,14 +71,15 @@ class Lifecycle:
     """Per-step decisions every rank takes together: stop (a signal reached any rank) and
     time-based checkpoints (every ``save_interval_minutes`` by rank 0's clock; 0 = off)."""
 
-    def __init__(self, signals: StopSignals, save_interval_minutes: float = 0.0, *, distributed: bool = False,
-                 device=None, rank: int = 0, clock=time.monotonic):
+    def __init__(self, signals: StopSignals, save_interval_minutes: float = 0.0, *,
+                 reduce_max: Optional[Callable[[list], list]] = None, rank: int = 0, clock=time.monotonic):
+        """``reduce_max(values) -> values``: element-wise MAX over all ranks (a collective every
+        rank calls once per step); None for a single process."""
         if save_interval_minutes < 0:
             raise ValueError(f"save_interval_minutes {save_interval_minutes} must be >= 0 (0: off)")
         self.signals = signals
         self.interval_s = 60.0 * float(save_interval_minutes)
-        self.distributed = distributed
-        self.device = device if device is not None else torch.device("cpu")
+        self.reduce_max = reduce_max
         self.rank = rank
         self.clock = clock
         self.last_save = clock()
@@ -94,11 +93,8 @@ class Lifecycle:
         """(stop, time-based save due), the same on every rank. Collective when distributed."""
         local_sig = self.signals.signum or 0
         due = 1 if (self.rank == 0 and self.interval_s > 0 and self.clock() - self.last_save >= self.interval_s) else 0
-        if self.distributed:
-            # one tensor on the runtime device: NCCL cannot reduce CPU tensors
-            vec = torch.tensor([local_sig, due], dtype=torch.int32, device=self.device)
-            dist.all_reduce(vec, op=dist.ReduceOp.MAX)
-            local_sig, due = (int(v) for v in vec.tolist())
+        if self.reduce_max is not None:
+            local_sig, due = (int(v) for v in self.reduce_max([local_sig, due]))
         if local_sig and self.stop_signal is None:
             self.stop_signal = local_sig
         return bool(local_sig), bool(due)

@@ -339,9 +339,10 @@ class Trainer:
         end; the returned record then has ``stopped_by`` (the signal's name)."""
         signals = lifecycle.StopSignals().install()
         try:
-            self.lifecycle = lifecycle.Lifecycle(signals, self.cfg.checkpoint.save_interval_minutes,
-                                                 distributed=self.rt.distributed, device=self.rt.device,
-                                                 rank=self.rt.rank)
+            comm = self.engine.comm  # MAX over ranks through a tensor on the runtime device
+            self.lifecycle = lifecycle.Lifecycle(
+                signals, self.cfg.checkpoint.save_interval_minutes, rank=self.rt.rank,
+                reduce_max=(lambda v: comm.all_reduce_host(v, op=dist.ReduceOp.MAX)) if self.rt.distributed else None)
             return self._train(until)
         finally:
             signals.restore()

@@ -51,6 +51,13 @@ def test_time_based_saves_follow_rank0_clock_and_restart_after_a_save():
     assert off.poll() == (False, False)
     sig.signum = signal.SIGTERM
     assert off.poll() == (True, False) and off.stop_name == "SIGTERM"
+    # distributed: each rank's [signal, due] goes through the MAX reduction; the result decides
+    seen = []
+    quiet = StopSignals()
+    ranked = Lifecycle(quiet, save_interval_minutes=0.5, rank=1, clock=lambda: now[0],
+                       reduce_max=lambda v: seen.append(list(v)) or [signal.SIGUSR1, 1])
+    assert ranked.poll() == (True, True) and ranked.stop_name == "SIGUSR1"
+    assert seen == [[0, 0]]  # rank 1 had no signal and its clock does not count
     with pytest.raises(ValueError):
         Lifecycle(sig, save_interval_minutes=-1)
 
