@@ -9,7 +9,8 @@ See the C file for how each step keeps bit-exactness.
 Build: on first use the C file is compiled with the system C compiler (``$CC``, else ``cc`` /
 ``gcc`` / ``clang``) into a shared library cached under ``$MEGATRON_TOPO_KERNEL_CACHE`` (default
 ``~/.cache/megatron_topo/kernels``), keyed by the source, the compiler, the flags and the CPU, and
-loaded with ctypes (no Python headers, no torch headers: it compiles in well under a second).
+loaded with ctypes (no Python headers, no torch headers: it compiles in about a second); an
+unwritable user cache falls back to the temp dir.
 ``-march=native`` is tried first, then portable flags (``$MEGATRON_TOPO_KERNEL_CFLAGS`` adds
 flags). The library is then checked against the
 reference on a small input full of special cases; any failure (no compiler, a compile error, a
@@ -92,18 +93,29 @@ def _compiler_id(cc: str) -> str:
         return cc
 
 
-def _cache_dir() -> str:
-    d = os.environ.get(CACHE_ENV) or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "megatron_topo", "kernels")
-    return d
+def _cache_dirs() -> list[str]:
+    """$MEGATRON_TOPO_KERNEL_CACHE, else the user cache, then the temp dir (read-only homes)."""
+    if os.environ.get(CACHE_ENV):
+        return [os.environ[CACHE_ENV]]
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return [os.path.join(home, "megatron_topo", "kernels"),
+            os.path.join(tempfile.gettempdir(), f"megatron_topo_kernels_{uid}")]
+
+
+def _writable(d: str) -> bool:
+    try:
+        os.makedirs(d, exist_ok=True)
+        return os.access(d, os.W_OK | os.X_OK)
+    except OSError:
+        return False
 
 
 def _build() -> tuple[ctypes.CDLL, str]:
     with open(_SRC, "rb") as f:
         src = f.read()
     errors = []
-    cache = _cache_dir()
+    cache = next((d for d in _cache_dirs() if _writable(d)), _cache_dirs()[-1])
     for cc in _compilers():
         cid = _compiler_id(cc)
         for extra in _FLAG_SETS:

@@ -674,3 +674,17 @@ def test_bench_sharding_reads_kernel_times(tmp_path):
             os.environ.pop("RANK") if prev is None else os.environ.__setitem__("RANK", prev)
     got = BS.read_kernel_times(str(tmp_path), 8)
     assert got["quant_ranks"] == 2 and abs(got["quant_s"] - 0.15) < 1e-12 and abs(got["quant_s_max"] - 0.2) < 1e-12
+
+
+def test_cpu_fast_cache_falls_back_to_the_temp_dir(tmp_path):
+    if not any(__import__("shutil").which(c) for c in ("cc", "gcc", "clang")):
+        pytest.skip("no C compiler on this machine")
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("")  # the user cache cannot be created under a file
+    code = ("import kernels.cpu_fast as CF\n"
+            "assert CF.available(), CF.unavailable_reason()\n"
+            f"assert CF.library_path().startswith({str(tmp_path / 'tmp')!r}), CF.library_path()\n"
+            "print('ok')\n")
+    (tmp_path / "tmp").mkdir()
+    _run_py(code, {"XDG_CACHE_HOME": str(blocker), "TMPDIR": str(tmp_path / "tmp"), CF.CACHE_ENV: "",
+                   "OMP_NUM_THREADS": "1"})
