@@ -133,3 +133,29 @@ def post_gather_slots(group: Sequence[int], w: int, g: int, os: int) -> list[int
     """For each member (sorted group order) the position of its optimizer shard inside the
     primary shard, in units of optimizer shards."""
     return [shard_index(r, (w, g, os)) % (os // w) for r in group]
+
+
+def permute_chunks_(rows, slots: Sequence[int]) -> None:
+    """In place: row ``i`` of ``rows`` moves to row ``slots[i]`` (a permutation), following
+    its cycles with one row of scratch."""
+    inv = [0] * len(slots)
+    for i, j in enumerate(slots):
+        inv[j] = i
+    seen = [False] * len(slots)
+    scratch = None
+    for start in range(len(slots)):
+        if seen[start] or inv[start] == start:
+            seen[start] = True
+            continue
+        if scratch is None:
+            scratch = rows[0].clone()
+        scratch.copy_(rows[start])
+        p = start
+        while True:
+            seen[p] = True
+            q = inv[p]  # the row that belongs at p
+            if q == start:
+                rows[p].copy_(scratch)
+                break
+            rows[p].copy_(rows[q])
+            p = q

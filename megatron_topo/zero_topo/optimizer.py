@@ -16,7 +16,10 @@ def _fused_ok(device: torch.device) -> bool:
 class ShardedAdamW:
     def __init__(self, shards: list[torch.Tensor], decay_ranges: list[list[tuple[int, int]]], *,
                  lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
-        self.params = [nn.Parameter(s.detach().clone().float()) for s in shards]
+        # the shards become the masters (no copy: the engine hands over fresh fp32 tensors, and a
+        # copy would double the optimizer's largest state while both exist)
+        self.params = [nn.Parameter(s.detach() if s.dtype == torch.float32 else s.detach().float())
+                       for s in shards]
         self.decay_ranges = decay_ranges
         self.weight_decay = weight_decay
         dev = self.params[0].device

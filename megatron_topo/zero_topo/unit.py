@@ -390,18 +390,12 @@ class ShardedUnit:
         if new.data_ptr() == master.data_ptr():  # fp32: do not send the live master
             new = new.clone()
         slots = L.post_gather_slots(grp.ranks, *plan.factors)
-        if slots == list(range(grp.size)):  # the group's order is the shard order: gather in place
-            work = self.comm.all_gather(self.primary, new, grp, async_op=True)
-            self.publish_handle = Handle([work], lambda _keep=new: self._published())
-            return
-        tmp = torch.empty(new.numel() * grp.size, dtype=self.dtype, device=self.device)
-        work = self.comm.all_gather(tmp, new, grp, async_op=True)
+        # gather straight into the primary shard (group order), then move the pieces to their
+        # shard slots in place, one piece of scratch: no primary-sized staging buffer per unit
+        work = self.comm.all_gather(self.primary, new, grp, async_op=True)
 
-        def place():
-            n = new.numel()
-            tmpv = tmp.view(grp.size, n)
-            for i, slot in enumerate(slots):
-                self.primary[slot * n:(slot + 1) * n].copy_(tmpv[i])
+        def place(_keep=new):
+            L.permute_chunks_(self.primary.view(grp.size, -1), slots)
             self._published()
 
         self.publish_handle = Handle([work], place)
