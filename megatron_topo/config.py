@@ -542,9 +542,9 @@ def parse_yaml(text: str, name: str):
             loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        at = f" line {mark.line + 1}" if mark is not None else ""
+        at = f" line {mark.line + 1}:" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{name}:{at}: invalid YAML: {problem}") from None
+        raise ConfigError(f"{name}:{at} invalid YAML: {problem}") from None
     except RecursionError:
         raise ConfigError(f"{name}: invalid YAML: nested too deeply") from None
     if _expanded_size(data, MAX_YAML_VALUES, {}) > MAX_YAML_VALUES:

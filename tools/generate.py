@@ -148,8 +148,8 @@ def check_args(args) -> None:
         raise GenerateError(f"--temperature {args.temperature}: must be a finite number > 0")
     if args.top_k < 0:
         raise GenerateError(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
-    if not 0 <= args.seed < 2**63:
-        raise GenerateError(f"--seed {args.seed}: must lie in [0, 2**63)")
+    if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
+        raise GenerateError(f"--seed {args.seed}: must lie in [-2**63, 2**64)")
     check_device(args.device)
 
 

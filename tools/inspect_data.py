@@ -41,6 +41,9 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=None,
                    help="scan the .bin and fail unless every token id is in [0, VOCAB_SIZE)")
     args = p.parse_args(argv)
+    if args.vocab_size is not None and args.vocab_size < 1:
+        print(f"error: --vocab-size {args.vocab_size}: must be >= 1", file=sys.stderr)
+        return 1
     try:
         ds = MMapIndexedDataset(args.prefix)
         if args.vocab_size is not None:
