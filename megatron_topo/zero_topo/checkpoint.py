@@ -138,10 +138,10 @@ def _write_failure(e: BaseException, where: str) -> str:
         why = re.sub(r"^\[enforce fail at [^\]]*\]\s*\.?\s*", "", why)[:160] or type(e).__name__
     try:
         st = os.statvfs(where)
-        free = f"; {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free there"
+        free = f" with {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free on its filesystem"
     except OSError:
         free = ""
-    return f"{why}{free}"
+    return f"write failed ({why}){free}"
 
 
 def check_save_dir(root: Optional[str]) -> None:
@@ -231,7 +231,7 @@ def save(engine, root: str, step: int, trainer_state: dict, config_yaml: str, ra
         entry = {"unit": i, "lo": lo, "hi": hi, "padded": u.layout.padded, "numel": u.numel}
         if holder:
             st = engine.optimizer.shard_state(i)
-            entry.update({k: (v.detach().cpu().clone() if torch.is_tensor(v) else v) for k, v in st.items()})
+            entry.update({k: (engine.comm.to_host(v).clone() if torch.is_tensor(v) else v) for k, v in st.items()})
         shards.append(entry)
     payload = {
         "format": FORMAT_VERSION,
