@@ -139,6 +139,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
             flat = state["master"]
             for name, off, numel, shape in params:
                 writer.put(to_hf_key(name, "embed_out"), flat[int(off):int(off) + int(numel)].view(*shape))
+            del state, flat  # before the next unit is read: one unit in memory at a time
         writer.close()
         writer = None
         umask = os.umask(0)
