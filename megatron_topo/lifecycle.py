@@ -69,21 +69,31 @@ class StopSignals:
 
 class Lifecycle:
     """Per-step decisions every rank takes together: stop (a signal reached any rank) and
-    time-based checkpoints (every ``save_interval_minutes`` by rank 0's clock; 0 = off)."""
+    time-based checkpoints (every ``save_interval_minutes`` by rank 0's clock; 0 = off).
+
+    Distributed, the decision is pipelined by one step: ``poll`` after step k starts the MAX
+    reduction of this rank's ``[signal, due]`` and acts on the result started after step k - 1.
+    The reduction thus never waits on the collectives still running after an optimizer step
+    (the engine's background weight gathers, queued before it on the same stream); every rank
+    still takes the same decision at the same step, one step after the signal.
+    """
 
     def __init__(self, signals: StopSignals, save_interval_minutes: float = 0.0, *,
-                 reduce_max: Optional[Callable[[list], list]] = None, rank: int = 0, clock=time.monotonic):
-        """``reduce_max(values) -> values``: element-wise MAX over all ranks (a collective every
-        rank calls once per step); None for a single process."""
+                 start_reduce_max: Optional[Callable[[list], Callable[[], list]]] = None, rank: int = 0,
+                 clock=time.monotonic):
+        """``start_reduce_max(values)`` launches the element-wise MAX over all ranks (a collective
+        every rank calls once per poll) and returns a function that waits for it and returns the
+        reduced values; None for a single process (decisions then take effect at once)."""
         if save_interval_minutes < 0:
             raise ValueError(f"save_interval_minutes {save_interval_minutes} must be >= 0 (0: off)")
         self.signals = signals
         self.interval_s = 60.0 * float(save_interval_minutes)
-        self.reduce_max = reduce_max
+        self.start_reduce_max = start_reduce_max
         self.rank = rank
         self.clock = clock
         self.last_save = clock()
         self.stop_signal: Optional[int] = None  # agreed: the signal that stops the run
+        self._pending: Optional[Callable[[], list]] = None
 
     def saved(self) -> None:
         """Restart the time-based interval (call after every checkpoint)."""
@@ -92,12 +102,25 @@ class Lifecycle:
     def poll(self) -> tuple[bool, bool]:
         """(stop, time-based save due), the same on every rank. Collective when distributed."""
         local_sig = self.signals.signum or 0
-        due = 1 if (self.rank == 0 and self.interval_s > 0 and self.clock() - self.last_save >= self.interval_s) else 0
-        if self.reduce_max is not None:
-            local_sig, due = (int(v) for v in self.reduce_max([local_sig, due]))
-        if local_sig and self.stop_signal is None:
-            self.stop_signal = local_sig
-        return bool(local_sig), bool(due)
+        due = 0
+        if self.rank == 0 and self.interval_s > 0 and self.clock() - self.last_save >= self.interval_s:
+            due = 1
+            self.last_save = self.clock()  # requested: the interval restarts (and saved() again after it)
+        if self.start_reduce_max is None:
+            decided = [local_sig, due]
+        else:
+            pending, self._pending = self._pending, self.start_reduce_max([local_sig, due])
+            decided = pending() if pending is not None else [0, 0]
+        sig, due = (int(v) for v in decided)
+        if sig and self.stop_signal is None:
+            self.stop_signal = sig
+        return bool(sig), bool(due)
+
+    def close(self) -> None:
+        """Wait for the reduction still in flight (every rank calls it once, after the loop)."""
+        if self._pending is not None:
+            self._pending()
+            self._pending = None
 
     @property
     def stop_name(self) -> Optional[str]:

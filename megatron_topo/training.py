@@ -339,13 +339,26 @@ class Trainer:
         end; the returned record then has ``stopped_by`` (the signal's name)."""
         signals = lifecycle.StopSignals().install()
         try:
-            comm = self.engine.comm  # MAX over ranks through a tensor on the runtime device
             self.lifecycle = lifecycle.Lifecycle(
                 signals, self.cfg.checkpoint.save_interval_minutes, rank=self.rt.rank,
-                reduce_max=(lambda v: comm.all_reduce_host(v, op=dist.ReduceOp.MAX)) if self.rt.distributed else None)
+                start_reduce_max=self._start_reduce_max if self.rt.distributed else None)
             return self._train(until)
         finally:
             signals.restore()
+
+    def _start_reduce_max(self, values: list):
+        """Launch a MAX all-reduce of a few numbers over all ranks, through a tensor on the
+        runtime device (NCCL/RCCL reduce no CPU tensors); returns a function that waits for it
+        and returns the values (not counted in the traffic counters)."""
+        comm = self.engine.comm
+        t = torch.tensor(values, dtype=torch.float64, device=self.rt.device)
+        work = comm.all_reduce(t, comm.world, op=dist.ReduceOp.MAX, async_op=True, account=False)
+
+        def finish() -> list:
+            if work is not None:
+                work.wait()
+            return comm.to_host(t).tolist()
+        return finish
 
     def _train(self, until: Optional[int]) -> dict:
         cfg, rt, s = self.cfg, self.rt, self.state
@@ -415,6 +428,7 @@ class Trainer:
                 self.save()
             if stop:
                 break
+        life.close()
         if bar is not None:
             bar.close()
         if cfg.checkpoint.save and (s.step > start_step or not self.resume_from):

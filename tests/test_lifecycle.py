@@ -42,8 +42,10 @@ def test_time_based_saves_follow_rank0_clock_and_restart_after_a_save():
     assert life.poll() == (False, False)
     now[0] = 30.0
     assert life.poll() == (False, True)
-    life.saved()
-    now[0] = 59.0
+    assert life.poll() == (False, False)  # requested once per interval
+    now[0] = 50.0
+    life.saved()  # e.g. a checkpoint_factor save: the interval restarts
+    now[0] = 79.0
     assert life.poll() == (False, False)
     other = Lifecycle(sig, save_interval_minutes=0.5, rank=1, clock=lambda: now[0] + 1000)
     assert other.poll() == (False, False)  # only rank 0's clock decides (then broadcast by the MAX)
@@ -51,15 +53,28 @@ def test_time_based_saves_follow_rank0_clock_and_restart_after_a_save():
     assert off.poll() == (False, False)
     sig.signum = signal.SIGTERM
     assert off.poll() == (True, False) and off.stop_name == "SIGTERM"
-    # distributed: each rank's [signal, due] goes through the MAX reduction; the result decides
-    seen = []
-    quiet = StopSignals()
-    ranked = Lifecycle(quiet, save_interval_minutes=0.5, rank=1, clock=lambda: now[0],
-                       reduce_max=lambda v: seen.append(list(v)) or [signal.SIGUSR1, 1])
-    assert ranked.poll() == (True, True) and ranked.stop_name == "SIGUSR1"
-    assert seen == [[0, 0]]  # rank 1 had no signal and its clock does not count
     with pytest.raises(ValueError):
         Lifecycle(sig, save_interval_minutes=-1)
+
+
+def test_distributed_decisions_are_the_max_over_ranks_one_step_later():
+    """Each poll launches the MAX of this rank's [signal, due] and acts on the previous one."""
+    launched, results = [], iter([[0, 0], [signal.SIGUSR1, 1], [signal.SIGUSR1, 0]])
+
+    def start(values):
+        launched.append(list(values))
+        out = next(results)
+        return lambda: out
+
+    sig = StopSignals()
+    now = [0.0]
+    life = Lifecycle(sig, save_interval_minutes=0.5, rank=1, clock=lambda: now[0], start_reduce_max=start)
+    assert life.poll() == (False, False)  # nothing decided before the first reduction lands
+    now[0] = 100.0  # rank 1's clock does not count
+    assert life.poll() == (False, False)  # = the first reduction: [0, 0]
+    assert life.poll() == (True, True) and life.stop_name == "SIGUSR1"  # another rank's signal and rank 0's save
+    life.close()
+    assert launched == [[0, 0], [0, 0], [0, 0]]
 
 
 # ------------------------------------------------------------------------------ processes
