@@ -14,6 +14,10 @@
 * ``FILE.safetensors``: the fp32 weights (GPT-NeoX names as in our model) with the step in the
   safetensors metadata, plus ``FILE-stem.optim.pt`` holding everything else as above.
 
+The checkpoint is read one unit at a time (memory-mapped rank files); the weights of a
+``.safetensors`` output are written as they are read, so that output needs memory for the
+moments only, a ``.pt`` output for master + moments (the file is one pickle).
+
 Nothing in the checkpoint can run code (torch.load(weights_only=True), JSON, safe YAML). An
 existing output is never overwritten without ``--force``; files are written under a temporary
 name and renamed. Bad input prints one line on stderr and exits 2.
@@ -57,9 +61,14 @@ def _atomic(path: str, write):
 
 
 def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
+    """Reads the checkpoint one unit at a time: the weights of a ``.safetensors`` output stream
+    into their file, so only the moments are gathered in memory (a ``.pt`` output holds the whole
+    state, as the file it writes does); never a second copy of the model."""
     import torch
 
-    from megatron_topo.zero_topo.checkpoint import CheckpointError, read_full_state
+    from megatron_topo.model.hf import SafetensorsWriter, iter_checkpoint_units, verify_checkpoint_files
+    from megatron_topo.zero_topo.checkpoint import (STATE_KEYS, CheckpointError, read_config_yaml, read_meta,
+                                                    resolve)
 
     safet = output.endswith(".safetensors")
     optim_path = output[: -len(".safetensors")] + ".optim.pt" if safet else None
@@ -72,26 +81,50 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
         parent = os.path.dirname(os.path.abspath(o))
         if not os.path.isdir(parent):
             raise CheckpointError(f"--output {o}: directory {parent} does not exist")
-    st = read_full_state(checkpoint)
-    meta = st["meta"]
-    rest = {
-        "format": FORMAT,
-        "step": int(meta["step"]),
-        "optimizer": {"exp_avg": {n: v["exp_avg"] for n, v in st["optimizer"].items()},
-                      "exp_avg_sq": {n: v["exp_avg_sq"] for n, v in st["optimizer"].items()},
-                      "step": dict(st["adam_step"])},
-        "trainer": meta.get("trainer", {}),
-        "meta_json": json.dumps(meta),
-        "config_yaml": st["config_yaml"] or "",
-    }
-    if safet:
-        from safetensors.torch import save_file
-
-        weights = {n: t.contiguous() for n, t in st["params"].items()}
-        _atomic(output, lambda p: save_file(weights, p, metadata={"format": FORMAT, "step": str(meta["step"])}))
-        _atomic(optim_path, lambda p: torch.save(rest, p))
-    else:
-        _atomic(output, lambda p: torch.save({**rest, "model": st["params"]}, p))
+    sp = resolve(checkpoint)
+    meta = read_meta(sp)
+    config_yaml = read_config_yaml(sp, meta)  # an edited config.yml fails before any shard is read
+    verify_checkpoint_files(sp, meta)
+    model, exp_avg, exp_avg_sq, adam_step = {}, {}, {}, {}
+    tmp = f"{output}.tmp.{os.getpid()}"
+    writer = None
+    try:
+        if safet:
+            table = {name: (tuple(shape), torch.float32) for u in meta["units"] for name, _, _, shape in u["params"]}
+            writer = SafetensorsWriter(tmp, table, {"format": FORMAT, "step": str(meta["step"])})
+        for _, state, params in iter_checkpoint_units(sp, meta, keys=STATE_KEYS, verify=False):
+            step = None if state["step"] is None else float(state["step"])
+            for name, off, numel, shape in params:
+                sl = slice(int(off), int(off) + int(numel))
+                if writer is not None:
+                    writer.put(name, state["master"][sl].view(*shape))
+                else:
+                    model[name] = state["master"][sl].view(*shape).clone()
+                if step is not None:
+                    exp_avg[name] = state["exp_avg"][sl].view(*shape).clone()
+                    exp_avg_sq[name] = state["exp_avg_sq"][sl].view(*shape).clone()
+                    adam_step[name] = step
+            del state
+        rest = {
+            "format": FORMAT,
+            "step": int(meta["step"]),
+            "optimizer": {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "step": adam_step},
+            "trainer": meta.get("trainer", {}),
+            "meta_json": json.dumps(meta),
+            "config_yaml": config_yaml or "",
+        }
+        if writer is not None:
+            writer.close()
+            writer = None
+            os.replace(tmp, output)
+            _atomic(optim_path, lambda p: torch.save(rest, p))
+        else:
+            _atomic(output, lambda p: torch.save({**rest, "model": model}, p))
+    finally:
+        if writer is not None:
+            writer.abort()
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return outs
 
 
