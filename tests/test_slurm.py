@@ -1,7 +1,9 @@
 """The Frontier Slurm scripts, run under a fake sbatch/srun/scontrol/module.
 
 The fakes are shell scripts first on PATH: ``sbatch`` sets the batch job's SLURM_* variables for
-the ``#SBATCH --nodes`` of the script (or ``--nodes=`` on its command line) and runs it; ``srun``
+the ``#SBATCH --nodes`` of the script (or ``--nodes=`` on its command line) and runs a copy of it
+in a spool folder, as Slurm does (``scontrol show job`` then names the original in ``Command=``),
+with the script's arguments; ``srun``
 records its arguments and runs the launched command for a few simulated tasks with SLURM_PROCID,
 SLURM_LOCALID, ... set as srun's block distribution would; ``python`` (the venv's) records its
 arguments and environment. The tests then check the launch line, the environment and the topology
