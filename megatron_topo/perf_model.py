@@ -62,11 +62,14 @@ the node's NICs are shared (seed 004 Eq. 5.7, ``beta_inter / min(G_node, concurr
     per-rank accounting of DESIGN §4's counters; on seed 003's cluster it predicts ZeRO-3 3.5-11x too
     slow and ZeRO++'s speedup 2.3-2.8x the measured one (``tools/perf_model.py --validate-zeropp``).
 
-Overlap, as the engine does it since commit 3af3320 (``compose_passes``; docs/frontier.md §4): gathers
-are prefetched and gradient reductions run under compute (a pass = max(compute, comm) + the first
-gather / last reduction, which nothing hides). Each unit's cross-replica combine starts during the
-**last** backward once its reduction lands: last backward = ``max(B, C) + min(B, C)/n`` (B a pass,
-C all combines, n units). The optimizer waits for every combine. Each unit's post-step all-gather
+Overlap, as the engine does it (``compose_passes``; docs/frontier.md §4): gathers are prefetched and
+gradient reductions run under compute (a pass = max(compute, comm) + the first gather / last
+reduction, which nothing hides). Reductions finish oldest first with at most
+``REDUCTIONS_IN_FLIGHT`` (the engine's ``max_in_flight``) pending, and each unit's cross-replica
+combine starts during the **last** backward as soon as its reduction is finished, i.e. at most that
+many units after the unit's own backward (``tests/test_engine_overlap.py`` asserts the order):
+last backward = ``max(B + kC/n, kB/n + C)`` with k = in-flight + 1 (B a pass, C all combines, n
+units). The optimizer waits for every combine. Each unit's post-step all-gather
 runs in the background and is waited for at its next forward gather: first forward =
 ``max(F, A) + min(F, A)/n``. On the same level as that pass's traffic they share its link instead.
 ``prefetch=False`` exposes the gathers; ``step_overlap=False`` is the engine before 3af3320.
@@ -333,6 +336,9 @@ def collective_time(c: Collective, topo: Topology, system: SystemConfig, n_units
     return n_units * (latency(c, system) + small) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
 
 
+REDUCTIONS_IN_FLIGHT = 2  # ZeroTopoEngine's max_in_flight default (checked in tests/test_perf_model.py)
+
+
 def _phase(compute: float, gather: float, reduce: float, n: int, prefetch: bool) -> float:
     """One forward or backward pass over ``n`` units: prefetched gathers and asynchronous
     reductions run under compute, the first unit's gather and the last unit's reduction are not
@@ -342,10 +348,13 @@ def _phase(compute: float, gather: float, reduce: float, n: int, prefetch: bool)
     return gather + max(compute, reduce) + reduce / n
 
 
-def _pipeline(a: float, b: float, n: int) -> float:
-    """Two stages over ``n`` equal units, unit i of stage b starting once unit i of stage a is
-    done (the stages on different links): ``max(a, b) + min(a, b) / n``."""
-    return max(a, b) + min(a, b) / n
+def _pipeline(a: float, b: float, n: int, lag: int = 0) -> float:
+    """Two stages over ``n`` equal units on different links, unit i of stage b starting once
+    unit i + ``lag`` of stage a is done: b keeps up with a and finishes its last ``lag + 1``
+    units after a, or b is the bottleneck and starts ``lag + 1`` units of a late. ``lag=0`` is
+    ``max(a, b) + min(a, b) / n``."""
+    k = min(lag, n - 1) + 1
+    return max(a + k * b / n, k * a / n + b)
 
 
 def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
@@ -368,8 +377,10 @@ def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: fl
         # the last backward launches each unit's combine once its reduction lands; the next step's
         # first forward waits, unit by unit, for that unit's post-step gather (module docstring)
         # (on the same level as that pass's traffic they share its link)
+        # (the engine finishes reductions oldest first with at most REDUCTIONS_IN_FLIGHT pending,
+        # so a unit's combine starts at the latest that many units of backward after its own)
         bwd_last = (_phase(t_b, bwd_ag, red + comb, n, prefetch) if levels.get("combine") in bwd_lv
-                    else _pipeline(bwd, comb, n))
+                    else _pipeline(bwd, comb, n, lag=REDUCTIONS_IN_FLIGHT))
         fwd_first = (_phase(t_f, fwd_ag + post, 0.0, n, prefetch) if levels.get("post_step_all_gather") in fwd_lv
                      else _pipeline(post, fwd, n))
     else:  # serial, or the engine before commit 3af3320: combine and post-step gather blocking in step()
