@@ -22,7 +22,8 @@
 if [ "$SITE" = local_cpu ]; then
     : "${WORK_DIR:=${TMPDIR:-/tmp}/megatron_topo-${USER:-$(id -un)}}"
 else  # Orion (Lustre) scratch of the job's project: /lustre/orion/<project>/scratch/<user>/megatron_topo
-    : "${WORK_DIR:=/lustre/orion/${SLURM_JOB_ACCOUNT:-CHANGEME}/scratch/${USER:-$(id -un)}/megatron_topo}"
+    acct="${SLURM_JOB_ACCOUNT:-CHANGEME}"
+    : "${WORK_DIR:=/lustre/orion/${acct,,}/scratch/${USER:-$(id -un)}/megatron_topo}"
 fi
 : "${VENV:=$REPO/.venv}"                     # venv with ROCm PyTorch (docs/frontier.md §1)
 : "${RESUBMIT:=0}"                           # jobs to chain after a walltime stop (0: none)

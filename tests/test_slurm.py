@@ -300,9 +300,12 @@ def test_a_wrong_repo_is_one_clear_error(fake_slurm, tmp_path):
 
 
 def test_work_dir_that_cannot_be_created_is_one_clear_error(fake_slurm):
-    r = fake_slurm["submit"]("frontier_20b.sh", drop=("WORK_DIR",))  # /lustre/orion/CHANGEME/... does not exist
+    # the default: Orion scratch of the job's account (Orion's project folders are lower case)
+    r = fake_slurm["submit"]("frontier_20b.sh", drop=("WORK_DIR",), extra_env={"SLURM_JOB_ACCOUNT": "ABC123"})
     assert r.returncode == 2
-    assert r.stderr.startswith("slurm: error: WORK_DIR=/lustre/orion/CHANGEME/scratch/pytest-fake-user/megatron_topo")
+    assert r.stderr.startswith("slurm: error: WORK_DIR=/lustre/orion/abc123/scratch/pytest-fake-user/megatron_topo "
+                               "cannot be created or written (its parent must exist)"), r.stderr
+    assert not os.path.exists("/lustre/orion/abc123")
 
 
 def test_generic_takes_model_and_preset_as_arguments(fake_slurm):
