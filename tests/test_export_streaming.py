@@ -240,3 +240,50 @@ def test_sizes_and_shard_split():
     entries = [("a", (10,), f), ("b", (10,), f), ("c", (30,), f), ("d", (5,), f)]
     assert shard_names(entries, 80) == [["a", "b"], ["c"], ["d"]]  # c (120 bytes) alone
     assert shard_names(entries, 10**9) == [["a", "b", "c", "d"]]
+
+
+def _save_on_two_ranks(rank, world, root):
+    """zero3 over 2 ranks (2 shard holders, one file each), one Adam step, saved."""
+    import torch.distributed as dist
+
+    from .engine_cases import train_steps
+
+    cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64,
+                      no_weight_tying=True)
+    eng = make_engine(rank, world, ZeroTopoConfig(preset="zero3"), gcds=1, gpus=2, cfg=cfg)
+    train_steps(eng, rank, steps=1, accum=1)
+    yaml = small_config(root).to_flat_yaml() if rank == 0 else ""
+    ckpt.save(eng, str(root / "ck"), 1, {"step": 1}, yaml, rank, dist.barrier)
+    return None
+
+
+def test_export_of_a_checkpoint_sharded_over_ranks(tmp_path):
+    """Every unit's master is split over two rank files: the streamed export equals the full state
+    read_full_state reassembles, and transformers gives our model's logits."""
+    transformers = pytest.importorskip("transformers")
+    from megatron_topo.model import build_model
+
+    from .dist_utils import run_distributed
+
+    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)  # import torch._dynamo once, not per rank
+    run_distributed(_save_on_two_ranks, 2, tmp_path)
+    meta = ckpt.read_meta(ckpt.resolve(str(tmp_path / "ck")))
+    assert meta["shard_holders"] == 2 and meta["world_size"] == 2
+    out = tmp_path / "hf"
+    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out), "--max-shard-size",
+                               "30KB"]) == 0
+    full = ckpt.read_full_state(str(tmp_path / "ck"))
+    from safetensors.torch import load_file
+
+    got = {}
+    for f in os.listdir(out):
+        if f.endswith(".safetensors"):
+            got.update(load_file(str(out / f)))
+    assert got.keys() == {to_hf_key(n) for n in full["params"]}
+    assert all(torch.equal(got[to_hf_key(n)], t) for n, t in full["params"].items())
+    model = build_model(ckpt.load_model_config(full), seed=0).eval()
+    model.load_state_dict(full["params"])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, model(ids), rtol=1e-5, atol=1e-5)
