@@ -19,6 +19,10 @@ from .zero_topo.plan import PRESETS, Plan, resolve_plan
 GIB = memory.GIB
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
 def device_memory_bytes(cfg: Config, device: torch.device) -> Optional[int]:
     """The ``system`` block's device memory, else the GPU's own; None on a CPU without one."""
     if cfg.system is not None:
@@ -83,6 +87,6 @@ def check(cfg: Config, plan: Plan, topo: Topology, device: torch.device) -> Opti
     advice = ("use " + " or ".join(ways)) if ways else "no plan fits this model within 4096 nodes; use a smaller model"
     rest = est["total"] - est["model_states"]
     raise ConfigError(
-        f"{sum(numels) / 1e9:.1f}B parameters under {plan.preset} on {topo.world_size} ranks need "
+        f"{_count(sum(numels))} parameters under {plan.preset} on {topo.world_size} ranks need "
         f"{est['model_states'] / GIB:.1f} GiB of model states per rank (+ {rest / GIB:.1f} GiB activations and "
         f"buffers), {limit / GIB:.1f} GiB available: {advice}")
