@@ -19,6 +19,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -29,6 +30,8 @@ SCRIPT = os.path.join(REPO, "slurm", "frontier_20b.sh")
 TRAIN = ["--set", "progress_bar=false", "--set", "builtin_corpus_bytes=100000", "--set", "log_interval=1",
          "--set", "eval_interval=0", "--set", "num_layers=2", "--set", "hidden_size=64"]
 PER_NODE = ["--ntasks-per-node=2", "--cpus-per-task=1"]
+# the environment running the tests (the project's .venv in CI)
+VENV = sys.prefix if os.access(os.path.join(sys.prefix, "bin", "python"), os.X_OK) else os.path.join(REPO, ".venv")
 
 
 def _free_port_block(n=3) -> int:
@@ -92,7 +95,7 @@ class Cluster:
             port = s.getsockname()[1]
         self.env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "USER": "root",
                     "SLURM_CONF": slurm["conf"], "SITE": "local_cpu", "WORK_DIR": str(self.work),
-                    "VENV": os.path.join(REPO, ".venv"), "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+                    "VENV": VENV, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
 
     def sbatch(self, *args, env=None) -> str:
         r = subprocess.run(["sbatch", "--parsable", *args], cwd=self.submit_dir, env=dict(self.env, **(env or {})),
