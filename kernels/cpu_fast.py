@@ -49,7 +49,7 @@ _DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
                "-fno-strict-aliasing"]
 _FLAG_SETS = (["-march=native"], [])
-MIN_ELEMS_PER_THREAD = 1 << 16
+MIN_ELEMS_PER_THREAD = 1 << 18  # below ~1 MiB of fp32 per thread the pool costs more than it saves
 
 _lock = threading.RLock()  # re-entered by the self-check during the build
 _state: dict = {}  # "lib", "path", "error"
