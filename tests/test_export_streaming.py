@@ -59,7 +59,6 @@ PROBE = textwrap.dedent("""
     import torch, transformers, safetensors.torch  # every import before the baseline
     transformers.GPTNeoXConfig
     import convert_to_hf
-    from megatron_topo.zero_topo import checkpoint as ckpt
     def status(key):
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
@@ -69,20 +68,13 @@ PROBE = textwrap.dedent("""
     except OSError:
         pass  # then the imports' own peak counts too (a stricter test)
     base = status("VmRSS")
-    if {how!r} == "streaming":
-        rc = convert_to_hf.main(["--checkpoint", {ck!r}, "--output", {out!r}, "--max-shard-size", "100MB"])
-    else:  # what the export did before: the whole checkpoint in memory, then one save_file
-        from safetensors.torch import save_file
-        from megatron_topo.model.hf import to_hf_state_dict
-        st = ckpt.read_full_state({ck!r})
-        save_file({{k: v.contiguous() for k, v in to_hf_state_dict(st["params"]).items()}}, {out!r})
-        rc = 0
+    rc = convert_to_hf.main(["--checkpoint", {ck!r}, "--output", {out!r}, "--max-shard-size", "100MB"])
     print(json.dumps({{"rc": rc, "base": base, "peak": status("VmHWM")}}))
 """)
 
 
-def _peak_rss(ck, out, how="streaming") -> dict:
-    code = PROBE.format(tools=os.path.join(ROOT, "tools"), ck=str(ck), out=str(out), how=how)
+def _peak_rss(ck, out) -> dict:
+    code = PROBE.format(tools=os.path.join(ROOT, "tools"), ck=str(ck), out=str(out))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -281,6 +273,10 @@ def test_export_of_a_checkpoint_sharded_over_ranks(tmp_path):
             got.update(load_file(str(out / f)))
     assert got.keys() == {to_hf_key(n) for n in full["params"]}
     assert all(torch.equal(got[to_hf_key(n)], t) for n, t in full["params"].items())
+    assert full["optimizer"] and set(full["adam_step"].values()) == {1.0}
+    weights = ckpt.read_full_state(str(tmp_path / "ck"), keys=("master",))  # weights only
+    assert weights["optimizer"] == {} and weights["adam_step"] == {}
+    assert all(torch.equal(weights["params"][n], t) for n, t in full["params"].items())
     model = build_model(ckpt.load_model_config(full), seed=0).eval()
     model.load_state_dict(full["params"])
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()

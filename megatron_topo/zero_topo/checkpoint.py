@@ -687,12 +687,15 @@ def load(engine, path: str, rank: int, strict_world: bool = False, config=None) 
 
 
 # ------------------------------------------------------------------------------- full states
-def read_full_state(path: str) -> dict:
+def read_full_state(path: str, keys=STATE_KEYS) -> dict:
     """The whole model and optimizer state of a checkpoint, in one process (no engine needed).
 
     Returns ``{"step_dir", "meta", "config_yaml", "params": {name: fp32 tensor},
     "optimizer": {name: {"exp_avg", "exp_avg_sq"}}, "adam_step": {name: float}, "units": [per-unit
-    flat state]}`` with every tensor reassembled from the shard files.
+    flat state]}`` with every tensor reassembled from the shard files; ``params`` and ``optimizer``
+    are views into the ``units`` buffers (one copy of the state in memory). ``keys=("master",)``
+    reads the weights only (``optimizer`` and ``adam_step`` are then empty). Exports that need not
+    hold the model read unit by unit instead (:func:`full_unit_state`).
     """
     sp = resolve(path)
     meta = read_meta(sp)
@@ -700,14 +703,14 @@ def read_full_state(path: str) -> dict:
     files: dict = {}
     params, optim, steps, units = {}, {}, {}, []
     for i, u in enumerate(meta["units"]):
-        full = full_unit_state(sp, meta, i, files)
+        full = full_unit_state(sp, meta, i, files, keys)
         units.append(full)
-        step = None if full["step"] is None else float(full["step"])
+        step = None if full["step"] is None or "exp_avg" not in full else float(full["step"])
         for name, off, numel, shape in u["params"]:
             sl = slice(int(off), int(off) + int(numel))
-            params[name] = full["master"][sl].view(*shape).clone()
+            params[name] = full["master"][sl].view(*shape)
             if step is not None:
-                optim[name] = {k: full[k][sl].view(*shape).clone() for k in ("exp_avg", "exp_avg_sq")}
+                optim[name] = {k: full[k][sl].view(*shape) for k in ("exp_avg", "exp_avg_sq")}
                 steps[name] = step
     return {"step_dir": sp, "meta": meta, "config_yaml": config_yaml, "params": params, "optimizer": optim,
             "adam_step": steps, "units": units}
