@@ -94,14 +94,16 @@ NET_PLUGIN=""
 if [ "$SITE" = frontier ]; then
     if [ "$(rocm_major)" -ge 7 ]; then default_plugin=aws-ofi-nccl; else default_plugin=aws-ofi-rccl; fi
     plugin_module="${PLUGIN_MODULE:-$default_plugin}"
+    plugin_how="no module $plugin_module"
     if module is-avail "$plugin_module" >/dev/null 2>&1; then
         module load "$plugin_module"                           # after rocm
+        plugin_how="module $plugin_module loaded"
     fi
     [ -d "$PLUGIN_DIR" ] && export LD_LIBRARY_PATH="$PLUGIN_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     NET_PLUGIN="$(find_net_plugin || true)"
     if [ -z "$NET_PLUGIN" ] && [ "$NODES" -gt 1 ]; then
         echo "slurm: error: no loadable RCCL network plugin (librccl-net.so / libnccl-net.so) for ROCm $(rocm_major):" \
-             "no module $plugin_module, and none that loads in PLUGIN_DIR=$PLUGIN_DIR or on LD_LIBRARY_PATH;" \
+             "$plugin_how, and none that loads in PLUGIN_DIR=$PLUGIN_DIR or on LD_LIBRARY_PATH;" \
              "multi-node RCCL would fall back to TCP sockets (build one: docs/frontier.md §1)" >&2
         exit 2
     fi

@@ -341,6 +341,7 @@ def test_multi_node_without_a_network_plugin_stops(fake_slurm):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("slurm: error: no loadable RCCL network plugin"), r.stderr
+    assert "module aws-ofi-rccl loaded" in lines[0] and f"PLUGIN_DIR={fake_slurm['plugin']}" in lines[0]
     assert not os.path.exists(os.path.join(fake_slurm["log"], "srun_args"))
     r = fake_slurm["submit"]("frontier_10b.sh", sbatch_args=("--nodes=1",))  # one node: RCCL needs no network
     assert r.returncode == 0, r.stderr
