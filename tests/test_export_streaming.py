@@ -246,19 +246,40 @@ def _save_on_two_ranks(rank, world, root):
     train_steps(eng, rank, steps=1, accum=1)
     yaml = small_config(root).to_flat_yaml() if rank == 0 else ""
     ckpt.save(eng, str(root / "ck"), 1, {"step": 1}, yaml, rank, dist.barrier)
-    return None
+    # load it under another plan (zero1: the same optimizer ranges, so the resharding path) and
+    # record which rank files this rank opens and whose tensors it copies
+    other = make_engine(rank, world, ZeroTopoConfig(preset="zero1"), gcds=1, gpus=2, cfg=cfg)
+    opened, read = [], []
+    real_load, real_tensors = ckpt.load_rank_file, ckpt._shard_tensors
+    ckpt.load_rank_file = lambda sp, r, *a, **k: opened.append(r) or real_load(sp, r, *a, **k)
+    ckpt._shard_tensors = lambda path, sh, unit, keys=ckpt.STATE_KEYS: read.append(
+        (os.path.basename(path), unit, tuple(keys))) or real_tensors(path, sh, unit, keys)
+    try:
+        ckpt.load(other, str(root / "ck"), rank)
+    finally:
+        ckpt.load_rank_file, ckpt._shard_tensors = real_load, real_tensors
+    same = all(torch.equal(a["master"], b["master"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+               for a, b in zip(ckpt.gather_full_state(eng), ckpt.gather_full_state(other)))
+    reshard = eng.plan != other.plan and eng.plan.optimizer_factor == other.plan.optimizer_factor == 2
+    return {"opened": sorted(set(opened)), "read": read, "units": len(eng.units), "same": same, "reshard": reshard}
 
 
 def test_export_of_a_checkpoint_sharded_over_ranks(tmp_path):
     """Every unit's master is split over two rank files: the streamed export equals the full state
-    read_full_state reassembles, and transformers gives our model's logits."""
+    read_full_state reassembles, and transformers gives our model's logits. Loading it into an
+    engine with another plan reads each rank's own range from its own file only."""
     transformers = pytest.importorskip("transformers")
     from megatron_topo.model import build_model
 
     from .dist_utils import run_distributed
 
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)  # import torch._dynamo once, not per rank
-    run_distributed(_save_on_two_ranks, 2, tmp_path)
+    loads = run_distributed(_save_on_two_ranks, 2, tmp_path)
+    # checkpoint.load under another plan: each rank opens and copies from its own range's file only
+    # (never another rank's master or moments), and gets the saved state
+    for r, got in enumerate(loads):
+        assert got["reshard"] and got["same"] and got["opened"] == [r], got
+        assert got["read"] == [(f"rank_{r:05d}.pt", i, ckpt.STATE_KEYS) for i in range(got["units"])], got
     meta = ckpt.read_meta(ckpt.resolve(str(tmp_path / "ck")))
     assert meta["shard_holders"] == 2 and meta["world_size"] == 2
     out = tmp_path / "hf"
