@@ -2,6 +2,7 @@
 """Train a GPT-NeoX model with the zero_topo engine.
 
     python train.py CONFIG.yml [MORE.yml ...] [--set dotted.key=value ...]
+    python train.py --list-keys        # every config key: type, default, valid values, doc
 
 Launched directly (one process), by torchrun, or by srun (see slurm/).
 """
@@ -18,6 +19,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv=None) -> int:
+    if "--list-keys" in (sys.argv[1:] if argv is None else argv):
+        from megatron_topo.config import describe_keys
+
+        print(describe_keys())
+        return 0
     ap = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("configs", nargs="+", help="YAML files merged in order")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

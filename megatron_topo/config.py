@@ -614,7 +614,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_CORE = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
+_CORE = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+         "tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value"}  # YAML 1.1 only: dates and '=' stay strings
 _UniqueKeyLoader.yaml_implicit_resolvers = {
     ch: [(tag, rx) for tag, rx in rs if tag not in _CORE] for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _UniqueKeyLoader.add_implicit_resolver(

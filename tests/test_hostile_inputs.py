@@ -381,10 +381,11 @@ def test_every_tool_refuses_an_unknown_option_in_one_line(tool, tmp_path, monkey
 def test_yaml_strings_stay_strings(tmp_path):
     """YAML 1.1 would read these as octal 493, sexagesimal 5400, true and 1000.0."""
     p = tmp_path / "s.yml"
-    p.write_text("save: 0755\nlog_dir: 1:30\ndata_cache_dir: on\nvocab_file: 1e3\nload: no\n")
+    p.write_text("save: 0755\nlog_dir: 1:30\ndata_cache_dir: on\nvocab_file: 1e3\nload: no\ndata_path: 2024-01-01\n")
     cfg = load_config([str(p)], ["tensorboard_dir=0x1F"])
     assert (cfg.checkpoint.save, cfg.logging.log_dir, cfg.data.data_cache_dir, cfg.data.vocab_file,
-            cfg.checkpoint.load, cfg.logging.tensorboard_dir) == ("0755", "1:30", "on", "1e3", "no", "0x1F")
+            cfg.checkpoint.load, cfg.logging.tensorboard_dir, cfg.data.data_path) == \
+        ("0755", "1:30", "on", "1e3", "no", "0x1F", "2024-01-01")
     again = tmp_path / "eff.yml"
     again.write_text(cfg.to_flat_yaml())
     assert load_config([str(again)]) == cfg
@@ -453,6 +454,11 @@ def test_every_key_is_declared_and_listed():
     r = subprocess.run([sys.executable, "-m", "megatron_topo.config"], capture_output=True, text=True, cwd=ROOT,
                        timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == text
+
+
+def test_train_py_list_keys(capsys):
+    assert train_cli.main(["--list-keys"]) == 0
+    assert capsys.readouterr().out.strip() == describe_keys()
 
 
 def test_fingerprint_sees_an_in_place_rewrite_with_the_same_size_and_mtime(tmp_path):

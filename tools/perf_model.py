@@ -81,6 +81,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+MAX_GCDS = 1_000_000
+
+
 def _ints(text: str) -> list[int]:
     try:
         vals = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -88,6 +91,8 @@ def _ints(text: str) -> list[int]:
         raise ConfigError(f"--gcds '{text}': expected comma-separated integers like 8,16,384") from None
     if not vals or vals[0] < 1:
         raise ConfigError(f"--gcds '{text}': expected positive integers")
+    if vals[-1] > MAX_GCDS:  # the plan search walks the divisors of the world size
+        raise ConfigError(f"--gcds '{text}': {vals[-1]:,} is more than any machine; use at most {MAX_GCDS:,}")
     return vals
 
 
