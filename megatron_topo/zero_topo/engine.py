@@ -65,17 +65,22 @@ class ZeroTopoEngine:
         kernel_backend = None if kernel_backend in (None, "auto") else kernel_backend
         groups = self._make_groups()
         align = L.alignment(self.topo.world_size, memory.block_sizes(plan))
-        seen: dict[int, str] = {}
+        seen: dict[int, tuple[int, str]] = {}  # parameter -> (unit position, name in that unit)
         unit_params = []
-        for mod in units:
-            params = [(n, p) for n, p in mod.named_parameters() if p.requires_grad]
-            for n, p in params:
-                if id(p) in seen:
-                    raise ValueError(
-                        f"parameter '{n}' is shared with '{seen[id(p)]}' (tied weights); zero_topo shards "
-                        f"each unit separately: set no_weight_tying: true"
-                    )
-                seen[id(p)] = n
+        tied = []  # (borrowing unit position, name there, owning unit position, name there)
+        for i, mod in enumerate(units):
+            params = []
+            for n, p in mod.named_parameters(remove_duplicate=False):
+                if not p.requires_grad:
+                    continue
+                if id(p) in seen:  # tied weights: sharded once, by the first unit that has them
+                    owner, owner_name = seen[id(p)]
+                    if owner == i:
+                        raise ValueError(f"parameter '{n}' appears twice in one unit")
+                    tied.append((i, n, owner, owner_name))
+                    continue
+                seen[id(p)] = (i, n)
+                params.append((n, p))
             unit_params.append(params)
         leftovers = [n for n, p in model.named_parameters() if id(p) not in seen and p.requires_grad]
         if leftovers:
@@ -84,14 +89,24 @@ class ZeroTopoEngine:
         self.device = torch.device(device) if device is not None else (
             first.device if first is not None else torch.device("cpu"))
         self.units: list[ShardedUnit] = []
+        by_pos: dict[int, ShardedUnit] = {}
         for i, (mod, params) in enumerate(zip(units, unit_params)):
             if not params:
                 continue
             meta = params[0][1].device.type == "meta"
             if meta and self.device.type != "meta" and init is None:
                 raise ValueError("the model is on the meta device: pass init= to materialise it unit by unit")
-            self.units.append(ShardedUnit(i, mod, params, plan, comm, groups, self.dtype, align, wire,
-                                          kernel_backend, self.device, init if meta else None))
+            by_pos[i] = ShardedUnit(i, mod, params, plan, comm, groups, self.dtype, align, wire,
+                                    kernel_backend, self.device, init if meta else None)
+            self.units.append(by_pos[i])
+        for i, n, owner, owner_name in tied:
+            # the borrowing unit sees the owner's parameter (which sharded init may have replaced)
+            # and gathers the owner whenever it computes
+            spec = next(s for s in by_pos[owner].specs if s.name == owner_name)
+            where, _, leaf = n.rpartition(".")
+            (units[i].get_submodule(where) if where else units[i])._parameters[leaf] = spec.param
+            if i in by_pos and by_pos[owner] not in by_pos[i].borrows:
+                by_pos[i].borrows.append(by_pos[owner])
         self.groups = groups
         self.optimizer = ShardedAdamW([u.master_init for u in self.units],
                                       [u.decay_ranges() for u in self.units],
@@ -133,10 +148,14 @@ class ZeroTopoEngine:
     def _pre_forward(self, u: ShardedUnit, nxt: Optional[ShardedUnit]):
         def hook(module, args):
             if self.in_backward:  # activation recompute: weights are already there
-                if not u.gathered:
-                    u.start_gather(backward=True)
-                    u.finish_gather()
+                for v in (*u.borrows, u):
+                    if not v.gathered:
+                        v.start_gather(backward=True)
+                        v.finish_gather()
                 return
+            for v in u.borrows:  # tied weights owned by an earlier unit
+                v.start_gather(backward=False)
+                v.finish_gather()
             u.start_gather(backward=False)
             u.finish_gather()
             if nxt is not None and self.plan.prefetch:
@@ -150,6 +169,8 @@ class ZeroTopoEngine:
             training = torch.is_grad_enabled()
             if not (training and last):  # keep the last unit: backward starts with it
                 u.free_full()
+                for v in u.borrows:
+                    v.free_full()
             if training:
                 self._arm_backward(u, prev, output)
             return output
@@ -164,8 +185,10 @@ class ZeroTopoEngine:
                 fired["done"] = True
                 self._event("backward", u)
                 self._poll(limit=self.max_in_flight)
-                u.start_gather(backward=True)
-                u.finish_gather()
+                for v in (*u.borrows, u):
+                    if not v.gathered:
+                        v.start_gather(backward=True)
+                        v.finish_gather()
                 if prev is not None and self.plan.prefetch:
                     prev.start_gather(backward=True)
             return grad
@@ -192,6 +215,8 @@ class ZeroTopoEngine:
         self._event("launch_reduce", u)
         u.start_reduce(self._grad_scale)
         u.free_full()
+        for v in u.borrows:  # its backward is done: the owner is gathered again for its own
+            v.free_full()
         if not u.reduce_handles:  # reduced synchronously: done already
             self._finish_reduce(u)
         else:

@@ -92,6 +92,7 @@ class ShardedUnit:
         self.publish_handle: Optional[Handle] = None
         self.grads_ready = 0
         self.reduced_this_backward = False
+        self.borrows: list["ShardedUnit"] = []  # units owning tied weights this unit also computes with
         if plan.weight_factor == 1:  # replicated weights: the module always views the primary
             self.full = self.primary
             self._set_views(self.primary)

@@ -1,0 +1,66 @@
+"""Tied input/output embeddings (GPT-NeoX's default, ``no_weight_tying: false``): the shared weight
+is sharded once, by the embedding unit, which the head gathers whenever it computes. Every plan
+equals the unsharded tied reference; sharded init keeps the tie and the reference's values."""
+import torch
+
+from megatron_topo.config import ModelConfig, ZeroTopoConfig
+
+from .dist_utils import run_distributed
+from .engine_cases import make_engine, reference, tiny_cfg, train_steps
+
+UNQUANTIZED = dict(weight_bits=16, secondary_bits=16, grad_bits=16)
+PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig")
+
+
+def _run(rank, world):
+    out = {}
+    for name in PRESETS:
+        eng = make_engine(rank, world, ZeroTopoConfig(preset=name, **UNQUANTIZED), cfg=tiny_cfg(no_weight_tying=False))
+        m = eng.module
+        assert m.head.embed_out.weight is m.embed_in.weight
+        train_steps(eng, rank)
+        out[name] = eng.full_parameters()
+        assert m.head.embed_out.weight is m.embed_in.weight
+        eng.remove_hooks()
+    return out
+
+
+def test_tied_embeddings_match_the_tied_reference_under_every_plan():
+    world = 8
+    got = run_distributed(_run, world)
+    ref = reference(world, cfg=tiny_cfg(no_weight_tying=False))
+    assert "head.embed_out.weight" not in ref  # one parameter, under its first name
+    for name in PRESETS:
+        for rank in (0, world - 1):
+            assert got[rank][name].keys() == ref.keys(), name
+            for pname, want in ref.items():
+                torch.testing.assert_close(got[rank][name][pname], want, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m: f"{name} rank {rank} {pname}: {m}")
+
+
+def _sharded_init(rank, world):
+    from megatron_topo.model import build_model
+    from megatron_topo.topology import Topology
+    from megatron_topo.zero_topo.comm import Comm
+    from megatron_topo.zero_topo.engine import ZeroTopoEngine
+    from megatron_topo.zero_topo.plan import resolve_plan
+
+    cfg = ModelConfig(**{**tiny_cfg().__dict__, "no_weight_tying": False})
+    model = build_model(cfg, device="meta")
+    model.init_buffers("cpu")
+    topo = Topology(world, 2, world // 2)
+    eng = ZeroTopoEngine(model, model.shard_units(), resolve_plan(ZeroTopoConfig(preset="topo"), topo),
+                         Comm(topo, rank), device="cpu", init=lambda u: model.init_parameters(u, 5))
+    assert model.head.embed_out.weight is model.embed_in.weight
+    return eng.full_parameters()
+
+
+def test_sharded_init_keeps_the_tie_and_the_values():
+    from megatron_topo.model import build_model
+
+    got = run_distributed(_sharded_init, 4)[0]
+    want = dict(build_model(ModelConfig(**{**tiny_cfg().__dict__, "no_weight_tying": False}), seed=5)
+                .named_parameters())
+    assert got.keys() == want.keys()
+    for n, p in want.items():
+        assert torch.equal(got[n], p.detach()), n
