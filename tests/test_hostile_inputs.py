@@ -197,7 +197,6 @@ CASES = [
      "zero_optimization.reduce_bucket_size=500000000 is not valid"),
     ("cfg-noop-allgather-bucket", T, S("zero_optimization.allgather_bucket_size=500000000"), None, 2,
      "zero_optimization.allgather_bucket_size=500000000 is not valid"),
-    ("cfg-noop-tied-weights", T, S("no_weight_tying=false"), None, 2, "no_weight_tying=false is not valid"),
     ("cfg-noop-zero-optimization-with-preset", T, S("zero_topo.preset=zero3", "zero_optimization.stage=3"), None, 2,
      "zero_optimization and zero_topo.preset=zero3 both choose the sharding"),
     ("cfg-noop-weights-without-paths", T, S("train_data_weights=[1.0]"), None, 2,
@@ -252,6 +251,8 @@ CASES = [
      "checkpoint format 99 is not supported; this megatron_topo reads formats 1, 2"),
     ("ckpt-format-not-a-number", C, ["--checkpoint", "ck", "--output", "o.pt"], _edit_meta(format="2"), 2,
      "checkpoint format '2' is not supported"),
+    ("ckpt-fresh-run-into-another-runs-folder", T, S("save=ck"), None, 2,
+     "checkpoint.save ck already holds checkpoints (latest step 2) and this run starts fresh"),  # issue 13's rule
     # ---- tools that write: never over their input (issue 14 §1)
     ("convert-force-output-is-checkpoint", H, ["--checkpoint", "ck", "--output", "ck", "--force"], None, 2,
      "--output ck is the checkpoint it reads"),
