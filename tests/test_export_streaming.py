@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from megatron_topo.config import ModelConfig, ZeroTopoConfig
-from megatron_topo.model.hf import SafetensorsWriter, parse_size, shard_names, to_hf_key
+from megatron_topo.model.hf import SafetensorsWriter, ShardedSafetensorsWriter, parse_size, shard_names, to_hf_key
 from megatron_topo.zero_topo import checkpoint as ckpt
 
 from .engine_cases import make_engine
@@ -304,3 +304,34 @@ def test_export_of_a_checkpoint_sharded_over_ranks(tmp_path):
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=ids).logits, model(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_sharded_writer_keeps_few_files_open(tmp_path):
+    """400 shards written in order: at most one file open at a time; out of order works too (the
+    files stay open until complete); a tensor never written is an error."""
+    from safetensors.torch import load_file
+
+    f = torch.float32
+    tensors = {f"t{i:03d}": torch.full((4, 2), float(i)) for i in range(400)}
+    entries = [(n, (4, 2), f) for n in tensors]
+    w = ShardedSafetensorsWriter(str(tmp_path), entries, 32)
+    most = 0
+    for n, t in tensors.items():
+        w.put(n, t)
+        most = max(most, len(w.writers))
+    files = w.close()
+    assert most <= 1 and len(files) == 401 and files[-1] == "model.safetensors.index.json"
+    index = json.load(open(tmp_path / files[-1]))
+    assert index["weight_map"]["t399"] == "model-00400-of-00400.safetensors"
+    assert index["metadata"]["total_size"] == 400 * 32
+    assert torch.equal(load_file(str(tmp_path / index["weight_map"]["t123"]))["t123"], tensors["t123"])
+    out = tmp_path / "rev"
+    out.mkdir()
+    w = ShardedSafetensorsWriter(str(out), entries[:6], 64)
+    for n, _, _ in reversed(entries[:6]):
+        w.put(n, tensors[n])
+    assert w.close()[:3] == [f"model-0000{k}-of-00003.safetensors" for k in (1, 2, 3)]
+    w = ShardedSafetensorsWriter(str(out), entries[:6], 10**6)
+    w.put("t000", tensors["t000"])
+    with pytest.raises(ValueError, match="never written"):
+        w.close()

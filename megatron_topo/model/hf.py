@@ -268,37 +268,45 @@ def shard_names(entries: list, max_shard_bytes: int) -> list[list[str]]:
 class ShardedSafetensorsWriter:
     """HF's sharded layout in ``out_dir``: ``model.safetensors`` when everything fits in one
     ``max_shard_bytes`` file, else ``model-0000K-of-0000N.safetensors`` + ``model.safetensors.index.json``
-    (``{"metadata": {"total_size"}, "weight_map": {name: file}}``). Every file is created (header
-    written, size set) up front; :meth:`put` writes a tensor into its file as soon as it is read."""
+    (``{"metadata": {"total_size"}, "weight_map": {name: file}}``). :meth:`put` writes a tensor into
+    its file as soon as it is read; a file is created at its first tensor and closed at its last,
+    so tensors put in ``entries`` order keep one or two files open, however many there are."""
 
     def __init__(self, out_dir: str, entries: list, max_shard_bytes: int, metadata: dict | None = None):
-        self.out_dir = out_dir
-        table = {name: (tuple(shape), dtype) for name, shape, dtype in entries}
-        if len(table) != len(entries):
+        self.out_dir, self.metadata = out_dir, metadata
+        self.table = {name: (tuple(shape), dtype) for name, shape, dtype in entries}
+        if len(self.table) != len(entries):
             raise ValueError("duplicate tensor names")
-        groups = shard_names(entries, max_shard_bytes)
-        n = len(groups)
+        self.groups = shard_names(entries, max_shard_bytes)
+        n = len(self.groups)
         self.files = ["model.safetensors"] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors"
                                                            for k in range(n)]
-        self.where, self.writers = {}, []
-        try:
-            for fname, names in zip(self.files, groups):
-                self.writers.append(SafetensorsWriter(os.path.join(out_dir, fname), {m: table[m] for m in names},
-                                                      metadata))
-                self.where.update({m: len(self.writers) - 1 for m in names})
-        except BaseException:
-            self.abort()
-            raise
-        self.total_size = sum(w.nbytes for w in self.writers)
+        self.where = {m: k for k, names in enumerate(self.groups) for m in names}
+        self.writers: dict = {}  # shard -> its open SafetensorsWriter
+        self.finished: set = set()
+        self.total_size = sum(_numel(shape) * _itemsize(dtype) for shape, dtype in self.table.values())
 
     def put(self, name: str, tensor) -> None:
-        self.writers[self.where[name]].put(name, tensor)
+        k = self.where[name]
+        if k in self.finished:
+            raise ValueError(f"{self.files[k]}: tensor {name} written twice")
+        w = self.writers.get(k)
+        if w is None:
+            w = self.writers[k] = SafetensorsWriter(os.path.join(self.out_dir, self.files[k]),
+                                                    {m: self.table[m] for m in self.groups[k]}, self.metadata)
+        w.put(name, tensor)
+        if len(w.done) == len(w.entries):
+            del self.writers[k]
+            w.close()
+            self.finished.add(k)
 
     def close(self) -> list[str]:
         import json
 
-        for w in self.writers:
-            w.close()
+        missing = [self.groups[k][0] for k in range(len(self.files)) if k not in self.finished]
+        if missing:
+            self.abort()
+            raise ValueError(f"{self.out_dir}: tensors were never written ({missing[0]}, ...)")
         if len(self.files) > 1:
             index = {"metadata": {"total_size": self.total_size},
                      "weight_map": {m: self.files[k] for m, k in sorted(self.where.items())}}
@@ -309,5 +317,6 @@ class ShardedSafetensorsWriter:
         return list(self.files)
 
     def abort(self) -> None:
-        for w in self.writers:
+        for w in self.writers.values():
             w.abort()
+        self.writers.clear()
