@@ -87,9 +87,8 @@ class ModelConfig:
     rotary_pct: float = option(0.25, "fraction of each head's dims that get rotary embeddings", ge=0.0, le=1.0)
     rotary_emb_base: int = option(10000, "rotary frequency base", ge=1)
     gpt_j_residual: bool = option(True, "parallel attention + MLP residual (GPT-NeoX-20B)")
-    no_weight_tying: bool = option(True, "untied input/output embeddings (tied weights are not supported)",
-                                   choices=(True,), why="zero_topo shards each unit separately, so the embedding "
-                                   "and the output layer cannot share one tensor")
+    no_weight_tying: bool = option(True, "untied input/output embeddings (false: the output layer uses the "
+                                   "embedding's weight, sharded once by the embedding unit)")
     norm: str = option("layernorm", "normalisation layer", choices=("layernorm",))
     layernorm_epsilon: float = option(1e-5, "LayerNorm epsilon", gt=0.0)
     init_method: str = option("small_init", "weight init of the input-side layers", choices=INIT_METHODS)

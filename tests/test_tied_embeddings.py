@@ -64,3 +64,53 @@ def test_sharded_init_keeps_the_tie_and_the_values():
     assert got.keys() == want.keys()
     for n, p in want.items():
         assert torch.equal(got[n], p.detach()), n
+
+
+def _train_tied(rank, world, tmp, load, steps):
+    from megatron_topo.topology import Topology
+    from megatron_topo.training import Runtime, Trainer
+
+    from .train_utils import datasets, small_config
+
+    cfg = small_config(tmp, **{"train.train_iters": steps})
+    cfg.model.no_weight_tying = False
+    cfg.zero_topo.preset = "topo" if world > 1 else "ddp"
+    cfg.zero_topo.quant_block_size = cfg.zero_topo.grad_quant_block_size = 64
+    cfg.logging.log_dir = str(tmp / f"run{world}")
+    cfg.checkpoint.save, cfg.checkpoint.load = str(tmp / f"ck{world}"), load
+    rt = Runtime(rank, world, rank, Topology(world, 2 if world > 1 else 1, max(1, world // 2)), torch.device("cpu"),
+                 world > 1)
+    tr = Trainer(cfg, rt, datasets=datasets(cfg))
+    tr.train()
+    return {n: p.clone() for n, p in tr.engine.full_parameters().items()}
+
+
+def test_tied_run_checkpoints_reshards_and_exports(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    from megatron_topo.model import build_model
+
+    first = run_distributed(_train_tied, 2, tmp_path, None, 2)[0]
+    resumed = run_distributed(_train_tied, 4, tmp_path, str(tmp_path / "ck2"), 4)[0]  # 2 -> 4 ranks
+    assert resumed.keys() == first.keys() and "head.embed_out.weight" not in first
+    assert not torch.equal(resumed["embed_in.weight"], first["embed_in.weight"])  # it trained on
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "hf"
+    r = subprocess.run([sys.executable, os.path.join(repo, "tools/convert_to_hf.py"), "--checkpoint", str(tmp_path / "ck4"),
+                        "--output", str(out)], capture_output=True, text=True, timeout=300, cwd=repo)
+    assert r.returncode == 0, r.stderr[-2000:]
+    hf = AutoModelForCausalLM.from_pretrained(str(out)).eval()
+    assert hf.config.tie_word_embeddings
+    from .train_utils import small_config
+    cfg = small_config(tmp_path).model
+    cfg.no_weight_tying = False
+    ours = build_model(cfg)
+    ours.load_state_dict(resumed, strict=False)
+    assert ours.head.embed_out.weight is ours.embed_in.weight
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.seq_length))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours(ids), rtol=1e-5, atol=1e-5)

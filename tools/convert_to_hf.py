@@ -110,8 +110,6 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     meta = read_meta(sp)
     st = {"step_dir": sp, "meta": meta, "config_yaml": read_config_yaml(sp, meta)}  # edited config.yml fails here
     mcfg = load_model_config(st)
-    if not mcfg.no_weight_tying:
-        raise CheckpointError(f"{sp}: tied embeddings are not supported by this converter")
     verify_checkpoint_files(sp, meta)  # a bad rank file fails before anything is written
     tdt = getattr(torch, DTYPES[dtype])
     entries = [(to_hf_key(name, "embed_out"), tuple(shape), tdt) for u in meta["units"]
