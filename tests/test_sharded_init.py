@@ -45,7 +45,7 @@ def test_initial_values_do_not_depend_on_world_or_plan(world, preset):
 
 
 SCRIPT = textwrap.dedent("""
-    import json, resource, sys
+    import json, sys
     import torch, torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from megatron_topo.config import Config, ModelConfig
@@ -60,20 +60,25 @@ SCRIPT = textwrap.dedent("""
     cfg.train.precision = "bf16"
     cfg.zero_topo.preset = "zero3"
     rt = Runtime(R, W, R % 8, Topology(W, 2, 4), torch.device("cpu"), True)
-    def rss():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    def status(key):  # VmHWM / VmRSS in bytes (ru_maxrss would carry the parent's peak over exec)
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(key)
     warm = Config()  # first use of each op loads code and workspaces: not what is measured
     warm.model = ModelConfig(num_layers=1, hidden_size=16, num_attention_heads=2, seq_length=8, vocab_size=64)
     warm.train.precision, warm.zero_topo.preset = "bf16", "zero3"
     build_engine(warm, rt)
-    base = rss()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset the peak (VmHWM) to the current RSS
+    base = status("VmRSS")
     if legacy:  # what the trainer did before: the whole model, initialised, on every rank
         from megatron_topo.model import build_model
         model = build_model(cfg.model, device="cpu", seed=1)
         eng = build_engine(cfg, rt, model=model)
     else:
         eng = build_engine(cfg, rt)
-    peak = rss() - base
+    peak = status("VmHWM") - base
     st = eng.model_state_bytes()
     numels = [u.numel for u in eng.units]
     unit = max(padded_units(numels, eng.plan, W)) * 4
