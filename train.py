@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     except (ConfigError, DataError, CheckpointError, TrainingError) as e:
         if rt is not None and rt.heartbeat is not None:
             rt.heartbeat.stop()  # leaving on purpose: the other ranks must not report this rank as lost
-        print(f"error: {e}", file=sys.stderr)
+        print_errors(e)
         return 2 if not isinstance(e, TrainingError) else 1
     except Exception as e:
         # a vanished peer or a collective time-out: one line naming the lost rank, then exit at
@@ -73,6 +73,13 @@ def main(argv=None) -> int:
         if isinstance(e, OSError) and e.filename is not None:
             print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
             return 2
+        oom = _out_of_memory(e)
+        if oom is not None:  # a model too large for this machine: one line, not a C++ traceback
+            if rt is not None and rt.heartbeat is not None:
+                rt.heartbeat.stop()
+            print(f"error: rank {rt.rank if rt is not None else 0}: out of memory ({oom}); use a smaller model or "
+                  f"micro-batch, shard more (zero_topo.preset: zero3 or topo) or add ranks", file=sys.stderr)
+            return 1
         raise
     if rt.heartbeat is not None:
         rt.heartbeat.stop()
@@ -109,8 +116,30 @@ def dry_run(args) -> int:
         local = env["local_world_size"] if args.world_size is None else None
         return dryrun.main(cfg, world, rank, local, sys.stdout)
     except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_errors(e)
         return 2
+
+
+def print_errors(e) -> None:
+    """One ``error:`` line per problem (a config file's problems are all reported at once)."""
+    for line in getattr(e, "problems", None) or [str(e)]:
+        print(f"error: {line}", file=sys.stderr)
+
+
+def _out_of_memory(e: BaseException):
+    """A short description when ``e`` is an allocation failure (host or device), else None."""
+    import re
+
+    import torch
+
+    text = str(e)
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    if not (isinstance(e, MemoryError) or isinstance(e, oom_types) or "can't allocate memory" in text
+            or "out of memory" in text.lower()):
+        return None
+    m = re.search(r"(?:tried to allocate|allocate) ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)", text)
+    return f"an allocation of {m.group(1)} failed" if m else (text.splitlines()[0][:120] if text else type(e).__name__)
 
 
 if __name__ == "__main__":

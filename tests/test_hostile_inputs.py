@@ -178,6 +178,8 @@ CASES = [
      "distributed.collective_timeout_s must be > 0"),
     ("cfg-zero-micro-batch", T, S("train_micro_batch_size_per_gpu=0"), None, 2,
      "train_micro_batch_size_per_gpu must be >= 1"),
+    ("cfg-model-too-large-for-memory", T, S("hidden_size=1048576"), None, 1,
+     "rank 0: out of memory (an allocation of 52776612659200 bytes failed)"),
     # ---- config: choices
     ("cfg-bad-backend", T, S("distributed.backend=pigeon"), None, 2,
      "distributed.backend='pigeon' is not valid; use one of auto, nccl, gloo, mpi"),
