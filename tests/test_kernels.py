@@ -688,3 +688,22 @@ def test_cpu_fast_cache_falls_back_to_the_temp_dir(tmp_path):
     (tmp_path / "tmp").mkdir()
     _run_py(code, {"XDG_CACHE_HOME": str(blocker), "TMPDIR": str(tmp_path / "tmp"), CF.CACHE_ENV: "",
                    "OMP_NUM_THREADS": "1"})
+
+
+def test_bench_kernels_smoke(tmp_path):
+    """tools/bench_kernels.py runs both CPU backends side by side and writes its JSON."""
+    out = tmp_path / "k.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_kernels.py"), "--device", "cpu",
+                        "--sizes-mib", "0.25", "--repeats", "1", "--warmup", "0", "--rounds", "2",
+                        "--threads", "1", "--block-size", "256", "--dtype", "bfloat16", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 0, r.stderr
+    import json
+    rep = json.loads(out.read_text())
+    want = ["reference"] + (["cpu_fast"] if kernels.cpu_fast_available() else [])
+    assert rep["backends"] == want and rep["rounds"] == 2 and rep["input_dtype"] == "bfloat16"
+    assert {row["backend"] for row in rep["results"]} == set(want)
+    assert all(len(row["rounds_ms"]) == 2 and row["gbps"] > 0 for row in rep["results"])
+    if len(want) > 1:
+        assert "x cpu_fast" in r.stdout
