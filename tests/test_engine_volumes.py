@@ -69,12 +69,20 @@ def expected(kind: str, Ls: list[int]) -> dict:
             e["intra_node"] += MICRO * q4(L, P)  # INT4 all-to-all reduce-scatter in the node
             if kind == "topo_rs":
                 e["inter_node"] += ag(M / P, N)  # cross-node reduce-scatter, once per step
+            elif kind == "topo_q":  # INT8 all-to-all reduce-scatter of the L/P shard (os = world: no gather)
+                e["inter_node"] += ag(L / P, N) + ag(4 * L / P / BG, N)
             else:
                 e["inter_node"] += ar(M / P, N)  # cross-node all-reduce, once per step
-            e["inter_node"] += ag(M / 2, W // 2)  # post-step all-gather of the primary shard
-        elif kind == "mics":
+            if kind == "topo_q":  # post-step all-gather of the primary shard in INT8
+                e["inter_node"] += ag(L / 2, W // 2) + ag(4 * L / 2 / BW, W // 2)
+            else:
+                e["inter_node"] += ag(M / 2, W // 2)  # post-step all-gather of the primary shard
+        elif kind in ("mics", "mics_q"):
             e["intra_node"] += fwd_bwd * ag(M, P) + MICRO * ag(M, P)
-            e["inter_node"] += ar(M / P, N)
+            if kind == "mics_q":  # INT8 reduce-scatter + INT8 all-gather of the summed slices
+                e["inter_node"] += 2 * (ag(L / P, N) + ag(4 * L / P / BG, N))
+            else:
+                e["inter_node"] += ar(M / P, N)
         elif kind == "ddp":
             e["inter_node"] += ar(M, W)
         elif kind == "zero1":
@@ -96,6 +104,8 @@ CASES = {
     "topo": dict(preset="topo"), "topo_sec8": dict(preset="topo", secondary_degree=P),
     "topo_rs": dict(preset="topo", inter_node_reduce="reduce_scatter"),
     "paro_iig": dict(preset="paro_iig"), "paro_nig": dict(preset="paro_nig"),
+    "topo_q": dict(preset="topo", combine_bits=8, publish_bits=8),
+    "mics_q": dict(preset="mics", combine_bits=8),
 }
 
 
@@ -120,6 +130,7 @@ def memory_formula(kind, L):
         "zero3": (W, W, W, None), "zeropp": (W, W, W, P), "mics": (P, P, P, None),
         "topo": (2, P, W, 2), "topo_sec8": (2, P, W, P), "topo_rs": (2, P, W, 2),
         "paro_iig": (P, P, W, None), "paro_nig": (1, P, W, None),
+        "topo_q": (2, P, W, 2), "mics_q": (P, P, P, None),
     }[kind]
     return {
         "weights": 2 * L / w,
@@ -139,5 +150,5 @@ def test_model_state_bytes_equal_formulas(results, kind):
     for k, v in want.items():
         assert got["state"][k] == pytest.approx(v, abs=0.5), (kind, k, got["state"], want)
     # padding is bounded: less than one alignment unit (world x block) per unit
-    align = W * (BW if kind in ("zeropp", "topo", "topo_sec8", "topo_rs") else 16)
+    align = W * (BW if kind in ("zeropp", "topo", "topo_sec8", "topo_rs", "topo_q", "mics_q") else 16)
     assert all(0 <= L - n < align for L, n in zip(got["L"], got["numel"]))

@@ -172,9 +172,12 @@ def test_search_on_a_fast_custom_system_prefers_plain_sharding():
 
 def test_cli_table_and_json():
     cmd = [sys.executable, PLAN_PY, "--model", "configs/20B.yml", "--system", "configs/frontier.yml", "--nodes", "2"]
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(cmd + ["--convention", "paper"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "zero3" in r.stdout and "68.7" in r.stdout and "55.0" in r.stdout and "fastest plans" in r.stdout
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)  # default: engine convention
+    assert r.returncode == 0, r.stderr
+    assert "engine convention" in r.stdout and "52.66" in r.stdout  # topo's states on 16 GCDs (= --dry-run)
     r = subprocess.run(cmd + ["--json", "--top", "3"], cwd=REPO, capture_output=True, text=True, timeout=60)
     data = json.loads(r.stdout)
     assert len(data["best"]) == 3 and data["fitting_plans"] <= data["searched_plans"]

@@ -59,14 +59,17 @@ def expected_bytes_per_rank(plan, topo: Topology, unit_lengths: Sequence[int], m
                 out[lv_stride(P)] += micro_batches * _wire(L / P, g // P, plan.grad_bits, e,
                                                            plan.grad_quant_block_size)
         r = W // g  # replicas of each gradient shard: combined once per step
-        if r > 1:
+        cb = getattr(plan, "combine_bits", 16)
+        if r > 1 and cb < 16:  # quantized all-to-all reduce-scatter (+ all-gather unless o == W)
+            out[lv_stride(g)] += _wire(L / g, r, cb, e, plan.grad_quant_block_size) * (1 if o == W else 2)
+        elif r > 1:
             if plan.inter_node_reduce == "reduce_scatter" and o == W:
                 out[lv_stride(g)] += _ag(e * L / g, r)
             else:
                 out[lv_stride(g)] += 2 * _ag(e * L / g, r)
         if o // w > 1:  # post-step all-gather of the updated primary shard
             grp = [q for q in range(o) if q % w == 0]
-            out[topo.level(grp)] += _ag(e * L / w, o // w)
+            out[topo.level(grp)] += _wire(L / w, o // w, getattr(plan, "publish_bits", 16), e, plan.quant_block_size)
     return out
 
 
@@ -75,13 +78,10 @@ def unit_lengths(model_cfg, plan, world_size: int) -> list[int]:
     from ..model import build_model
     from ..zero_topo import layout as Lay
 
+    from ..zero_topo.memory import block_sizes
+
     model = build_model(model_cfg, device="meta")
-    blocks = []
-    if plan.weight_bits < 16 or (plan.secondary_degree and plan.secondary_bits < 16):
-        blocks.append(plan.quant_block_size)
-    if plan.grad_bits < 16:
-        blocks.append(plan.grad_quant_block_size)
-    align = Lay.alignment(world_size, blocks or [16])
+    align = Lay.alignment(world_size, block_sizes(plan))
     out = []
     for u in model.shard_units():
         n = sum(p.numel() for p in u.parameters() if p.requires_grad)

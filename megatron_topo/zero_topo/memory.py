@@ -23,9 +23,9 @@ GIB = 1024 ** 3
 def block_sizes(plan: Plan) -> list[int]:
     """Quantization blocks every shard must hold whole (16: plain alignment)."""
     out = []
-    if plan.weight_bits < 16 or (plan.secondary_degree and plan.secondary_bits < 16):
+    if plan.weight_bits < 16 or (plan.secondary_degree and plan.secondary_bits < 16) or plan.publish_bits < 16:
         out.append(plan.quant_block_size)
-    if plan.grad_bits < 16:
+    if plan.grad_bits < 16 or plan.combine_bits < 16:
         out.append(plan.grad_quant_block_size)
     return out or [16]
 

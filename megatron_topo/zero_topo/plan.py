@@ -28,6 +28,8 @@ class Plan:
     weight_bits: int = 16
     secondary_bits: int = 16
     grad_bits: int = 16
+    combine_bits: int = 16  # once-per-step cross-replica combine (16: the compute dtype)
+    publish_bits: int = 16  # post-step all-gather of the updated primary shards
     quant_block_size: int = 2048
     grad_quant_block_size: int = 512
     inter_node_reduce: str = "allreduce"
@@ -73,31 +75,89 @@ def preset_factors(preset: str, topo: Topology) -> dict:
 
 
 def deepspeed_preset(z: ZeroOptimizationBlock, topo: Topology) -> tuple[str, dict]:
-    """Map DeepSpeed's ``zero_optimization`` block onto a preset plus overrides."""
+    """Map DeepSpeed's ``zero_optimization`` block onto a preset plus overrides. Stage 0/1/2 are
+    ddp/zero1/zero2; stage 3 is zero3, with ZeRO++'s qwZ (8-bit weight gather), qgZ (4-bit
+    gradient reduce-scatter) and hpZ (secondary copy over ``zero_hpz_partition_size`` ranks):
+    all three with hpZ = ranks per node is the ``zeropp`` preset; ``mics_shard_size`` is MiCS
+    (every state sharded over the shard group, replicated across groups). Sizes that do not fit
+    the topology are reported under DeepSpeed's key."""
+    legal = _legal_factors(topo)
+    legal_s = ", ".join(map(str, legal))
     if z.stage not in (0, 1, 2, 3):
         raise ConfigError(f"zero_optimization.stage {z.stage} is not valid; use 0, 1, 2 or 3")
     if z.stage < 3:
-        if z.zero_quantized_weights or z.zero_hpz_partition_size > 1:
-            raise ConfigError(
-                f"zero_optimization: quantized weights / hpZ need stage 3, got stage {z.stage}"
-            )
+        for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+            if getattr(z, key):
+                raise ConfigError(f"zero_optimization.{key} (ZeRO++) needs stage 3, got stage {z.stage}")
+        if z.zero_hpz_partition_size > 1:
+            raise ConfigError(f"zero_optimization.zero_hpz_partition_size (ZeRO++ hpZ) needs stage 3, got stage "
+                              f"{z.stage}")
+        if z.mics_shard_size > 0:
+            raise ConfigError(f"zero_optimization.mics_shard_size (MiCS) needs stage 3, got stage {z.stage}")
         return ("ddp", "zero1", "zero2")[z.stage], {}
     if z.mics_shard_size > 0:
-        return "mics", dict(weight_factor=z.mics_shard_size, grad_factor=z.mics_shard_size,
-                            optimizer_factor=z.mics_shard_size)
+        if z.mics_shard_size not in legal:
+            raise ConfigError(f"zero_optimization.mics_shard_size={z.mics_shard_size} does not fit the topology "
+                              f"({topo.describe()}); legal values: {legal_s}")
+        if z.zero_hpz_partition_size > 1:
+            raise ConfigError("zero_optimization: mics_shard_size and zero_hpz_partition_size both set; MiCS already "
+                              "keeps the weights inside the shard group, keep one")
+        over = dict(weight_factor=z.mics_shard_size, grad_factor=z.mics_shard_size,
+                    optimizer_factor=z.mics_shard_size)
+        if z.zero_quantized_weights:
+            over["weight_bits"] = 8
+        if z.zero_quantized_gradients:
+            over["grad_bits"] = 4
+        return "mics", over
+    hpz = z.zero_hpz_partition_size
+    if hpz > 1 and (hpz not in legal or hpz > topo.world_size):
+        raise ConfigError(f"zero_optimization.zero_hpz_partition_size={hpz} does not fit the topology "
+                          f"({topo.describe()}); legal values: {legal_s}")
     over: dict = {}
-    if z.zero_hpz_partition_size > 1:
-        over["secondary_degree"] = z.zero_hpz_partition_size
+    if hpz > 1:
+        over["secondary_degree"] = hpz
         over["secondary_bits"] = 8 if z.zero_quantized_weights else 16
     if z.zero_quantized_weights:
         over["weight_bits"] = 8
     if z.zero_quantized_gradients:
         over["grad_bits"] = 4
     quantized = z.zero_quantized_weights and z.zero_quantized_gradients
-    preset = "zeropp" if quantized and z.zero_hpz_partition_size == topo.ranks_per_node else "zero3"
-    if preset == "zeropp":
-        over = {}
-    return preset, over
+    if quantized and hpz == topo.ranks_per_node:
+        return "zeropp", {}
+    return "zero3", over
+
+
+def resolved_zero_topo(plan: "Plan", topo: Topology, z: ZeroTopoConfig) -> ZeroTopoConfig:
+    """The plan as a ``zero_topo`` block: its preset plus the factors/bits that differ from the
+    preset's on ``topo`` (what the saved config.yml records instead of a ``zero_optimization`` block)."""
+    from dataclasses import replace as _replace
+
+    base = dict(secondary_degree=None, weight_bits=16, secondary_bits=16, grad_bits=16)
+    base.update(preset_factors(plan.preset, topo))
+    if base["secondary_degree"] is None:
+        base["secondary_bits"] = 16
+    out = {}
+    for key in ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree",
+                "weight_bits", "grad_bits"):
+        val = getattr(plan, key)
+        if val != base.get(key):
+            out[key] = 0 if key == "secondary_degree" and val is None else val
+    if plan.secondary_degree is not None and plan.secondary_bits != (out.get("weight_bits") or base["weight_bits"]):
+        out["secondary_bits"] = plan.secondary_bits
+    return _replace(z, preset=plan.preset, **{k: out.get(k) for k in (
+        "weight_factor", "grad_factor", "optimizer_factor", "secondary_degree", "weight_bits", "secondary_bits",
+        "grad_bits")})
+
+
+def effective_config(cfg, plan: "Plan", topo: Topology):
+    """A copy of ``cfg`` whose ``zero_topo`` block is the plan that runs (a ``zero_optimization``
+    block resolved into it), for config.yml and checkpoints."""
+    import copy
+
+    out = copy.deepcopy(cfg)
+    out.zero_topo = resolved_zero_topo(plan, topo, cfg.zero_topo)
+    out.zero_optimization = None
+    return out
 
 
 def _legal_factors(topo: Topology) -> list[int]:
@@ -118,7 +178,7 @@ def resolve_plan(z: ZeroTopoConfig, topo: Topology, ds: Optional[ZeroOptimizatio
     base.update(preset_factors(preset, topo))
     base.update(extra)
     for key in ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree",
-                "weight_bits", "secondary_bits", "grad_bits"):
+                "weight_bits", "secondary_bits", "grad_bits", "combine_bits", "publish_bits"):
         val = getattr(z, key)
         if val is not None:
             base[key] = val if not (key == "secondary_degree" and val == 0) else None
@@ -166,7 +226,8 @@ def validate_plan(plan: Plan, topo: Topology) -> None:
                 f"zero_topo.secondary_degree={s} does not fit the topology ({topo.describe()}); "
                 f"legal values: {legal_s}"
             )
-    for name, allowed in (("weight_bits", (16, 8)), ("secondary_bits", (16, 8)), ("grad_bits", (16, 8, 4))):
+    for name, allowed in (("weight_bits", (16, 8)), ("secondary_bits", (16, 8)), ("grad_bits", (16, 8, 4)),
+                          ("combine_bits", (16, 8)), ("publish_bits", (16, 8))):
         if getattr(plan, name) not in allowed:
             raise ConfigError(
                 f"zero_topo.{name}={getattr(plan, name)} is not valid; use one of {', '.join(map(str, allowed))}"
@@ -179,6 +240,9 @@ def validate_plan(plan: Plan, topo: Topology) -> None:
         raise ConfigError(
             f"zero_topo.inter_node_reduce='{plan.inter_node_reduce}' is not valid; use allreduce or reduce_scatter"
         )
+    if plan.combine_bits < 16 and plan.deterministic:
+        raise ConfigError("zero_topo.combine_bits < 16 and deterministic: true exclude each other (the ordered "
+                          "combine sums exact values); set combine_bits: 16 or deterministic: false")
     if plan.inter_node_reduce == "reduce_scatter" and g < W and o != W:
         raise ConfigError(
             f"zero_topo.inter_node_reduce=reduce_scatter needs optimizer_factor equal to the world size "

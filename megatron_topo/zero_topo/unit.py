@@ -333,6 +333,9 @@ class ShardedUnit:
         if rep.size == 1:
             self.combine_handle = Handle([], lambda: acc[o_lo:o_hi])
             return
+        if plan.combine_bits < 16:
+            self.combine_handle = self._quantized_combine(o_lo, o_hi)
+            return
         wire = self.grad_comm_dtype
         if plan.deterministic:  # every rank sums the replicas in rank order: bitwise reproducible
             tmp = torch.empty(rep.size * acc.numel(), dtype=wire, device=self.device)
@@ -366,6 +369,42 @@ class ShardedUnit:
         work = self.comm.all_reduce(buf, rep, async_op=True)
         self.combine_handle = Handle([work], lambda: buf[o_lo:o_hi].float())
 
+    def _quantized_combine(self, o_lo: int, o_hi: int) -> Handle:
+        """INT8 reduce-scatter across replicas (one all-to-all of block-quantized slices, sums in
+        fp32), then, when this rank's optimizer shard is wider than its slice, an INT8 all-gather
+        of the summed slices (every replica then dequantizes the same bytes: identical updates)."""
+        rep, acc, plan = self.g.replicas, self.grad_acc, self.plan
+        bits, blk, r = plan.combine_bits, plan.grad_quant_block_size, rep.size
+        m = acc.numel() // r
+        i = rep.index(self.comm.rank)
+        q, sc = kernels.quantize(acc, bits, blk, backend=self.backend)
+        rq, rs = torch.empty_like(q), torch.empty_like(sc)
+        first = [self.comm.all_to_all(rq, q, rep, async_op=True), self.comm.all_to_all(rs, sc, rep, async_op=True)]
+        mine = torch.empty(m, dtype=torch.float32, device=self.device)
+        gather = (o_lo, o_hi) != (i * m, (i + 1) * m)
+        bufs = {}
+
+        def second() -> list:
+            kernels.dequantize_sum(rq.view(r, -1), rs.view(r, -1), bits, blk, m, out=mine, backend=self.backend)
+            if not gather:
+                return []
+            q2, s2 = kernels.quantize(mine, bits, blk, backend=self.backend)
+            bufs["q"] = torch.empty(q2.numel() * r, dtype=q2.dtype, device=self.device)
+            bufs["s"] = torch.empty(s2.numel() * r, dtype=s2.dtype, device=self.device)
+            bufs["send"] = (q2, s2)  # lives until the collectives are done
+            return [self.comm.all_gather(bufs["q"], q2, rep, async_op=True),
+                    self.comm.all_gather(bufs["s"], s2, rep, async_op=True)]
+
+        def finish(_keep=(q, sc)):
+            if not gather:
+                return mine
+            # every replica holding this optimizer shard must apply the same gradient, so the
+            # slice this rank summed is taken from the gathered INT8 copy too, like everyone's
+            acc.copy_(kernels.dequantize(bufs["q"], bufs["s"], bits, blk, acc.numel(), backend=self.backend))
+            return acc[o_lo:o_hi]
+
+        return TwoStageHandle(first, second, finish)
+
     def combine_replicas(self) -> torch.Tensor:
         """Once per step: sum gradient shards across replicas; return this rank's fp32
         optimizer-shard gradient (a view when possible)."""
@@ -391,6 +430,9 @@ class ShardedUnit:
         if new.data_ptr() == master.data_ptr():  # fp32: do not send the live master
             new = new.clone()
         slots = L.post_gather_slots(grp.ranks, *plan.factors)
+        if plan.publish_bits < 16:
+            self.publish_handle = self._quantized_publish(new, grp, slots)
+            return
         # gather straight into the primary shard (group order), then move the pieces to their
         # shard slots in place, one piece of scratch: no primary-sized staging buffer per unit
         work = self.comm.all_gather(self.primary, new, grp, async_op=True)
@@ -400,6 +442,29 @@ class ShardedUnit:
             self._published()
 
         self.publish_handle = Handle([work], place)
+
+    def _quantized_publish(self, new: torch.Tensor, grp: Group, slots: list[int]) -> Handle:
+        """INT8 all-gather of the updated shards; every piece is dequantized into its slot of the
+        primary shard except this rank's own, copied exactly. The master is fp32 and every rank
+        requantizes its fresh shard each step, so the error never accumulates."""
+        bits, blk, n = self.plan.publish_bits, self.plan.quant_block_size, new.numel()
+        q, sc = kernels.quantize(new, bits, blk, backend=self.backend)
+        qall = torch.empty(q.numel() * grp.size, dtype=q.dtype, device=self.device)
+        sall = torch.empty(sc.numel() * grp.size, dtype=sc.dtype, device=self.device)
+        works = [self.comm.all_gather(qall, q, grp, async_op=True), self.comm.all_gather(sall, sc, grp, async_op=True)]
+        me = grp.index(self.comm.rank)
+
+        def place(_keep=(q, sc)):
+            qv, sv = qall.view(grp.size, -1), sall.view(grp.size, -1)
+            for j, slot in enumerate(slots):
+                dst = self.primary[slot * n:(slot + 1) * n]
+                if j == me:
+                    dst.copy_(new)
+                else:
+                    dst.copy_(kernels.dequantize(qv[j], sv[j], bits, blk, n, dtype=self.dtype, backend=self.backend))
+            self._published()
+
+        return Handle(works, place)
 
     def wait_publish(self) -> None:
         if self.publish_handle is not None:
