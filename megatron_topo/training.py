@@ -18,13 +18,14 @@ import torch.nn.functional as F
 from . import faults, preflight
 from . import lifecycle
 from . import metrics as M
-from .config import Config, ConfigError, write_effective_config
+from .config import Config, ConfigError, check_batch_size, write_effective_config
+from .hf_import import is_hf_folder, load_hf_into_engine, load_weights_only, weights_source
 from .model import build_model
 from .topology import Topology, launcher_env, topology_from_config
 from .zero_topo import checkpoint as ckpt
 from .zero_topo.comm import Comm
 from .zero_topo.engine import ZeroTopoEngine
-from .zero_topo.plan import Plan, resolve_plan
+from .zero_topo.plan import Plan, effective_config, resolve_plan
 
 
 class TrainingError(RuntimeError):
@@ -181,14 +182,23 @@ class Trainer:
         self.cfg, self.rt = cfg, rt
         self.log = log if rt.rank == 0 else (lambda *a, **k: None)
         ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
+        check_batch_size(cfg, rt.world_size)  # DeepSpeed's train_batch_size, now that the world is known
+        self.weights_from = weights_source(cfg)  # finetune_from / an HF `load` / finetune, no_load_optim
         self.resume_from = self._resume_source()  # `load`, `save` under auto_resume, or None: fresh
+        if self.resume_from and self.resume_from != cfg.checkpoint.load:
+            self.weights_from = None  # an interrupted fine-tuning run resumes from its own save folder
+        elif self.weights_from:
+            self.resume_from = None
         seed_everything(cfg.train.seed)
         plan = resolve_plan(cfg.zero_topo, rt.topo, cfg.zero_optimization)
+        self.effective_cfg = effective_config(cfg, plan, rt.topo)  # what config.yml and checkpoints record
         self.memory_estimate = preflight.check(cfg, plan, rt.topo, rt.device)  # before allocating
         self.engine = build_engine(cfg, rt, plan)
         self.plan = self.engine.plan
         self.state = TrainState()
-        if self.resume_from:  # a bad checkpoint fails before data is built or logs are written
+        if self.weights_from:  # weights only: step 0 (finetune), fresh optimizer
+            self._load_weights(self.weights_from)
+        elif self.resume_from:  # a bad checkpoint fails before data is built or logs are written
             self._load(self.resume_from)
         t = cfg.train
         self.batches_per_step = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * rt.world_size
@@ -205,7 +215,7 @@ class Trainer:
         if self.writer.moved_to:
             self.log(f"{self.writer.path} held an earlier run's records: moved to {self.writer.moved_to}")
         if rt.rank == 0:
-            write_effective_config(cfg, lg.log_dir)
+            write_effective_config(self.effective_cfg, lg.log_dir)
         self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step,
                                                     cfg.model.checkpoint_activations)
 
@@ -225,7 +235,7 @@ class Trainer:
         ``auto_resume``, the ``save`` folder when it holds a checkpoint; else None (a fresh run,
         which must not save into a folder holding another run's checkpoints)."""
         c = self.cfg.checkpoint
-        if c.load:
+        if c.load and c.load != self.weights_from:
             ckpt.resolve(c.load)
             return c.load
         if c.save and ckpt.holds_checkpoints(c.save):
@@ -243,6 +253,21 @@ class Trainer:
             self.log(f"no checkpoint in {c.save or '(checkpoint.save unset)'}: starting fresh")
         return None
 
+    def _load_weights(self, path: str):
+        """GPT-NeoX's finetune / no_load_optim: the weights of an HF folder or of one of our
+        checkpoints, a fresh optimizer; the step is 0 except for no_load_optim without finetune."""
+        c = self.cfg.checkpoint
+        if is_hf_folder(path):
+            load_hf_into_engine(self.engine, path)
+            self.log(f"fine-tuning from the HuggingFace model {path} (step 0, fresh optimizer)")
+            return
+        st = load_weights_only(self.engine, path)
+        keep = c.no_load_optim and not c.finetune and not c.finetune_from
+        if keep:
+            self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
+                                    consumed_valid=st.get("consumed_valid", 0))
+        self.log(f"loaded the weights of {ckpt.resolve(path)} (step {self.state.step}, fresh optimizer)")
+
     def _load(self, path: str):
         st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg)  # refuses another architecture
         self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
@@ -258,7 +283,7 @@ class Trainer:
         s = self.state
         trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
                          "consumed_valid": s.consumed_valid}
-        path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.cfg.to_flat_yaml(), self.rt.rank,
+        path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rt.rank,
                          self.rt.barrier, keep_last=c.keep_last)
         if getattr(self, "lifecycle", None) is not None:
             self.lifecycle.saved()  # the time-based interval restarts

@@ -11,7 +11,9 @@ from megatron_topo.zero_topo.comm import Comm
 from megatron_topo.zero_topo.engine import ZeroTopoEngine
 from megatron_topo.zero_topo.plan import resolve_plan
 
-TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64)
+# the architecture stated explicitly (the defaults follow GPT-NeoX's since issue 15)
+TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64, rotary_pct=0.25,
+            gpt_j_residual=True, no_weight_tying=True, init_method="small_init", output_layer_init_method="wang_init")
 # eps 1e-4: the key bias has an exactly-zero true gradient (softmax is shift invariant), so its
 # computed gradient is summation-order noise that Adam with a tiny eps would blow up to +-lr.
 LR, WD, CLIP, BETAS, EPS = 1e-2, 0.1, 1.0, (0.9, 0.95), 1e-4

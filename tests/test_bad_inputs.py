@@ -31,6 +31,9 @@ hidden_size: 32
 num_attention_heads: 4
 seq_length: 16
 vocab_size: 64
+rotary_pct: 0.25            # the architecture stated (the defaults follow GPT-NeoX's since issue 15)
+gpt_j_residual: true
+no_weight_tying: true
 train_micro_batch_size_per_gpu: 2
 train_iters: 2
 precision: fp32

@@ -45,6 +45,9 @@ hidden_size: 32
 num_attention_heads: 4
 seq_length: 16
 vocab_size: 64
+rotary_pct: 0.25            # the architecture stated (the defaults follow GPT-NeoX's since issue 15)
+gpt_j_residual: true
+no_weight_tying: true
 train_micro_batch_size_per_gpu: 2
 train_iters: 2
 precision: fp32
@@ -190,15 +193,17 @@ CASES = [
     # ---- config: keys that would do nothing are refused
     ("cfg-noop-bucket-size", T, S("zero_topo.bucket_size=1000"), None, 2,
      "zero_topo.bucket_size=1000 is not valid; use one of 0 (units (one per layer) are the communication buckets"),
-    ("cfg-noop-num-workers", T, S("num_workers=2"), None, 2, "num_workers=2 is not valid; use one of 0"),
+    # (num_workers and DeepSpeed's bucket sizes are accepted no-ops since issue 15: GPT-NeoX's and DeepSpeed's
+    # stock files set them; a value no setting could have is still refused)
+    ("cfg-bad-num-workers", T, S("num_workers=-2"), None, 2, "num_workers must be >= 0, got -2"),
     ("cfg-noop-overlap-comm", T, S("zero_optimization.overlap_comm=false"), None, 2,
      "zero_optimization.overlap_comm=false is not valid; use one of true"),
     ("cfg-noop-contiguous-gradients", T, S("zero_optimization.contiguous_gradients=false"), None, 2,
      "zero_optimization.contiguous_gradients=false is not valid"),
-    ("cfg-noop-reduce-bucket", T, S("zero_optimization.reduce_bucket_size=500000000"), None, 2,
-     "zero_optimization.reduce_bucket_size=500000000 is not valid"),
-    ("cfg-noop-allgather-bucket", T, S("zero_optimization.allgather_bucket_size=500000000"), None, 2,
-     "zero_optimization.allgather_bucket_size=500000000 is not valid"),
+    ("cfg-bad-reduce-bucket", T, S("zero_optimization.reduce_bucket_size=-1"), None, 2,
+     "zero_optimization.reduce_bucket_size must be >= 0, got -1"),
+    ("cfg-bad-allgather-bucket", T, S("zero_optimization.allgather_bucket_size=5e8x"), None, 2,
+     "zero_optimization.allgather_bucket_size: expected an integer"),
     ("cfg-noop-zero-optimization-with-preset", T, S("zero_topo.preset=zero3", "zero_optimization.stage=3"), None, 2,
      "zero_optimization and zero_topo.preset=zero3 both choose the sharding"),
     ("cfg-noop-weights-without-paths", T, S("train_data_weights=[1.0]"), None, 2,

@@ -30,8 +30,12 @@ class RandomTokens:
 
 def small_config(tmp_path, **over) -> Config:
     cfg = Config()
-    cfg.model = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64)
+    # the architecture and schedule stated explicitly (the defaults follow GPT-NeoX's since issue 15)
+    cfg.model = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64,
+                            rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True, init_method="small_init",
+                            output_layer_init_method="wang_init")
     t = cfg.train
+    t.lr_decay_style, cfg.data.split = "cosine", "949,50,1"
     t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, t.train_iters = 2, 1, 5
     t.optimizer.params.lr, t.optimizer.params.eps = 1e-2, 1e-4
     t.warmup, t.weight_decay, t.gradient_clipping, t.precision = 0.2, 0.1, 1.0, "fp32"

@@ -179,8 +179,11 @@ def init_std(method: str, cfg: ModelConfig) -> float:
         return math.sqrt(2.0 / (5.0 * h))
     if method == "wang_init":  # Wang (Mesh-Transformer-JAX): 2 / (n_layers * sqrt(d))
         return 2.0 / (n * math.sqrt(h))
+    std = getattr(cfg, "init_method_std", 0.02)
     if method == "normal":
-        return 0.02
+        return std
+    if method == "scaled_normal":  # GPT-NeoX / Megatron: std / sqrt(2 n_layers)
+        return std / math.sqrt(2.0 * n)
     raise ValueError(f"unknown init method {method!r}")
 
 
