@@ -155,8 +155,8 @@ class ModelConfig:
                                         why="each layer is recomputed on its own")
     attention_dropout: float = option(0.0, "dropout on attention probabilities", ge=0.0, lt=1.0, neox="implemented")
     hidden_dropout: float = option(0.0, "dropout on residual branches", ge=0.0, lt=1.0, neox="implemented")
-    attention_config: Optional[list[Any]] = option(None, "GPT-NeoX's per-layer attention types (global/flash)",
-                                                   check=_check_attention_config, neox="accepted")
+    attention_config: Optional[list[Any]] = option(None, "GPT-NeoX's per-layer attention types (global/flash; "
+                                                   "checked with num_layers)", neox="accepted")
     activation: str = option("gelu", "MLP activation", choices=("gelu",), neox="accepted",
                              why="the MLP is GPT-NeoX's gelu MLP; other activations are not implemented")
     mlp_type: str = option("regular", "MLP kind", choices=("regular",), neox="accepted",
@@ -425,6 +425,8 @@ class ZeroTopoConfig:
                                          choices=(16, 8))
     publish_bits: Optional[int] = option(None, "bits of the post-step weight all-gather (8: INT8; each rank's "
                                          "own shard and the fp32 master stay exact)", choices=(16, 8))
+    error_feedback: bool = option(False, "add each low-bit gradient quantization's residual (in-node reduction, "
+                                  "quantized combine) to the next one; fp32 residuals, kept in checkpoints")
     quant_block_size: int = option(2048, "elements per weight quantization scale", check=_check_block)
     grad_quant_block_size: int = option(512, "elements per gradient quantization scale", check=_check_block)
     inter_node_reduce: str = option("allreduce", "cross-replica combine", choices=("allreduce", "reduce_scatter"))
@@ -664,6 +666,21 @@ def _kind(value) -> str:
     return {_Int: "int", _Float: "float"}.get(type(value), type(value).__name__)
 
 
+def _plain(value):
+    """YAML's remembered-text ints/floats as plain ones, through lists and mappings."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def _coerce(value, tp, where: str):
     """Check ``value`` against the annotation ``tp``; return it converted (ints to floats etc.)."""
     optional = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
@@ -672,6 +689,8 @@ def _coerce(value, tp, where: str):
         if optional:
             return None
         raise ConfigError(f"{where}: null is not allowed; expected {_type_name(base)}")
+    if base is Any:  # free-form (GPT-NeoX's attention_config): plain Python values, checked elsewhere
+        return _plain(value)
     origin = typing.get_origin(base)
     bad = ConfigError(f"{where}: expected {_type_name(base)}, got {_kind(value)} {_short(value)}")
     if dataclasses.is_dataclass(base):
@@ -1224,7 +1243,10 @@ def _cross_checks(cfg: Config, problems: list) -> None:
         add(f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
     if m.max_position_embeddings is not None and m.seq_length > m.max_position_embeddings:
         add(f"seq_length {m.seq_length} exceeds max_position_embeddings {m.max_position_embeddings}")
-    if m.attention_config is not None and _check_attention_config(m.attention_config) is None:
+    bad_attention = _check_attention_config(m.attention_config) if m.attention_config is not None else None
+    if bad_attention:
+        add(f"attention_config={_short(m.attention_config)} is not valid; {bad_attention}")
+    elif m.attention_config is not None:
         n = attention_config_layers(m.attention_config)
         if n != m.num_layers:
             add(f"attention_config covers {n} layers but num_layers is {m.num_layers}; e.g. "
