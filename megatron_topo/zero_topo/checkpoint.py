@@ -242,6 +242,11 @@ def save(engine, root: str, step: int, trainer_state: dict, config_yaml: str, ra
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
         "scaler": engine.scaler.state_dict() if engine.scaler else None,
+        # this rank's error-feedback residuals (zero_topo.error_feedback); only a resume on the
+        # same world and plan restores them (resharded, they start from zero)
+        "error_feedback": [{k: None if t is None else engine.comm.to_host(t).clone()
+                            for k, t in (("reduce", u.ef_reduce), ("combine", u.ef_combine))}
+                           for u in engine.units] if engine.plan.error_feedback else None,
     }
     try:
         size, digest = _atomic_torch_save(payload, rank_file(tmp, rank))
@@ -682,6 +687,10 @@ def load(engine, path: str, rank: int, strict_world: bool = False, config=None) 
             torch.cuda.set_rng_state_all(own["rng"]["cuda"])
         if engine.scaler and own.get("scaler"):
             engine.scaler.load_state_dict(own["scaler"])
+        if engine.plan.error_feedback and own.get("error_feedback"):
+            for u, ef in zip(engine.units, own["error_feedback"]):
+                u.ef_reduce = None if ef["reduce"] is None else ef["reduce"].to(u.device, copy=True)
+                u.ef_combine = None if ef["combine"] is None else ef["combine"].to(u.device, copy=True)
     engine.republish()
     return meta["trainer"]
 

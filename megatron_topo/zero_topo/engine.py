@@ -318,6 +318,7 @@ class ZeroTopoEngine:
             self.comm.all_reduce(bad_units, world, op=torch.distributed.ReduceOp.MAX, control=True)
             for u in self.units:
                 u.grad_acc.zero_()
+                u.reset_residuals()
             stats["skipped"] = True
             stats["nonfinite"] = True
             stats["nonfinite_units"] = [i for i, b in enumerate(self.comm.to_host(bad_units).tolist()) if b > 0]
@@ -352,8 +353,9 @@ class ZeroTopoEngine:
         """Bytes of model states this rank holds, measured from tensor storage."""
         def nbytes(t):
             return 0 if t is None else t.untyped_storage().nbytes()
-        out = {"weights": 0, "secondary": 0, "gradients": 0, "optimizer": 0}
+        out = {"weights": 0, "secondary": 0, "gradients": 0, "optimizer": 0, "residuals": 0}
         for u in self.units:
+            out["residuals"] += nbytes(u.ef_reduce) + nbytes(u.ef_combine)
             out["weights"] += nbytes(u.primary)
             if isinstance(u.secondary, tuple):
                 out["secondary"] += sum(nbytes(t) for t in u.secondary)

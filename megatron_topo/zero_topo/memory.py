@@ -44,8 +44,12 @@ def state_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precisi
     e = DTYPE_BYTES[precision]
     w, g, o = plan.factors
     s = plan.secondary_degree
-    out = {"weights": 0, "secondary": 0, "gradients": 0, "optimizer": 0}
+    out = {"weights": 0, "secondary": 0, "gradients": 0, "optimizer": 0, "residuals": 0}
+    r = world_size // g  # replicas of a gradient shard
     for P in padded_units(unit_numels, plan, world_size):
+        if plan.error_feedback:  # fp32 residuals of the quantized in-node reduction and combine
+            out["residuals"] += (P * 4 if plan.grad_bits < 16 and g > 1 else 0) + (
+                P // g * 4 if plan.combine_bits < 16 and r > 1 else 0)
         out["weights"] += P // w * e
         if s and w > 1:
             n = P // s

@@ -30,6 +30,7 @@ class Plan:
     grad_bits: int = 16
     combine_bits: int = 16  # once-per-step cross-replica combine (16: the compute dtype)
     publish_bits: int = 16  # post-step all-gather of the updated primary shards
+    error_feedback: bool = False  # residuals of low-bit gradient quantization added to the next one
     quant_block_size: int = 2048
     grad_quant_block_size: int = 512
     inter_node_reduce: str = "allreduce"
@@ -191,6 +192,7 @@ def resolve_plan(z: ZeroTopoConfig, topo: Topology, ds: Optional[ZeroOptimizatio
         inter_node_reduce=z.inter_node_reduce,
         prefetch=z.prefetch,
         deterministic=z.deterministic,
+        error_feedback=z.error_feedback,
         **base,
     )
     validate_plan(plan, topo)

@@ -93,6 +93,10 @@ class ShardedUnit:
         self.grads_ready = 0
         self.reduced_this_backward = False
         self.borrows: list["ShardedUnit"] = []  # units owning tied weights this unit also computes with
+        # error feedback (plan.error_feedback): fp32 residuals of the last in-node gradient
+        # quantization (padded unit, original order) and of the last quantized combine (grad shard)
+        self.ef_reduce: Optional[torch.Tensor] = None
+        self.ef_combine: Optional[torch.Tensor] = None
         if plan.weight_factor == 1:  # replicated weights: the module always views the primary
             self.full = self.primary
             self._set_views(self.primary)
@@ -270,7 +274,7 @@ class ShardedUnit:
         bits, P = plan.grad_bits, self.comm.topo.ranks_per_node
         if gsz <= P:  # one quantized all-to-all inside the node (ZeRO-topo)
             perm = L.reduce_perm(plan.weight_factor, gsz)
-            q, sc = kernels.quantize_reordered(G, bits, blk, perm, backend=self.backend)
+            q, sc = self._quantize_gradient(G, bits, blk, perm)
             rq, rs = torch.empty_like(q), torch.empty_like(sc)
             w1 = self.comm.all_to_all(rq, q, self.g.grad, async_op=True)
             w2 = self.comm.all_to_all(rs, sc, self.g.grad, async_op=True)
@@ -284,7 +288,7 @@ class ShardedUnit:
         # ZeRO++ 2-hop: quantized all-to-all inside the node, then across nodes
         perm = L.two_hop_perm(plan.weight_factor, gsz, P)
         k = gsz // P
-        q, sc = kernels.quantize_reordered(G, bits, blk, perm, backend=self.backend)
+        q, sc = self._quantize_gradient(G, bits, blk, perm)
         rq, rs = torch.empty_like(q), torch.empty_like(sc)
         first = [self.comm.all_to_all(rq, q, self.g.node, async_op=True),
                  self.comm.all_to_all(rs, sc, self.g.node, async_op=True)]
@@ -303,6 +307,26 @@ class ShardedUnit:
                                    out=acc, accumulate=True, backend=self.backend)
 
         self.reduce_handles.append(TwoStageHandle(first, second_hop, finish))
+
+    def _quantize_gradient(self, G: torch.Tensor, bits: int, blk: int, perm) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantize a micro-batch's flat gradient in reordered slices; with error feedback the
+        residual of the previous quantization is added first and the new residual kept (fp32,
+        the unit's padded size, original order)."""
+        if not self.plan.error_feedback:
+            return kernels.quantize_reordered(G, bits, blk, perm, backend=self.backend)
+        x = G.float()
+        if self.ef_reduce is not None:
+            x.add_(self.ef_reduce)
+        q, sc = kernels.quantize_reordered(x, bits, blk, perm, backend=self.backend)
+        deq = kernels.dequantize(q, sc, bits, blk, x.numel(), backend=self.backend)  # slot i = slice perm[i]
+        idx = torch.as_tensor(list(perm), device=self.device)
+        x.view(len(perm), -1).index_add_(0, idx, deq.view(len(perm), -1), alpha=-1.0)
+        self.ef_reduce = x
+        return q, sc
+
+    def reset_residuals(self) -> None:
+        """Drop the error-feedback residuals (a skipped step's gradients were not finite)."""
+        self.ef_reduce = self.ef_combine = None
 
     def reduce_landed(self) -> bool:
         """Non-blocking: every collective of this unit's reduction has completed."""
@@ -377,7 +401,12 @@ class ShardedUnit:
         bits, blk, r = plan.combine_bits, plan.grad_quant_block_size, rep.size
         m = acc.numel() // r
         i = rep.index(self.comm.rank)
-        q, sc = kernels.quantize(acc, bits, blk, backend=self.backend)
+        src = acc
+        if plan.error_feedback:  # add the last step's quantization residual, keep the new one
+            src = acc if self.ef_combine is None else acc + self.ef_combine
+        q, sc = kernels.quantize(src, bits, blk, backend=self.backend)
+        if plan.error_feedback:
+            self.ef_combine = src - kernels.dequantize(q, sc, bits, blk, src.numel(), backend=self.backend)
         rq, rs = torch.empty_like(q), torch.empty_like(sc)
         first = [self.comm.all_to_all(rq, q, rep, async_op=True), self.comm.all_to_all(rs, sc, rep, async_op=True)]
         mine = torch.empty(m, dtype=torch.float32, device=self.device)
