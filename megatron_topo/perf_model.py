@@ -285,12 +285,17 @@ def plan_collectives(psi: float, plan: Plan, topo: Topology) -> list[Collective]
             out.append(_collective("grad_reduce", "all_to_all", "backward", M * b / 16, _block0(P), topo, 2))
             out.append(_collective("grad_reduce_inter", "all_to_all", "backward", M * b / 16 / P,
                                    _two_hop0(g, P), topo, 2))
-    if g < W:
+    cb, pb = getattr(plan, "combine_bits", 16), getattr(plan, "publish_bits", 16)
+    if g < W and cb < 16:  # INT8 all-to-all reduce-scatter (+ INT8 all-gather of the sums unless o = W)
+        out.append(_collective("combine", "reduce_scatter" if o == W else "all_reduce", "step", M / g * cb / 16,
+                               _replicas0(W, g), topo, 2))
+    elif g < W:
         rs = plan.inter_node_reduce == "reduce_scatter" and o == W
         out.append(_collective("combine", "reduce_scatter" if rs else "all_reduce", "step", M / g,
                                _replicas0(W, g), topo))
     if o > w:
-        out.append(_collective("post_step_all_gather", "all_gather", "step", M / w, _post_gather0(w, o), topo))
+        out.append(_collective("post_step_all_gather", "all_gather", "step", M / w * pb / 16, _post_gather0(w, o),
+                               topo, q(pb)))
     return out
 
 
@@ -506,6 +511,15 @@ def legal_plans(topo: Topology) -> list[Plan]:
                 p = Plan("search", w, g, o, s, wb, sb, gb, inter_node_reduce=red)
                 if _legal(p, topo):
                     out.append(p)
+                # quantized once-per-step traffic, searched with quantized gradients only (it
+                # trades the same kind of accuracy; keeps the search size bounded)
+                if gb < 16 and red == "allreduce" and (g < W or o > w):
+                    for cb, pb in ((8, 16), (16, 8), (8, 8)):
+                        if (cb < 16 and g == W) or (pb < 16 and o == w):
+                            continue
+                        p = Plan("search", w, g, o, s, wb, sb, gb, combine_bits=cb, publish_bits=pb)
+                        if _legal(p, topo):
+                            out.append(p)
     return out
 
 

@@ -395,3 +395,23 @@ def test_emulated_cli(tmp_path):
     r = subprocess.run([sys.executable, PERF_PY, "--emulated", str(path)], cwd=REPO, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "ddp" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_quantized_combine_and_publish_in_the_model():
+    """combine_bits/publish_bits = 8 halve the 16-bit once-per-step buffers (an INT8
+    reduce-scatter replaces the all-reduce when the optimizer shard is the slice: 1/4 of its
+    bytes), and the search offers them."""
+    psi, topo = 20e9, frontier(48)
+    M, W, P = 2 * psi, 384, 8
+    base = {c.name: c for c in pm.plan_collectives(psi, pm.preset_plan("topo", topo), topo)}
+    q = {c.name: c for c in pm.plan_collectives(psi, pm.preset_plan("topo", topo, combine_bits=8, publish_bits=8),
+                                               topo)}
+    assert base["combine"].bytes_sent == pytest.approx(2 * (M / P) * (W // P - 1) / (W // P))
+    assert q["combine"].bytes_sent == pytest.approx((M / P / 2) * (W // P - 1) / (W // P))
+    assert q["post_step_all_gather"].bytes_sent == pytest.approx(base["post_step_all_gather"].bytes_sent / 2)
+    assert q["combine"].launches == q["post_step_all_gather"].launches == 2  # payload + scales
+    mics_q = {c.name: c for c in pm.plan_collectives(psi, pm.preset_plan("mics", topo, combine_bits=8), topo)}
+    assert mics_q["combine"].bytes_sent == pytest.approx(2 * (M / P / 2) * (W // P - 1) / (W // P))  # + all-gather
+    plans = pm.legal_plans(frontier(2))
+    assert any(p.combine_bits == 8 and p.publish_bits == 8 for p in plans)
+    assert all(p.grad_bits < 16 for p in plans if p.combine_bits < 16 or p.publish_bits < 16)
