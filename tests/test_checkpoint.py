@@ -215,6 +215,7 @@ def test_checkpoint_that_runs_code_is_refused(trained, tmp_path, capfd):
     torch.save({"shards": [], "evil": _Payload(str(marker))}, rf)
     cfg = tmp_path / "c.yml"
     cfg.write_text(f"num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nvocab_size: 64\n"
+                   f"rotary_pct: 0.25\ngpt_j_residual: true\nno_weight_tying: true\n"  # the trained model's, stated
                    f"precision: fp32\nload: {bad}\nlog_dir: {tmp_path / 'log'}\ntrain_iters: 3\n"
                    f"data_path: {tmp_path / 'nodata'}\n")
     runs = [

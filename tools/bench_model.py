@@ -235,7 +235,9 @@ def parse_args(argv=None):
 
 
 OPT_IMPL = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-DEFAULT_MODEL = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=256, vocab_size=4096)
+DEFAULT_MODEL = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=256, vocab_size=4096,
+                     rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True, init_method="small_init",
+                     output_layer_init_method="wang_init")  # stated: the config defaults follow GPT-NeoX's
 
 
 def model_config(args) -> ModelConfig:

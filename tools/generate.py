@@ -90,6 +90,8 @@ def load_model(checkpoint: str, device: str = "cpu"):
     except RuntimeError as e:
         raise CheckpointError(f"{st['step_dir']}: weights do not fit config.yml's model: "
                               f"{str(e).strip().splitlines()[-1].strip()}") from None
+    if not cfg.model.no_weight_tying:  # tied: the head's weight is the embedding's (stored once)
+        missing = [m for m in missing if m != "head.embed_out.weight"]
     if missing or unexpected:
         raise CheckpointError(f"{st['step_dir']}: parameters do not match config.yml "
                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
