@@ -100,6 +100,8 @@ def main(argv=None) -> int:
 
 
 def dry_run(args) -> int:
+    # the fake process group warns once per group that it has no hooks: not for the user
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from megatron_topo import dryrun
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.topology import launcher_env
