@@ -1057,6 +1057,9 @@ def _resolve_aliases(cfg: Config, origin: dict, problems: list) -> None:
     """GPT-NeoX / DeepSpeed spellings of our settings: keep_last_n_checkpoints,
     optimizer.params.weight_decay, the DeepSpeed scheduler block."""
     c, t = cfg.checkpoint, cfg.train
+    if cfg.zero_optimization is not None and cfg.zero_topo.preset == "ddp" and "zero_topo.preset" in origin:
+        problems.append(f"zero_optimization and zero_topo.preset=ddp (set in {origin['zero_topo.preset']}) both "
+                        f"choose the sharding; keep one of them")
     if c.keep_last_n_checkpoints is not None:
         if "keep_last" in origin and c.keep_last != c.keep_last_n_checkpoints:
             problems.append(f"keep_last {c.keep_last} and keep_last_n_checkpoints {c.keep_last_n_checkpoints} "

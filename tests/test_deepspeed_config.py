@@ -78,6 +78,9 @@ def test_conflict_with_an_explicit_preset_is_an_error(tmp_path):
     p = write_json(tmp_path, {"zero_optimization": {"stage": 1}, "zero_topo": {"preset": "topo"}})
     with pytest.raises(ConfigError, match="zero_optimization and zero_topo.preset=topo both choose the sharding"):
         load_config([p])
+    p = write_json(tmp_path, {"zero_optimization": {"stage": 3}, "zero_topo": {"preset": "ddp"}}, "e.json")
+    with pytest.raises(ConfigError, match="zero_optimization and zero_topo.preset=ddp .* both choose the sharding"):
+        load_config([p])
 
 
 def test_saved_config_records_the_resolved_plan(tmp_path):
@@ -151,3 +154,24 @@ def test_bad_json_is_one_line(tmp_path):
     p.write_text('{"train_iters": 10, "train_iters": 20}')
     with pytest.raises(ConfigError, match="repeated"):
         load_config([str(p)])
+
+
+def test_train_py_reads_a_json_file_as_a_deepspeed_config(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    z = dict(ZEROPP["zero_optimization"], zero_hpz_partition_size=4)
+    p = write_json(tmp_path, {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "zero_optimization": z,
+                              "steps_per_print": 10, "wall_clock_breakdown": False, "gradient_clipping": 1.0})
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, os.path.join(root, "train.py"), p, "--dry-run", "--world-size", "4"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    last = json.loads(r.stdout.strip().splitlines()[-1])
+    assert last["plan"]["preset"] == "zeropp"
+    bad = write_json(tmp_path, {"zero_optimization": dict(z, zero_hpz_partition_size=3)}, "bad.json")
+    r = subprocess.run([sys.executable, os.path.join(root, "train.py"), bad, "--dry-run", "--world-size", "4"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: zero_optimization.zero_hpz_partition_size=3 does not fit")
