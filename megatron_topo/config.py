@@ -716,8 +716,11 @@ def _coerce(value, tp, where: str):
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, str):  # "5e8" quoted in JSON/YAML (DeepSpeed files do this)
+            text = value.strip().replace("_", "")
+            if re.fullmatch(r"[-+]?[0-9]+", text):
+                return int(text)
             try:
-                f = float(value.replace("_", ""))
+                f = float(text)
             except ValueError:
                 raise bad from None
             if math.isfinite(f) and f.is_integer():
@@ -774,26 +777,25 @@ def _merge_block(obj, data: dict, where: str, origin: dict, src: str, problems: 
 def _merge_key(obj, raw_key, value, where: str, origin: dict, src: str, problems: Optional[list]):
     hints = typing.get_type_hints(type(obj))
     names = {f.name for f in dataclasses.fields(obj)}
-    if True:  # (one key of the block)
-        key = _norm(raw_key)
-        path = f"{where}.{key}" if where else key
-        if key not in names:
-            raise ConfigError(
-                f"{src}: unknown key '{path}'{_suggest(key, names)} (valid: {', '.join(sorted(names))})"
-            )
-        tp = hints[key]
-        base = _strip_optional(tp)
-        if dataclasses.is_dataclass(base) and isinstance(value, dict):
-            child = getattr(obj, key)
-            if child is None:
-                child = base()
-                setattr(obj, key, child)
-            _merge_block(child, value, path, origin, src, problems)
-            return
-        if path in origin:
-            raise ConfigError(f"key '{path}' is set in both {origin[path]} and {src}; set it in one file")
-        origin[path] = src
-        setattr(obj, key, _coerce(value, tp, f"{src}: {path}"))
+    key = _norm(raw_key)
+    path = f"{where}.{key}" if where else key
+    if key not in names:
+        raise ConfigError(
+            f"{src}: unknown key '{path}'{_suggest(key, names)} (valid: {', '.join(sorted(names))})"
+        )
+    tp = hints[key]
+    base = _strip_optional(tp)
+    if dataclasses.is_dataclass(base) and isinstance(value, dict):
+        child = getattr(obj, key)
+        if child is None:
+            child = base()
+            setattr(obj, key, child)
+        _merge_block(child, value, path, origin, src, problems)
+        return
+    if path in origin:
+        raise ConfigError(f"key '{path}' is set in both {origin[path]} and {src}; set it in one file")
+    origin[path] = src
+    setattr(obj, key, _coerce(value, tp, f"{src}: {path}"))
 
 
 def merge_into(cfg: Config, data: dict, src: str, origin: dict, problems: Optional[list] = None) -> None:
