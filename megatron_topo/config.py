@@ -547,6 +547,10 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     system: Optional[SystemConfig] = None
 
+    def __post_init__(self):
+        # ``key=value`` of accepted settings that change nothing here (load_config fills it)
+        self.no_effect: list[str] = []
+
     # ---- derived
     @property
     def precision(self) -> str:
@@ -1052,7 +1056,31 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None) -> Conf
     if not problems:
         _collect(problems, resolve_vocab_size, cfg, "vocab_size" in origin, "tokenizer_type" in origin)
     raise_problems(problems)
+    cfg.no_effect = no_effect_settings(cfg, origin)
     return cfg
+
+
+def no_effect_settings(cfg: Config, origin: dict) -> list[str]:
+    """``key=value`` of every setting the files or ``--set`` gave a non-default value although it
+    changes nothing here (fields marked ``neox="accepted"``): the trainer prints them in one
+    note line at start, so no accepted key is a silent no-op."""
+    index, out = _key_index(), []
+    for path in origin:
+        parts = path.split(".")
+        obj = cfg if parts[0] in _BLOCK_SECTIONS else getattr(cfg, index.get(parts[0], ""), None)
+        for name in parts[:-1] if parts[0] in _BLOCK_SECTIONS else []:
+            obj = getattr(obj, name, None)
+        if obj is None or not dataclasses.is_dataclass(obj):
+            continue
+        f = next((f for f in dataclasses.fields(obj) if f.name == parts[-1]), None)
+        if f is None or f.metadata.get("neox") != "accepted":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        value = getattr(obj, f.name)
+        if value != default:
+            out.append(f"{path}={value}")
+    return sorted(out)
 
 
 def _resolve_aliases(cfg: Config, origin: dict, problems: list) -> None:

@@ -391,6 +391,8 @@ class Trainer:
         start_step = s.step
         t, lg = cfg.train, cfg.logging
         end = min(t.train_iters, until) if until is not None else t.train_iters
+        if cfg.no_effect:
+            self.log(f"note: set but without effect in megatron_topo (docs/neox_compat.md): {', '.join(cfg.no_effect)}")
         self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
         self.log(f"model: {sum(u.numel for u in self.engine.units):,} parameters; precision {cfg.precision}; "
                  f"global batch {self.batches_per_step} x {cfg.model.seq_length} tokens")
