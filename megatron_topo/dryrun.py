@@ -124,6 +124,8 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
 
     if not 0 <= rank < world_size:
         raise ValueError(f"--rank {rank} is outside the world of {world_size}; valid 0..{world_size - 1}")
+    from .config import check_batch_size
+    check_batch_size(cfg, world_size)  # DeepSpeed's train_batch_size against this world
     topo: Topology = topology_from_config(cfg.topology, world_size, local_world_size or world_size)
     with fake_process_group(world_size, rank):
         rt = Runtime(rank, world_size, rank % topo.ranks_per_node, topo, META, True, strict=True)

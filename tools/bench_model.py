@@ -263,7 +263,8 @@ def model_config(args) -> ModelConfig:
         raise ConfigError(f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
                           f"{cfg.num_attention_heads}")
     if not cfg.no_weight_tying:
-        raise ConfigError("no_weight_tying: false is not supported by zero_topo (tied weights); set it to true")
+        raise ConfigError("no_weight_tying: false: bench_model's plain baseline loop has an untied head; "
+                          "set no_weight_tying: true to compare (the engine itself supports tied weights)")
     return cfg
 
 
