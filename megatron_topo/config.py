@@ -1323,11 +1323,14 @@ def check_batch_size(cfg: Config, world_size: int) -> None:
         return
     got = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * world_size
     if got != t.train_batch_size:
+        per = t.train_micro_batch_size_per_gpu * world_size
+        hint = (f"gradient_accumulation_steps {t.train_batch_size // per} gives it" if t.train_batch_size % per == 0
+                else f"no accumulation count gives it with micro-batch {t.train_micro_batch_size_per_gpu} on "
+                     f"{world_size} ranks")
         raise ConfigError(
             f"train_batch_size {t.train_batch_size} != train_micro_batch_size_per_gpu {t.train_micro_batch_size_per_gpu}"
             f" x gradient_accumulation_steps {t.gradient_accumulation_steps} x world size {world_size} = {got}; "
-            f"change one of them (e.g. gradient_accumulation_steps "
-            f"{t.train_batch_size // max(1, t.train_micro_batch_size_per_gpu * world_size)})")
+            f"change one of them ({hint})")
 
 
 # GPT-NeoX / DeepSpeed keys declared above without a ``neox`` mark that do what they do there
