@@ -268,7 +268,7 @@ def test_builtin_corpus_built_once_and_reused(tmp_path):
     from megatron_topo.data import build_tokenizer
     from megatron_topo.data.builtin import stdlib_files
 
-    cfg = _cfg(tmp_path, builtin_corpus_bytes=300_000)
+    cfg = _cfg(tmp_path, builtin_corpus_bytes=300_000, split="949,50,1")  # a validation split at this size
     train, valid, _ = build_datasets(cfg, seq_length=64, seed=1, num_samples=(64, 8, 0), vocab_size=512)
     bins = list((tmp_path / "cache").glob("builtin_stdlib_*_text_document.bin"))
     assert len(bins) == 1 and train is not None and valid is not None
