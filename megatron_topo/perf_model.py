@@ -86,6 +86,7 @@ The emulated cluster (gloo on one CPU) has its own model built on this one:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -230,31 +231,38 @@ class Collective:
 
 
 def _collective(name, op, phase, S, group, topo: Topology, launches=1) -> Collective:
+    size, level, rpn = _group_info(group if isinstance(group, range) else tuple(group), topo)
+    return Collective(name, op, phase, float(S), size, level, rpn,
+                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), launches)
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_info(group, topo: Topology) -> tuple[int, str, int]:
+    """(size, link level, members on one node) of a group: the search meets the same few groups
+    in thousands of plans, and a group can hold a whole machine's ranks."""
     P = topo.ranks_per_node
     per_node: dict[int, int] = {}
     for r in group:
         per_node[r // P] = per_node.get(r // P, 0) + 1
-    rpn = max(per_node.values())
-    return Collective(name, op, phase, float(S), len(group), topo.level(group), rpn,
-                      max(1, min(P, topo.world_size) // rpn), launches)
+    return len(group), topo.level(group), max(per_node.values())
 
 
 # Rank 0's group of each partition in zero_topo.layout (built directly: the planner evaluates
 # thousands of plans; tests check them against the layout functions).
-def _block0(f: int) -> list[int]:
-    return list(range(f))  # layout.blocks(W, f)[0]
+def _block0(f: int) -> range:
+    return range(f)  # layout.blocks(W, f)[0]
 
 
-def _replicas0(W: int, g: int) -> list[int]:
-    return list(range(0, W, g))  # layout.strided(W, g)[0]
+def _replicas0(W: int, g: int) -> range:
+    return range(0, W, g)  # layout.strided(W, g)[0]
 
 
-def _post_gather0(w: int, o: int) -> list[int]:
-    return list(range(0, o, w))  # layout.post_gather_groups(W, w, o)[0]
+def _post_gather0(w: int, o: int) -> range:
+    return range(0, o, w)  # layout.post_gather_groups(W, w, o)[0]
 
 
-def _two_hop0(g: int, P: int) -> list[int]:
-    return list(range(0, g, P))  # layout.two_hop_peer_groups(W, g, P)[0]
+def _two_hop0(g: int, P: int) -> range:
+    return range(0, g, P)  # layout.two_hop_peer_groups(W, g, P)[0]
 
 
 def plan_collectives(psi: float, plan: Plan, topo: Topology) -> list[Collective]:
@@ -497,11 +505,16 @@ def _legal(plan: Plan, topo: Topology) -> bool:
 
 
 def legal_plans(topo: Topology) -> list[Plan]:
-    """Every plan ``validate_plan`` accepts on ``topo``: factors w | g | o, a secondary degree
+    """The plans searched on ``topo`` (each one ``validate_plan`` accepts): factors w | g | o from
+    the node's divisors, power-of-two numbers of whole nodes and the world, a secondary degree
     dividing w (or none), weight/secondary bits 16 or 8, gradient bits 16, 8 or 4, and both
     cross-replica reductions where legal."""
-    W = topo.world_size
-    facs = [f for f in range(1, W + 1) if W % f == 0 and _legal(Plan("search", f, f, f), topo)]
+    W, P = topo.world_size, topo.ranks_per_node
+    # factors inside a node, the whole world, and whole-node groups of a power of two nodes: a
+    # log-spaced set (the divisors of a node count such as Frontier's 9,408 would be 42, and the
+    # search over factor triples with every secondary and bit width would run for many minutes)
+    facs = [f for f in range(1, W + 1) if W % f == 0 and _legal(Plan("search", f, f, f), topo)
+            and (f <= P or f == W or (f % P == 0 and (f // P) & (f // P - 1) == 0))]
     out = []
     for w, g, o in ((w, g, o) for w in facs for g in facs for o in facs if g % w == 0 and o % g == 0):
         secs = [None] + ([f for f in facs if f <= w and w % f == 0] if w > 1 else [])
@@ -525,12 +538,14 @@ def legal_plans(topo: Topology) -> list[Plan]:
 
 def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch: int, grad_accum: int,
                  recompute: bool = True, memory_limit: Optional[float] = None, convention: str = "paper",
-                 nic_sharing: str = "ring") -> list[tuple[Plan, StepEstimate]]:
+                 nic_sharing: str = "ring", plans: Optional[Sequence[Plan]] = None,
+                 progress=lambda it: it) -> list[tuple[Plan, StepEstimate]]:
     """Legal plans whose model states fit ``memory_limit`` bytes (default: the device memory),
-    fastest modelled step first (steps within 0.5% of each other count as equally fast)."""
+    fastest modelled step first (steps within 0.5% of each other count as equally fast).
+    ``progress`` wraps the loop over plans (e.g. a tqdm bar)."""
     limit = system.device_memory_gib * GIB if memory_limit is None else memory_limit
     out = []
-    for plan in legal_plans(topo):
+    for plan in progress(legal_plans(topo) if plans is None else plans):
         if model_state_memory(shape.params, plan, convention).total > limit:
             continue
         est = estimate_step(shape, plan, topo, system, micro_batch, grad_accum, recompute, nic_sharing, convention)

@@ -118,8 +118,14 @@ def run(args) -> dict:
             "step_s": est.step_s, "tflops_per_gcd": est.tflops_per_gcd,
             "bytes_per_level": est.bytes_per_level,
         })
+    from tqdm import tqdm
+
+    legal = pm.legal_plans(topo)
+    bar = lambda it: tqdm(it, total=len(legal), desc="plans", unit="plan", file=sys.stderr,  # noqa: E731
+                          disable=None, leave=False)  # a bar on a terminal only
     found = []
-    for p, e in pm.search_plans(shape, topo, system, mb, ga, rc, mem, args.convention, args.nic_sharing):
+    for p, e in pm.search_plans(shape, topo, system, mb, ga, rc, mem, args.convention, args.nic_sharing,
+                                plans=legal, progress=bar):
         states, reserve = need(p)
         if sum(states.values()) + reserve <= mem:
             found.append((p, e, sum(states.values())))
@@ -131,7 +137,7 @@ def run(args) -> dict:
         "model": args.model, "params": shape.params, "system": system.name, "topology": topo.describe(),
         "nodes": args.nodes, "gcds": topo.world_size, "device_memory_gib": system.device_memory_gib,
         "memory_limit_gib": limit / pm.GIB, "convention": args.convention, "micro_batch": mb,
-        "grad_accum": ga, "presets": presets, "searched_plans": len(pm.legal_plans(topo)),
+        "grad_accum": ga, "presets": presets, "searched_plans": len(legal),
         "fitting_plans": len(found), "best": best,
     }
 

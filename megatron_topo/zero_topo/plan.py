@@ -9,6 +9,7 @@ size the whole machine. The dependency rule (AMSP; ZeRO-topo §V) is ``w | g | o
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -161,12 +162,14 @@ def effective_config(cfg, plan: "Plan", topo: Topology):
     return out
 
 
-def _legal_factors(topo: Topology) -> list[int]:
-    """Factors that make blocks of consecutive ranks aligned with the hierarchy."""
-    P, W = topo.ranks_per_node, topo.world_size
+@functools.lru_cache(maxsize=256)
+def _legal_factors(topo: Topology) -> tuple[int, ...]:
+    """Factors that make blocks of consecutive ranks aligned with the hierarchy (cached: the
+    planner validates tens of thousands of plans on one topology)."""
+    P, W, N = topo.ranks_per_node, topo.world_size, topo.num_nodes
     inside = [f for f in range(1, P + 1) if P % f == 0]
-    across = [P * k for k in range(2, topo.num_nodes + 1) if topo.num_nodes % k == 0]
-    return inside + [f for f in across if f <= W]
+    across = [P * k for k in range(2, N + 1) if N % k == 0]
+    return tuple(inside + [f for f in across if f <= W])
 
 
 def resolve_plan(z: ZeroTopoConfig, topo: Topology, ds: Optional[ZeroOptimizationBlock] = None) -> Plan:
