@@ -263,7 +263,10 @@ def describe_failure(exc: BaseException, rank: int, world: int, heartbeat: Optio
             host = f"{heartbeat.host}:{heartbeat.port}"
             who = (f"lost the launcher's rendezvous store at {host}" if agent else
                    f"lost rank 0 (it hosts the rendezvous store at {host}, which stopped answering)")
-        heartbeat.stop(deliberate=True, lost=tuple(lost))
+        # the store's host stays until the others have read the heartbeats too: a peer blocked in
+        # a collective with this rank only notices at its own time-out, and a store gone by then
+        # would make it blame rank 0 (bounded, so a failed job does not idle for long)
+        heartbeat.stop(deliberate=True, lost=tuple(lost), linger_s=min(timeout_s + 10.0, 120.0))
     if who is None:
         who = "a rank stopped responding (could not tell which: no heartbeat store)"
     detail = first if len(first) <= 160 else first[:157] + "..."

@@ -103,7 +103,9 @@ def _errors(tmp, r):
 def test_sigkill_one_rank_mid_step_others_exit_naming_it(cache, tmp_path):
     """4 ranks (1 node x 2 GPUs x 2 GCDs, topo): rank 3 dies in the middle of step 2; ranks 0-2
     exit non-zero within 60 s of its death, each with one error line naming rank 3."""
-    args = _args(cache, tmp_path, "topo.yml", "local_cpu.yml", steps=4, **{"distributed.collective_timeout_s": 45})
+    # 30 s: a rank blocked in a collective with a survivor notices at its time-out, and the store's
+    # host (rank 0) lingers until then so every rank can read who stopped beating
+    args = _args(cache, tmp_path, "topo.yml", "local_cpu.yml", steps=4, **{"distributed.collective_timeout_s": 30})
     procs = _launch(4, args, tmp_path, fault="kill:rank=3:step=2")
     rcs, times = _wait(procs, 240)
     assert rcs[3] == -signal.SIGKILL, (rcs, (tmp_path / "err3").read_text()[-2000:])
