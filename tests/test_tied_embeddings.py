@@ -114,3 +114,21 @@ def test_tied_run_checkpoints_reshards_and_exports(tmp_path):
     ids = torch.randint(0, cfg.vocab_size, (2, cfg.seq_length))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, ours(ids), rtol=1e-5, atol=1e-5)
+
+
+def test_memory_formula_counts_the_tied_weight_once():
+    from megatron_topo.config import load_config
+    from megatron_topo.dryrun import dry_run
+    from megatron_topo.model import build_model, num_params, unit_numels
+    from megatron_topo.zero_topo import memory
+    from megatron_topo.zero_topo.plan import Plan
+
+    cfg = tiny_cfg(no_weight_tying=False)
+    assert sum(unit_numels(cfg)) == num_params(build_model(cfg, device="meta"))
+    import os
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    full = load_config([os.path.join(repo, "configs/tiny.yml"), os.path.join(repo, "configs/topo.yml")],
+                       ["no_weight_tying=false", "topology.gcds_per_gpu=2", "topology.gpus_per_node=2"])
+    r = dry_run(full, 8, 3)
+    assert r["model_state_bytes_per_rank"] == memory.state_bytes(unit_numels(full.model), Plan(**r["plan"]), 8,
+                                                                 full.precision)

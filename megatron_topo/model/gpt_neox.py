@@ -203,6 +203,13 @@ def num_params(model: nn.Module) -> int:
 
 
 def unit_numels(cfg: ModelConfig) -> list[int]:
-    """Trainable parameters of each unit the engine wraps (built on the meta device: no memory)."""
+    """Trainable parameters each unit the engine wraps holds (built on the meta device: no memory).
+    A tied weight counts once, in the first unit that has it, as the engine shards it."""
     model = build_model(cfg, device="meta")
-    return [sum(p.numel() for p in u.parameters() if p.requires_grad) for u in model.shard_units()]
+    seen: set[int] = set()
+    out = []
+    for u in model.shard_units():
+        ps = [p for p in u.parameters() if p.requires_grad and id(p) not in seen]
+        seen.update(id(p) for p in ps)
+        out.append(sum(p.numel() for p in ps))
+    return out
