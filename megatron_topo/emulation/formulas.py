@@ -75,26 +75,17 @@ def expected_bytes_per_rank(plan, topo: Topology, unit_lengths: Sequence[int], m
 
 def unit_lengths(model_cfg, plan, world_size: int) -> list[int]:
     """Padded flat length of every unit, as the nested layout pads it (whole blocks per shard)."""
-    from ..model import build_model
-    from ..zero_topo import layout as Lay
+    from ..model import unit_numels
+    from ..zero_topo.memory import padded_units
 
-    from ..zero_topo.memory import block_sizes
-
-    model = build_model(model_cfg, device="meta")
-    align = Lay.alignment(world_size, block_sizes(plan))
-    out = []
-    for u in model.shard_units():
-        n = sum(p.numel() for p in u.parameters() if p.requires_grad)
-        if n:
-            out.append(Lay.padded_size(n, align))
-    return out
+    numels = [n for n in unit_numels(model_cfg) if n]
+    return padded_units(numels, plan, world_size)
 
 
 def raw_unit_lengths(model_cfg) -> list[int]:
-    from ..model import build_model
+    from ..model import unit_numels
 
-    model = build_model(model_cfg, device="meta")
-    return [sum(p.numel() for p in u.parameters()) for u in model.shard_units()]
+    return unit_numels(model_cfg)
 
 
 def check(got: dict, want: dict, rel: float = 0.0, abs_tol: float = 1.0) -> tuple[str, dict]:
