@@ -31,6 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.atomic import write_text  # noqa: E402
 from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 import kernels  # noqa: E402
 
@@ -198,10 +199,7 @@ def main(argv=None) -> int:
                   "copy": list(copies.values()), "results": rows}
         if device.type == "cuda":
             report["gpu"] = torch.cuda.get_device_name(device)
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(report, f, indent=1)
-        os.replace(tmp, args.json)
+        write_text(args.json, json.dumps(report, indent=1), makedirs=False)
         print(f"wrote {args.json}")
     return 0
 

@@ -33,6 +33,7 @@ import time
 from contextlib import nullcontext
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.atomic import write_text  # noqa: E402
 from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 import torch  # noqa: E402
@@ -427,13 +428,7 @@ def main(argv=None) -> int:
     if args.profile:
         result["profile"] = profile(paths, batches, args.profile_steps)
     if args.json:
-        d = os.path.dirname(os.path.abspath(args.json))
-        os.makedirs(d, exist_ok=True)
-        tmp = f"{args.json}.tmp.{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=2, allow_nan=False, default=str)
-            f.write("\n")
-        os.replace(tmp, args.json)
+        write_text(args.json, json.dumps(result, indent=2, allow_nan=False, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0 if all(math.isfinite(v) for v in med.values()) else 1
 

@@ -48,24 +48,13 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _atomic(path: str, write):
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
     """Reads the checkpoint one unit at a time: the weights of a ``.safetensors`` output stream
     into their file, so only the moments are gathered in memory (a ``.pt`` output holds the whole
     state, as the file it writes does); never a second copy of the model."""
     import torch
 
+    from megatron_topo.atomic import atomic_path, commit, remove_quietly, temp_name
     from megatron_topo.model.hf import SafetensorsWriter, iter_checkpoint_units, verify_checkpoint_files
     from megatron_topo.zero_topo.checkpoint import (STATE_KEYS, CheckpointError, read_config_yaml, read_meta,
                                                     resolve)
@@ -86,7 +75,7 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
     config_yaml = read_config_yaml(sp, meta)  # an edited config.yml fails before any shard is read
     verify_checkpoint_files(sp, meta)
     model, exp_avg, exp_avg_sq, adam_step = {}, {}, {}, {}
-    tmp = f"{output}.tmp.{os.getpid()}"
+    tmp = temp_name(output)
     writer = None
     try:
         if safet:
@@ -116,15 +105,16 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
         if writer is not None:
             writer.close()
             writer = None
-            os.replace(tmp, output)
-            _atomic(optim_path, lambda p: torch.save(rest, p))
+            commit(tmp, output)  # the writer fsynced the file
+            with atomic_path(optim_path) as p:
+                torch.save(rest, p)
         else:
-            _atomic(output, lambda p: torch.save({**rest, "model": model}, p))
+            with atomic_path(output) as p:
+                torch.save({**rest, "model": model}, p)
     finally:
         if writer is not None:
             writer.abort()
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        remove_quietly(tmp)
     return outs
 
 

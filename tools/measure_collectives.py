@@ -23,6 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.atomic import write_text  # noqa: E402
 from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 import torch  # noqa: E402
@@ -153,10 +154,7 @@ def render(r: dict) -> str:
 def write_json(r: dict, out_dir: str) -> str:
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "collectives.json")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(r, f, indent=1)
-    os.replace(tmp, path)
+    write_text(path, json.dumps(r, indent=1))
     return path
 
 

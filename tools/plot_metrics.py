@@ -19,6 +19,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_topo.atomic import atomic_path  # noqa: E402
 from megatron_topo.metrics import metrics_path, read_metrics  # noqa: E402
 
 # panel -> (title, keys tried in order: the canonical key first, then common spellings)
@@ -173,15 +174,11 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None) -> st
         fig.suptitle(title)
     fig.tight_layout()
     d = os.path.dirname(os.path.abspath(out))
-    os.makedirs(d, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(out)}.tmp.{os.getpid()}.png")
     try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, out)
+        with atomic_path(out, tmp=os.path.join(d, f".{os.path.basename(out)}.tmp.{os.getpid()}.png")) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return out
 
 

@@ -20,11 +20,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from megatron_topo.atomic import atomic_path  # noqa: E402
 from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 from megatron_topo.data import DataError  # noqa: E402
 from megatron_topo.data.errors import error_line  # noqa: E402
-from megatron_topo.data.atomic import commit, remove_quietly, temp_name  # noqa: E402
 from megatron_topo.data.preprocess import expand_sources, iter_source_documents  # noqa: E402
 
 SPECIAL = ["<|endoftext|>", "<|padding|>"]
@@ -108,8 +108,7 @@ def main(argv=None) -> int:
             except DataError as e:
                 failure.append(e)
 
-        tmp = temp_name(args.output)
-        try:
+        with atomic_path(args.output) as tmp:  # fsynced and renamed; removed on any error
             trained = None
             try:
                 if args.model_type == "bpe":
@@ -124,11 +123,6 @@ def main(argv=None) -> int:
                 raise DataError(f"no documents found in {', '.join(args.input)} (empty input)")
             if trained is not None:
                 raise trained
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            commit(tmp, args.output)
-        finally:
-            remove_quietly(tmp)
     except (DataError, OSError) as e:
         print(f"error: {error_line(e)}", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from .atomic import commit, fsync_dir, remove_quietly, temp_name
+from ..atomic import commit, fsync_dir, remove_quietly, temp_name
 from .errors import DataError
 
 MAGIC = b"MMIDIDX\x00\x00"
