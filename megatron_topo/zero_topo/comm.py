@@ -8,7 +8,7 @@ norms) is charged to ``control`` so the volume counters match the formulas exact
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ class Group:
         return self.ranks.index(rank)
 
 
-def _landed(works: list) -> bool:
+def _landed(works: list[Optional[dist.Work]]) -> bool:
     """Non-blocking: have all these collectives completed?"""
     return all(w is None or w.is_completed() for w in works)
 
@@ -43,11 +43,11 @@ def _landed(works: list) -> bool:
 class Handle:
     """An in-flight collective plus work to finish after it (dequantize, accumulate)."""
 
-    def __init__(self, works: list, then: Optional[Callable[[], object]] = None):
+    def __init__(self, works: list[Optional[dist.Work]], then: Optional[Callable[[], Any]] = None) -> None:
         self._works = works
         self._then = then
         self.done = False
-        self.result = None
+        self.result: Any = None
 
     def landed(self) -> bool:
         """Non-blocking: the collectives are complete (``wait`` will not block on the wire)."""
@@ -58,7 +58,8 @@ class Handle:
         returns True when a stage was launched. A one-stage handle has none."""
         return False
 
-    def wait(self):
+    def wait(self) -> Any:
+        """Wait for the collectives, run the finishing work once and return its result."""
         if not self.done:
             for w in self._works:
                 if w is not None:
@@ -69,15 +70,15 @@ class Handle:
 
 
 class TwoStageHandle(Handle):
-    """Two dependent collectives (ZeRO++'s 2-hop reduction): ``launch_second`` runs once the
-    first stage's works have landed and returns the second stage's works; ``then`` finishes."""
+    """Two dependent collectives (ZeRO++'s 2-hop reduction, the quantized combine): the second
+    stage, ``launch_second``, runs once the first stage's works have landed and returns the
+    second stage's works; ``then`` finishes."""
 
-    def __init__(self, first: list, launch_second: Callable[[], list], then: Callable[[], object],
-                 on_second: Optional[Callable[[], None]] = None):
+    def __init__(self, first: list[Optional[dist.Work]], launch_second: Callable[[], list[Optional[dist.Work]]],
+                 then: Callable[[], Any]) -> None:
         super().__init__([], then)
         self._first = first
         self._launch_second = launch_second
-        self._on_second = on_second
         self.second_launched = False
 
     def landed(self) -> bool:
@@ -91,11 +92,9 @@ class TwoStageHandle(Handle):
                 w.wait()
         self._works = self._launch_second()
         self.second_launched = True
-        if self._on_second is not None:
-            self._on_second()
         return True
 
-    def wait(self):
+    def wait(self) -> Any:
         self.advance(force=True)
         return super().wait()
 
@@ -106,7 +105,7 @@ class Comm:
     fails on CPU exactly where it would fail on a GPU."""
 
     def __init__(self, topo: Topology, rank: int, distributed: bool = True,
-                 device: torch.device | str = "cpu", strict: bool = False):
+                 device: torch.device | str = "cpu", strict: bool = False) -> None:
         self.topo = topo
         self.rank = rank
         self.distributed = distributed and dist.is_available() and dist.is_initialized()
@@ -137,7 +136,7 @@ class Comm:
         self._cache[key] = mine
         return mine
 
-    def _charge(self, group: Group, nbytes: int, control: bool = False, *tensors: torch.Tensor):
+    def _charge(self, group: Group, nbytes: int, control: bool = False, *tensors: torch.Tensor) -> None:
         if self.strict:
             for t in tensors:
                 if t.device != self.device:
@@ -164,8 +163,9 @@ class Comm:
             self.all_reduce(t, self.world, account=False)
             self.to_host(t)
 
-    def all_reduce_host(self, values, group: Optional[Group] = None, op=dist.ReduceOp.SUM,
-                        dtype=torch.float64) -> list:
+    def all_reduce_host(self, values: Iterable[float], group: Optional[Group] = None,
+                        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+                        dtype: torch.dtype = torch.float64) -> list[float]:
         """All-reduce a few Python numbers through a device tensor (not counted: bookkeeping
         such as logged losses and counters); returns Python floats."""
         t = torch.tensor(list(values), dtype=dtype, device=self.device)
@@ -173,14 +173,15 @@ class Comm:
             self.all_reduce(t, group or self.world, op=op, account=False)
         return self.to_host(t).tolist()
 
-    def reset_counters(self) -> dict:
+    def reset_counters(self) -> dict[str, int]:
         out = dict(self.bytes)
         for k in self.bytes:
             self.bytes[k] = 0
         return out
 
     # -------------------------------------------------------------------------- collectives
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False):
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
+                   async_op: bool = False) -> Optional[dist.Work]:
         """``out`` = concat over group order of every member's ``inp``."""
         d = group.size
         if d == 1:
@@ -189,7 +190,8 @@ class Comm:
         self._charge(group, inp.numel() * inp.element_size() * (d - 1), False, out, inp)
         return _all_gather(out, inp, group=group.handle, async_op=async_op)
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False):
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
+                       async_op: bool = False) -> Optional[dist.Work]:
         d = group.size
         if d == 1:
             out.copy_(inp.view_as(out))
@@ -197,7 +199,8 @@ class Comm:
         self._charge(group, inp.numel() * inp.element_size() * (d - 1) // d, False, out, inp)
         return _reduce_scatter(out, inp, group=group.handle, async_op=async_op)
 
-    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op=False):
+    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
+                   async_op: bool = False) -> Optional[dist.Work]:
         d = group.size
         if d == 1:
             out.copy_(inp)
@@ -205,8 +208,8 @@ class Comm:
         self._charge(group, inp.numel() * inp.element_size() * (d - 1) // d, False, out, inp)
         return dist.all_to_all_single(out, inp, group=group.handle, async_op=async_op)
 
-    def all_reduce(self, t: torch.Tensor, group: Group, op=dist.ReduceOp.SUM, async_op=False,
-                   control: bool = False, account: bool = True):
+    def all_reduce(self, t: torch.Tensor, group: Group, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+                   async_op: bool = False, control: bool = False, account: bool = True) -> Optional[dist.Work]:
         d = group.size
         if d == 1:
             return None

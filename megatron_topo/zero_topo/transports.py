@@ -1,0 +1,341 @@
+"""A unit's gradient and weight transports, each a named function chosen once from the plan.
+
+Three moments of a step move a unit's state between ranks:
+
+- ``reduce`` (every micro-batch): the flat gradient into this rank's fp32 gradient shard;
+- ``combine`` (once per step): the gradient shards summed across replicas, giving this rank's
+  optimizer-shard gradient;
+- ``publish`` (after the update): the updated optimizer shards gathered into the primary shard.
+
+``select_reduce``, ``select_combine`` and ``select_publish`` map a plan onto one function each
+when the unit is built; the unit calls that function and keeps the returned :class:`Handle`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+import kernels
+
+from . import layout as L
+from .comm import Group, Handle, TwoStageHandle
+from .plan import Plan
+
+if TYPE_CHECKING:
+    from .unit import ShardedUnit
+
+ReduceFn = Callable[["ShardedUnit", float], Optional[Handle]]
+CombineFn = Callable[["ShardedUnit", int, int], Handle]
+PublishFn = Callable[["ShardedUnit", torch.Tensor, torch.Tensor], Optional[Handle]]
+
+
+# ------------------------------------------------------------------------------ reduce
+def accumulate_local(u: ShardedUnit, scale: float) -> None:
+    """No gradient sharding: add each parameter's gradient straight into its slice of the fp32
+    shard (same arithmetic as flattening first: cast to the wire dtype, scale, add)."""
+    acc, wire = u.grad_acc, u.grad_comm_dtype
+    for s in u.specs:
+        if s.param.grad is None:
+            continue
+        g = s.param.grad.reshape(-1)
+        if g.dtype != wire:
+            g = g.to(wire)
+        if scale != 1.0:
+            g = g * scale
+        acc[s.offset:s.offset + s.numel].add_(g)
+        s.param.grad = None
+    return None
+
+
+def reduce_scatter_16bit(u: ShardedUnit, scale: float) -> Handle:
+    """A reduce-scatter of the wire-dtype gradient over the gradient group."""
+    plan, gsz = u.plan, u.plan.grad_factor
+    G = u.flat_grad(scale)
+    perm = L.reduce_perm(plan.weight_factor, gsz)
+    send = G.view(gsz, -1)[perm].reshape(-1)
+    out = torch.empty(u.layout.grad_numel, dtype=G.dtype, device=u.device)
+    w = u.comm.reduce_scatter(out, send, u.g.grad, async_op=True)
+    acc = u.grad_acc
+    return Handle([w], lambda: acc.add_(out))
+
+
+def quantized_all_to_all_reduce(u: ShardedUnit, scale: float) -> Handle:
+    """ZeRO-topo: one all-to-all of block-quantized slices inside the node, summed in fp32."""
+    plan, gsz = u.plan, u.plan.grad_factor
+    bits, blk = plan.grad_bits, plan.grad_quant_block_size
+    G = u.flat_grad(scale)
+    perm = L.reduce_perm(plan.weight_factor, gsz)
+    q, sc = quantize_gradient(u, G, bits, blk, perm)
+    rq, rs = torch.empty_like(q), torch.empty_like(sc)
+    w1 = u.comm.all_to_all(rq, q, u.g.grad, async_op=True)
+    w2 = u.comm.all_to_all(rs, sc, u.g.grad, async_op=True)
+    acc, n = u.grad_acc, u.layout.grad_numel
+
+    def finish() -> None:
+        kernels.dequantize_sum(rq.view(gsz, -1), rs.view(gsz, -1), bits, blk, n,
+                               out=acc, accumulate=True, backend=u.backend)
+
+    return Handle([w1, w2], finish)
+
+
+class TwoHopReduce(TwoStageHandle):
+    """ZeRO++'s qgZ: a quantized all-to-all inside the node, then (second hop) the partial sums
+    requantized and exchanged with the same local rank of every node of the gradient block."""
+
+    def __init__(self, u: ShardedUnit, G: torch.Tensor) -> None:
+        plan, P = u.plan, u.comm.topo.ranks_per_node
+        self.unit = u
+        self.bits, self.blk = plan.grad_bits, plan.grad_quant_block_size
+        self.P, self.k = P, plan.grad_factor // P
+        perm = L.two_hop_perm(plan.weight_factor, plan.grad_factor, P)
+        q, sc = quantize_gradient(u, G, self.bits, self.blk, perm)
+        self.send = (q, sc)  # the send buffers live until the collectives are done
+        self.rq, self.rs = torch.empty_like(q), torch.empty_like(sc)
+        self.rq2: Optional[torch.Tensor] = None
+        self.rs2: Optional[torch.Tensor] = None
+        first = [u.comm.all_to_all(self.rq, q, u.g.node, async_op=True),
+                 u.comm.all_to_all(self.rs, sc, u.g.node, async_op=True)]
+        super().__init__(first, self._second_hop, self._finish)
+
+    def _second_hop(self) -> list[Optional[dist.Work]]:
+        u, P = self.unit, self.P
+        q2, s2 = kernels.dequantize_sum_requantize(self.rq.view(P, -1), self.rs.view(P, -1), self.bits,
+                                                   self.blk, backend=u.backend)
+        self.rq2, self.rs2 = torch.empty_like(q2), torch.empty_like(s2)
+        return [u.comm.all_to_all(self.rq2, q2, u.g.two_hop_peers, async_op=True),
+                u.comm.all_to_all(self.rs2, s2, u.g.two_hop_peers, async_op=True)]
+
+    def _finish(self) -> None:
+        u, k = self.unit, self.k
+        kernels.dequantize_sum(self.rq2.view(k, -1), self.rs2.view(k, -1), self.bits, self.blk,
+                               u.layout.grad_numel, out=u.grad_acc, accumulate=True, backend=u.backend)
+
+
+def two_hop_reduce(u: ShardedUnit, scale: float) -> TwoHopReduce:
+    """Gradient group wider than a node: ZeRO++'s 2-hop quantized all-to-all (qgZ)."""
+    return TwoHopReduce(u, u.flat_grad(scale))
+
+
+def quantize_gradient(u: ShardedUnit, G: torch.Tensor, bits: int, blk: int,
+                      perm: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a micro-batch's flat gradient in reordered slices; with error feedback the
+    residual of the previous quantization is added first and the new residual kept (fp32,
+    the unit's padded size, original order)."""
+    if not u.plan.error_feedback:
+        return kernels.quantize_reordered(G, bits, blk, perm, backend=u.backend)
+    x = G.float()
+    if u.ef_reduce is not None:
+        x.add_(u.ef_reduce)
+    q, sc = kernels.quantize_reordered(x, bits, blk, perm, backend=u.backend)
+    deq = kernels.dequantize(q, sc, bits, blk, x.numel(), backend=u.backend)  # slot i = slice perm[i]
+    idx = torch.as_tensor(list(perm), device=u.device)
+    x.view(len(perm), -1).index_add_(0, idx, deq.view(len(perm), -1), alpha=-1.0)
+    u.ef_reduce = x
+    return q, sc
+
+
+def select_reduce(plan: Plan, ranks_per_node: int) -> ReduceFn:
+    if plan.grad_factor == 1:
+        return accumulate_local
+    if plan.grad_bits == 16:
+        return reduce_scatter_16bit
+    if plan.grad_factor <= ranks_per_node:
+        return quantized_all_to_all_reduce
+    return two_hop_reduce
+
+
+# ------------------------------------------------------------------------------ combine
+# (u, o_lo, o_hi): [o_lo, o_hi) is this rank's optimizer shard inside its gradient shard
+
+
+def combine_local(u: ShardedUnit, o_lo: int, o_hi: int) -> Handle:
+    """One replica: the gradient shard already is the sum."""
+    acc = u.grad_acc
+    return Handle([], lambda: acc[o_lo:o_hi])
+
+
+def combine_ordered_all_gather(u: ShardedUnit, o_lo: int, o_hi: int) -> Handle:
+    """``deterministic``: every rank gathers the replicas and sums them in rank order, so the
+    result is bitwise reproducible."""
+    rep, acc = u.g.replicas, u.grad_acc
+    tmp = torch.empty(rep.size * acc.numel(), dtype=u.grad_comm_dtype, device=u.device)
+    send = acc.to(u.grad_comm_dtype)
+    work = u.comm.all_gather(tmp, send, rep, async_op=True)
+
+    def ordered_sum(_keep: torch.Tensor = send) -> torch.Tensor:  # the send buffer lives until the collective is done
+        parts = tmp.view(rep.size, -1)
+        acc.copy_(parts[0])
+        for i in range(1, rep.size):
+            acc.add_(parts[i])
+        return acc[o_lo:o_hi]
+
+    return Handle([work], ordered_sum)
+
+
+def combine_reduce_scatter(u: ShardedUnit, o_lo: int, o_hi: int) -> Handle:
+    """``inter_node_reduce: reduce_scatter`` with optimizer shards over the world: each rank
+    receives only its optimizer shard's sum."""
+    wire = u.grad_comm_dtype
+    send = u.grad_acc.to(wire)
+    out = torch.empty(u.layout.optim_numel, dtype=wire, device=u.device)
+    work = u.comm.reduce_scatter(out, send, u.g.replicas, async_op=True)
+
+    def scattered(_keep: torch.Tensor = send) -> torch.Tensor:  # the send buffer lives until the collective is done
+        return out.float() if wire != torch.float32 else out
+
+    return Handle([work], scattered)
+
+
+def combine_all_reduce(u: ShardedUnit, o_lo: int, o_hi: int) -> Handle:
+    """An all-reduce of the gradient shard across replicas (in place when the wire is fp32)."""
+    acc, rep, wire = u.grad_acc, u.g.replicas, u.grad_comm_dtype
+    if wire == torch.float32:
+        work = u.comm.all_reduce(acc, rep, async_op=True)
+        return Handle([work], lambda: acc[o_lo:o_hi])
+    buf = acc.to(wire)
+    work = u.comm.all_reduce(buf, rep, async_op=True)
+    return Handle([work], lambda: buf[o_lo:o_hi].float())
+
+
+class QuantizedCombine(TwoStageHandle):
+    """INT8 reduce-scatter across replicas (one all-to-all of block-quantized slices, sums in
+    fp32), then, when this rank's optimizer shard is wider than its slice, an INT8 all-gather
+    of the summed slices (every replica then dequantizes the same bytes: identical updates)."""
+
+    def __init__(self, u: ShardedUnit, o_lo: int, o_hi: int) -> None:
+        rep, acc, plan = u.g.replicas, u.grad_acc, u.plan
+        self.unit, self.o_lo, self.o_hi = u, o_lo, o_hi
+        self.bits, self.blk, self.r = plan.combine_bits, plan.grad_quant_block_size, rep.size
+        self.m = acc.numel() // self.r
+        i = rep.index(u.comm.rank)
+        src = acc
+        if plan.error_feedback:  # add the last step's quantization residual, keep the new one
+            src = acc if u.ef_combine is None else acc + u.ef_combine
+        q, sc = kernels.quantize(src, self.bits, self.blk, backend=u.backend)
+        if plan.error_feedback:
+            u.ef_combine = src - kernels.dequantize(q, sc, self.bits, self.blk, src.numel(), backend=u.backend)
+        self.send = (q, sc)  # the send buffers live until the collectives are done
+        self.rq, self.rs = torch.empty_like(q), torch.empty_like(sc)
+        first = [u.comm.all_to_all(self.rq, q, rep, async_op=True),
+                 u.comm.all_to_all(self.rs, sc, rep, async_op=True)]
+        self.mine = torch.empty(self.m, dtype=torch.float32, device=u.device)
+        self.gather = (o_lo, o_hi) != (i * self.m, (i + 1) * self.m)
+        self.qall: Optional[torch.Tensor] = None
+        self.sall: Optional[torch.Tensor] = None
+        self.send2: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        super().__init__(first, self._second, self._finish)
+
+    def _second(self) -> list[Optional[dist.Work]]:
+        u, r, bits, blk = self.unit, self.r, self.bits, self.blk
+        kernels.dequantize_sum(self.rq.view(r, -1), self.rs.view(r, -1), bits, blk, self.m, out=self.mine,
+                               backend=u.backend)
+        if not self.gather:
+            return []
+        q2, s2 = kernels.quantize(self.mine, bits, blk, backend=u.backend)
+        self.qall = torch.empty(q2.numel() * r, dtype=q2.dtype, device=u.device)
+        self.sall = torch.empty(s2.numel() * r, dtype=s2.dtype, device=u.device)
+        self.send2 = (q2, s2)  # lives until the collectives are done
+        rep = u.g.replicas
+        return [u.comm.all_gather(self.qall, q2, rep, async_op=True),
+                u.comm.all_gather(self.sall, s2, rep, async_op=True)]
+
+    def _finish(self) -> torch.Tensor:
+        if not self.gather:
+            return self.mine
+        # every replica holding this optimizer shard must apply the same gradient, so the
+        # slice this rank summed is taken from the gathered INT8 copy too, like everyone's
+        u, acc = self.unit, self.unit.grad_acc
+        acc.copy_(kernels.dequantize(self.qall, self.sall, self.bits, self.blk, acc.numel(), backend=u.backend))
+        return acc[self.o_lo:self.o_hi]
+
+
+def combine_quantized(u: ShardedUnit, o_lo: int, o_hi: int) -> QuantizedCombine:
+    """``combine_bits`` < 16: quantized reduce-scatter (+ all-gather) across replicas."""
+    return QuantizedCombine(u, o_lo, o_hi)
+
+
+def select_combine(plan: Plan, replicas: int, world_size: int) -> CombineFn:
+    if replicas == 1:
+        return combine_local
+    if plan.combine_bits < 16:
+        return combine_quantized
+    if plan.deterministic:
+        return combine_ordered_all_gather
+    if plan.inter_node_reduce == "reduce_scatter" and plan.optimizer_factor == world_size:
+        return combine_reduce_scatter
+    return combine_all_reduce
+
+
+# ------------------------------------------------------------------------------ publish
+# (u, master, new): ``new`` is the updated fp32 master shard in the compute dtype
+
+
+def publish_local(u: ShardedUnit, master: torch.Tensor, new: torch.Tensor) -> None:
+    """The optimizer shard covers the primary shard's piece: copy it in place."""
+    a = u.optim_range[0] - u.primary_range[0]
+    u.primary[a:a + new.numel()].copy_(new)
+    u.refresh_views()
+    return None
+
+
+def publish_all_gather(u: ShardedUnit, master: torch.Tensor, new: torch.Tensor) -> Handle:
+    """Gather straight into the primary shard (group order), then move the pieces to their
+    shard slots in place, one piece of scratch: no primary-sized staging buffer per unit."""
+    grp = u.g.post_gather
+    if new.data_ptr() == master.data_ptr():  # fp32: do not send the live master
+        new = new.clone()
+    slots = L.post_gather_slots(grp.ranks, *u.plan.factors)
+    work = u.comm.all_gather(u.primary, new, grp, async_op=True)
+
+    def place(_keep: torch.Tensor = new) -> None:
+        L.permute_chunks_(u.primary.view(grp.size, -1), slots)
+        u.refresh_views()
+
+    return Handle([work], place)
+
+
+def publish_quantized(u: ShardedUnit, master: torch.Tensor, new: torch.Tensor) -> Handle:
+    """INT8 all-gather of the updated shards; every piece is dequantized into its slot of the
+    primary shard except this rank's own, copied exactly. The master is fp32 and every rank
+    requantizes its fresh shard each step, so the error never accumulates."""
+    grp: Group = u.g.post_gather
+    if new.data_ptr() == master.data_ptr():  # fp32: do not send the live master
+        new = new.clone()
+    slots = L.post_gather_slots(grp.ranks, *u.plan.factors)
+    bits, blk, n = u.plan.publish_bits, u.plan.quant_block_size, new.numel()
+    q, sc = kernels.quantize(new, bits, blk, backend=u.backend)
+    qall = torch.empty(q.numel() * grp.size, dtype=q.dtype, device=u.device)
+    sall = torch.empty(sc.numel() * grp.size, dtype=sc.dtype, device=u.device)
+    works = [u.comm.all_gather(qall, q, grp, async_op=True), u.comm.all_gather(sall, sc, grp, async_op=True)]
+    me = grp.index(u.comm.rank)
+
+    def place(_keep: tuple[torch.Tensor, torch.Tensor] = (q, sc)) -> None:
+        qv, sv = qall.view(grp.size, -1), sall.view(grp.size, -1)
+        for j, slot in enumerate(slots):
+            dst = u.primary[slot * n:(slot + 1) * n]
+            if j == me:
+                dst.copy_(new)
+            else:
+                dst.copy_(kernels.dequantize(qv[j], sv[j], bits, blk, n, dtype=u.dtype, backend=u.backend))
+        u.refresh_views()
+
+    return Handle(works, place)
+
+
+def select_publish(plan: Plan, post_gather_size: int) -> PublishFn:
+    if post_gather_size == 1:
+        return publish_local
+    if plan.publish_bits < 16:
+        return publish_quantized
+    return publish_all_gather
+
+
+def transport_names(plan: Plan, ranks_per_node: int, world_size: int) -> dict[str, str]:
+    """The functions a plan runs, by moment (what the README's preset table lists)."""
+    replicas = world_size // plan.grad_factor
+    post = len(L.post_gather_groups(world_size, plan.weight_factor, plan.optimizer_factor)[0])
+    return {"reduce": select_reduce(plan, ranks_per_node).__name__,
+            "combine": select_combine(plan, replicas, world_size).__name__,
+            "publish": select_publish(plan, post).__name__}
