@@ -20,7 +20,7 @@ each unit waits for its own at its next gather, so it overlaps the next forward.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -38,11 +38,11 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class ZeroTopoEngine:
     def __init__(self, model: nn.Module, units: Sequence[nn.Module], plan: Plan, comm: Comm, *,
-                 precision: str = "fp32", lr: float = 1e-3, betas=(0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.0, grad_clip: float = 0.0, fp16_cfg=None,
+                 precision: str = "fp32", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.95),
+                 eps: float = 1e-8, weight_decay: float = 0.0, grad_clip: float = 0.0, fp16_cfg: Any = None,
                  grad_comm_dtype: Optional[str] = None, kernel_backend: Optional[str] = None,
                  max_in_flight: int = 2, device: Optional[torch.device] = None,
-                 init: Optional[Callable[[nn.Module], None]] = None):
+                 init: Optional[Callable[[nn.Module], None]] = None) -> None:
         """``model`` may be built on the meta device (``build_model(cfg, device="meta")``): each
         unit is then materialised on ``device`` alone, initialised in place by ``init(unit)``,
         reduced to this rank's shards and freed before the next one (sharded initialisation)."""
@@ -59,15 +59,15 @@ class ZeroTopoEngine:
         self._grad_scale = 1.0
         self._in_flight: list[ShardedUnit] = []  # units with a reduction in flight, oldest first
         # when a list: (event, unit index) of launches and waits against backward progress
-        self.trace: Optional[list] = None
-        self.state_bytes_before_step: dict = {}
+        self.trace: Optional[list[tuple[str, Optional[int]]]] = None
+        self.state_bytes_before_step: dict[str, int] = {}
         wire = DTYPES[grad_comm_dtype] if grad_comm_dtype else self.dtype
         kernel_backend = None if kernel_backend in (None, "auto") else kernel_backend
         groups = self._make_groups()
         align = L.alignment(self.topo.world_size, memory.block_sizes(plan))
         seen: dict[int, tuple[int, str]] = {}  # parameter -> (unit position, name in that unit)
-        unit_params = []
-        tied = []  # (borrowing unit position, name there, owning unit position, name there)
+        unit_params: list[list[tuple[str, nn.Parameter]]] = []
+        tied: list[tuple[int, str, int, str]] = []  # (borrowing unit position, name there, owning unit position, name there)
         for i, mod in enumerate(units):
             params = []
             for n, p in mod.named_parameters(remove_duplicate=False):
@@ -114,7 +114,7 @@ class ZeroTopoEngine:
         for u in self.units:
             del u.master_init
         self.scaler = LossScaler(fp16_cfg) if precision == "fp16" else None
-        self._hooks = []
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self._install_hooks()
 
     # ---------------------------------------------------------------------------- setup
@@ -135,7 +135,7 @@ class ZeroTopoEngine:
         world = c.partition([list(range(W))])
         return UnitGroups(weight, secondary, grad, node, peers, replicas, optim, post, world)
 
-    def _install_hooks(self):
+    def _install_hooks(self) -> None:
         order = self.units
         for pos, u in enumerate(order):
             nxt = order[pos + 1] if pos + 1 < len(order) else None
@@ -145,8 +145,8 @@ class ZeroTopoEngine:
             for s in u.specs:
                 self._hooks.append(s.param.register_post_accumulate_grad_hook(self._grad_ready(u)))
 
-    def _pre_forward(self, u: ShardedUnit, nxt: Optional[ShardedUnit]):
-        def hook(module, args):
+    def _pre_forward(self, u: ShardedUnit, nxt: Optional[ShardedUnit]) -> Callable[[nn.Module, tuple], None]:
+        def hook(module: nn.Module, args: tuple) -> None:
             if self.in_backward:  # activation recompute: weights are already there
                 for v in (*u.borrows, u):
                     if not v.gathered:
@@ -162,8 +162,9 @@ class ZeroTopoEngine:
                 nxt.start_gather(backward=False)
         return hook
 
-    def _post_forward(self, u: ShardedUnit, prev: Optional[ShardedUnit], last: bool):
-        def hook(module, args, output):
+    def _post_forward(self, u: ShardedUnit, prev: Optional[ShardedUnit],
+                      last: bool) -> Callable[[nn.Module, tuple, Any], Any]:
+        def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if self.in_backward:
                 return output
             training = torch.is_grad_enabled()
@@ -176,11 +177,11 @@ class ZeroTopoEngine:
             return output
         return hook
 
-    def _arm_backward(self, u: ShardedUnit, prev: Optional[ShardedUnit], output):
+    def _arm_backward(self, u: ShardedUnit, prev: Optional[ShardedUnit], output: Any) -> None:
         tensors = [t for t in _tensors(output) if t.requires_grad]
         fired = {"done": False}
 
-        def pre_backward(grad):
+        def pre_backward(grad: torch.Tensor) -> torch.Tensor:
             if not fired["done"]:
                 fired["done"] = True
                 self._event("backward", u)
@@ -196,14 +197,14 @@ class ZeroTopoEngine:
         for t in tensors:
             t.register_hook(pre_backward)
 
-    def _grad_ready(self, u: ShardedUnit):
-        def hook(param):
+    def _grad_ready(self, u: ShardedUnit) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
             u.grads_ready += 1
             if u.grads_ready == len(u.specs):
                 self._reduce_unit(u)
         return hook
 
-    def _reduce_unit(self, u: ShardedUnit):
+    def _reduce_unit(self, u: ShardedUnit) -> None:
         if u.reduced_this_backward:
             return
         u.reduced_this_backward = True
@@ -233,7 +234,7 @@ class ZeroTopoEngine:
             self._in_flight.pop(0)
             self._finish_reduce(u)
 
-    def _finish_reduce(self, u: ShardedUnit):
+    def _finish_reduce(self, u: ShardedUnit) -> None:
         if u.advance_reduce(force=True):
             self._event("hop2", u)
         self._event("wait_reduce", u)
@@ -247,14 +248,14 @@ class ZeroTopoEngine:
             self.trace.append((what, None if u is None else u.index))
 
     # ---------------------------------------------------------------------------- training API
-    def __call__(self, *args, **kw):
+    def __call__(self, *args: Any, **kw: Any) -> Any:
         return self.module(*args, **kw)
 
-    def train(self, mode: bool = True):
+    def train(self, mode: bool = True) -> ZeroTopoEngine:
         self.module.train(mode)
         return self
 
-    def eval(self):
+    def eval(self) -> ZeroTopoEngine:
         return self.train(False)
 
     @property
@@ -293,7 +294,7 @@ class ZeroTopoEngine:
                 u.free_full()
 
     @torch.no_grad()
-    def step(self, lr: Optional[float] = None) -> dict:
+    def step(self, lr: Optional[float] = None) -> dict[str, Any]:
         """Combine gradients across replicas, clip, update the optimizer shards, publish."""
         self.state_bytes_before_step = self.model_state_bytes()  # secondaries are alive here
         grads = [u.combine_replicas() for u in self.units]
@@ -349,9 +350,9 @@ class ZeroTopoEngine:
             u.publish(master)
 
     # ---------------------------------------------------------------------------- introspection
-    def model_state_bytes(self) -> dict:
+    def model_state_bytes(self) -> dict[str, int]:
         """Bytes of model states this rank holds, measured from tensor storage."""
-        def nbytes(t):
+        def nbytes(t: Optional[torch.Tensor]) -> int:
             return 0 if t is None else t.untyped_storage().nbytes()
         out = {"weights": 0, "secondary": 0, "gradients": 0, "optimizer": 0, "residuals": 0}
         for u in self.units:
@@ -369,7 +370,6 @@ class ZeroTopoEngine:
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Gather the current fp32 master weights of every parameter (collective; tests, export)."""
         out = {}
-        W = self.topo.world_size
         for u, master in zip(self.units, self.optimizer.params):
             full = torch.empty(u.layout.optim_numel * u.plan.optimizer_factor, dtype=torch.float32,
                                device=master.device)
@@ -383,16 +383,15 @@ class ZeroTopoEngine:
             names = {id(p): n for n, p in self.module.named_parameters()}
             for s in u.specs:
                 out[names[id(s.param)]] = full[s.offset:s.offset + s.numel].view(s.shape).clone()
-        del W
         return out
 
-    def remove_hooks(self):
+    def remove_hooks(self) -> None:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
 
 
-def _tensors(x):
+def _tensors(x: Any) -> Iterator[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (list, tuple)):

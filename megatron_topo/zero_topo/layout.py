@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # the layout math itself needs no torch
+    import torch
 
 
 def shard_index(rank: int, chain: Sequence[int]) -> int:
@@ -108,13 +111,6 @@ def two_hop_peer_groups(world: int, g: int, per_node: int) -> list[list[int]]:
     return out
 
 
-def group_of(partition: list[list[int]], rank: int) -> list[int]:
-    for grp in partition:
-        if rank in grp:
-            return grp
-    raise ValueError(f"rank {rank} is in no group of the partition")
-
-
 # ------------------------------------------------------------------------- permutations
 def reduce_perm(w: int, g: int) -> list[int]:
     """Send-buffer order for a reduce-scatter/all-to-all over a block of ``g`` ranks:
@@ -135,7 +131,7 @@ def post_gather_slots(group: Sequence[int], w: int, g: int, os: int) -> list[int
     return [shard_index(r, (w, g, os)) % (os // w) for r in group]
 
 
-def permute_chunks_(rows, slots: Sequence[int]) -> None:
+def permute_chunks_(rows: torch.Tensor, slots: Sequence[int]) -> None:
     """In place: row ``i`` of ``rows`` moves to row ``slots[i]`` (a permutation), following
     its cycles with one row of scratch."""
     inv = [0] * len(slots)

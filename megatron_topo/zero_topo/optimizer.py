@@ -5,6 +5,8 @@ matrices (not biases or norms), exactly as two parameter groups would in an unsh
 """
 from __future__ import annotations
 
+from typing import Optional, Union
+
 import torch
 import torch.nn as nn
 
@@ -15,7 +17,7 @@ def _fused_ok(device: torch.device) -> bool:
 
 class ShardedAdamW:
     def __init__(self, shards: list[torch.Tensor], decay_ranges: list[list[tuple[int, int]]], *,
-                 lr: float, betas: tuple[float, float], eps: float, weight_decay: float):
+                 lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
         # the shards become the masters (no copy: the engine hands over fresh fp32 tensors, and a
         # copy would double the optimizer's largest state while both exist)
         self.params = [nn.Parameter(s.detach() if s.dtype == torch.float32 else s.detach().float())
@@ -32,7 +34,7 @@ class ShardedAdamW:
             self.opt.state[p] = {"step": self._step_tensor(0.0, p.device),
                                  "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
 
-    def _step_tensor(self, value: float, device) -> torch.Tensor:
+    def _step_tensor(self, value: float, device: torch.device) -> torch.Tensor:
         return torch.tensor(float(value), dtype=torch.float32, device=device if self.fused else "cpu")
 
     @property
@@ -64,7 +66,7 @@ class ShardedAdamW:
                     total += v.untyped_storage().nbytes()
         return total
 
-    def shard_state(self, i: int) -> dict:
+    def shard_state(self, i: int) -> dict[str, Optional[torch.Tensor]]:
         st = self.opt.state.get(self.params[i], {})
         return {
             "master": self.params[i].detach(),
@@ -73,7 +75,8 @@ class ShardedAdamW:
             "step": st.get("step"),
         }
 
-    def load_shard_state(self, i: int, master, exp_avg, exp_avg_sq, step) -> None:
+    def load_shard_state(self, i: int, master: torch.Tensor, exp_avg: Optional[torch.Tensor],
+                         exp_avg_sq: Optional[torch.Tensor], step: Union[float, torch.Tensor, None]) -> None:
         p = self.params[i]
         with torch.no_grad():
             p.copy_(master)
