@@ -38,11 +38,6 @@ def _is_tensor(value) -> bool:
 
 METRICS_FILE = "metrics.jsonl"
 
-# canonical key names (see module docstring)
-LOSS = "loss"
-TFLOPS_PER_GPU = "tflops_per_gpu"
-TOKENS_PER_S = "tokens_per_sec"
-
 _NONFINITE_OUT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 _NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 

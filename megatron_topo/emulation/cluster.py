@@ -135,15 +135,6 @@ def check_privileges() -> Optional[str]:
     return None
 
 
-def netem_available(ns: str, dev: str) -> bool:
-    p = _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "9:", "netem", "delay", "1us"],
-             check=False)
-    if p.returncode == 0:
-        _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
-        return True
-    return False
-
-
 # ---------------------------------------------------------------------------------- spec
 @dataclass(frozen=True)
 class ClusterSpec:
