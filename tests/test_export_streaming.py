@@ -139,7 +139,7 @@ def test_master_only_reader_never_touches_the_moments(big, monkeypatch):
     meta = ckpt.read_meta(sp)
     seen = []
     real = ckpt._shard_tensors
-    monkeypatch.setattr(ckpt, "_shard_tensors", lambda p, sh, u, keys=ckpt.STATE_KEYS: seen.append(keys) or
+    monkeypatch.setattr(ckpt.storage, "_shard_tensors", lambda p, sh, u, keys=ckpt.STATE_KEYS: seen.append(keys) or
                         real(p, sh, u, keys))
     st = ckpt.full_unit_state(sp, meta, 1, keys=("master",))
     assert set(st) == {"master", "step"} and float(st["step"]) == 1.0
@@ -252,13 +252,13 @@ def _save_on_two_ranks(rank, world, root):
     other = make_engine(rank, world, ZeroTopoConfig(preset="zero1"), gcds=1, gpus=2, cfg=cfg)
     opened, read = [], []
     real_load, real_tensors = ckpt.load_rank_file, ckpt._shard_tensors
-    ckpt.load_rank_file = lambda sp, r, *a, **k: opened.append(r) or real_load(sp, r, *a, **k)
-    ckpt._shard_tensors = lambda path, sh, unit, keys=ckpt.STATE_KEYS: read.append(
+    ckpt.storage.load_rank_file = lambda sp, r, *a, **k: opened.append(r) or real_load(sp, r, *a, **k)
+    ckpt.storage._shard_tensors = lambda path, sh, unit, keys=ckpt.STATE_KEYS: read.append(
         (os.path.basename(path), unit, tuple(keys))) or real_tensors(path, sh, unit, keys)
     try:
         ckpt.load(other, str(root / "ck"), rank)
     finally:
-        ckpt.load_rank_file, ckpt._shard_tensors = real_load, real_tensors
+        ckpt.storage.load_rank_file, ckpt.storage._shard_tensors = real_load, real_tensors
     same = all(torch.equal(a["master"], b["master"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
                for a, b in zip(ckpt.gather_full_state(eng), ckpt.gather_full_state(other)))
     reshard = eng.plan != other.plan and eng.plan.optimizer_factor == other.plan.optimizer_factor == 2

@@ -538,7 +538,7 @@ def _fill_disk_on(step_to_fail, monkeypatch, how):
         return real_write(path, data)
 
     monkeypatch.setattr(torch, "save", save)
-    monkeypatch.setattr(ckpt, "_atomic_write_bytes", write)
+    monkeypatch.setattr(ckpt.storage, "_atomic_write_bytes", write)
 
 
 @pytest.mark.parametrize("how", ["rank", "meta"])

@@ -1,0 +1,300 @@
+"""Live sharded save and load: every rank writes its optimizer shards, rank 0 publishes the step
+(``meta.json``, ``config.yml``, ``latest``); loading fills an engine under any plan or world size,
+after checking the model and the resume settings."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Callable, Optional
+
+import torch
+
+from ... import faults
+from ...atomic import fsync_dir
+from ..layout import shard_index
+from . import storage
+from .offline import read_config_yaml, unit_state_range
+from .storage import ARCH_KEYS, FORMAT_VERSION, LATEST, STATE_KEYS, CheckpointError
+
+if TYPE_CHECKING:
+    from ...config import Config
+    from ..engine import ZeroTopoEngine
+
+_FAILED = (1 << 64) - 1  # a rank's size record when its write failed
+
+
+# ------------------------------------------------------------------------------- tables
+def unit_table(engine: ZeroTopoEngine) -> list[dict]:
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    return [
+        {"padded": u.layout.padded, "numel": u.numel,
+         "params": [[names[id(s.param)], s.offset, s.numel, list(s.shape)] for s in u.specs]}
+        for u in engine.units
+    ]
+
+
+# ------------------------------------------------------------------------------- save
+def _gather_digests(engine: ZeroTopoEngine, item: bytes) -> list[bytes]:
+    """All ranks' (size, digest) records on every rank; doubles as the 'all files written' barrier.
+    Uses torch.distributed directly so the engine's traffic counters are not disturbed."""
+    if not engine.comm.distributed:
+        return [item]
+    import torch.distributed as dist
+
+    dev = engine.comm.device  # NCCL/RCCL only take tensors on the runtime device
+    t = torch.tensor(list(item), dtype=torch.uint8, device=dev)
+    out = torch.empty(t.numel() * engine.topo.world_size, dtype=torch.uint8, device=dev)
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t)
+    raw = engine.comm.to_host(out).numpy().tobytes()
+    n = len(item)
+    records = [raw[i * n:(i + 1) * n] for i in range(engine.topo.world_size)]
+    records[engine.comm.rank] = item  # exact even where the gather carries no data (dry run)
+    return records
+
+
+def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, config_yaml: str, rank: int,
+         barrier: Callable[[], None], keep_last: int = 2) -> str:
+    """Collective: every rank calls it. Returns the final step directory."""
+    final = storage.step_dir(root, step)
+    tmp = os.path.join(root, f".tmp_global_step{step}")
+    if rank == 0:
+        storage.check_save_dir(root)
+        os.makedirs(root, exist_ok=True)
+        storage.clean_leftovers(root, keep="")
+        os.makedirs(tmp)
+    barrier()
+    holder = rank < engine.plan.optimizer_factor
+    shards = []
+    for i, u in enumerate(engine.units):
+        lo, hi = u.optim_range
+        entry = {"unit": i, "lo": lo, "hi": hi, "padded": u.layout.padded, "numel": u.numel}
+        if holder:
+            st = engine.optimizer.shard_state(i)
+            entry.update({k: (engine.comm.to_host(v).clone() if torch.is_tensor(v) else v) for k, v in st.items()})
+        shards.append(entry)
+    payload = {
+        "format": FORMAT_VERSION,
+        "rank": rank,
+        "step": step,
+        "holder": holder,
+        "shards": shards,
+        "rng": {"torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "scaler": engine.scaler.state_dict() if engine.scaler else None,
+        # this rank's error-feedback residuals (zero_topo.error_feedback); only a resume on the
+        # same world and plan restores them (resharded, they start from zero)
+        "error_feedback": [{k: None if t is None else engine.comm.to_host(t).clone()
+                            for k, t in (("reduce", u.ef_reduce), ("combine", u.ef_combine))}
+                           for u in engine.units] if engine.plan.error_feedback else None,
+    }
+    try:
+        size, digest = storage.atomic_torch_save(payload, storage.rank_file(tmp, rank))
+        failure = None
+    except (OSError, RuntimeError) as e:  # a full disk: every rank learns of it through the gather
+        size, digest, failure = _FAILED, "00" * 32, storage.write_failure(e, tmp)
+    faults.maybe_fail("save", rank=rank, step=step)
+    records = _gather_digests(engine, size.to_bytes(8, "little") + bytes.fromhex(digest))
+    failed = [r for r, rec in enumerate(records) if int.from_bytes(rec[:8], "little") == _FAILED]
+    if failed:
+        _abandon_save(root, tmp, rank, step, failed, failure)
+    try:
+        if rank == 0:
+            _publish(engine, root, tmp, final, step, trainer_state, config_yaml, records, keep_last)
+        ok = True
+    except OSError as e:
+        ok, failure = False, storage.write_failure(e, root)
+    status = _gather_digests(engine, bytes([0 if ok else 1]))  # doubles as the closing barrier
+    if any(s[0] for s in status):
+        _abandon_save(root, tmp, rank, step, [r for r, s in enumerate(status) if s[0]], failure)
+    return final
+
+
+def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list[int], failure: Optional[str]) -> None:
+    """Every rank calls it after a failed write: rank 0 removes the partial step; all raise."""
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with open(os.path.join(root, LATEST)) as f:
+            prev = f"the previous checkpoint ({f.read().strip()}) is intact"
+    except OSError:
+        prev = "there is no previous checkpoint"
+    who = f"rank {failed[0]}" + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
+    why = failure or "another rank could not write its file"
+    raise CheckpointError(f"saving step {step} into {root} failed on {who}: {why}; the partial files were "
+                          f"removed and {prev}; free disk space (or set save elsewhere) and resume")
+
+
+def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int, trainer_state: dict,
+             config_yaml: str, records: list[bytes], keep_last: int) -> None:
+    """Rank 0: meta.json + config.yml, then the atomic renames and ``latest``."""
+    files = {os.path.basename(storage.rank_file(tmp, r)): {"bytes": int.from_bytes(rec[:8], "little"),
+                                                   "sha256": rec[8:].hex()}
+             for r, rec in enumerate(records)}
+    meta = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "world_size": engine.topo.world_size,
+        "topology": asdict(engine.topo),
+        "plan": asdict(engine.plan),
+        "precision": engine.precision,
+        "shard_holders": engine.plan.optimizer_factor,
+        "units": unit_table(engine),
+        "trainer": trainer_state,
+        "files": files,
+    }
+    cfg_bytes = config_yaml.encode()
+    meta["config"] = {"file": "config.yml", "bytes": len(cfg_bytes), "sha256": hashlib.sha256(cfg_bytes).hexdigest()}
+    storage._atomic_write_bytes(os.path.join(tmp, "config.yml"), cfg_bytes)
+    storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
+    faults.maybe_fail("publish", rank=0, step=step)
+    if os.path.isdir(final):  # re-saving the same step: move the old one aside first
+        old = final + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        fsync_dir(root)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+        fsync_dir(root)
+    storage._atomic_write_bytes(os.path.join(root, LATEST), f"global_step{step}\n".encode())
+    storage.prune(root, keep_last, protect=os.path.basename(final))
+
+
+# ------------------------------------------------------------------------------- load
+def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
+    """The checkpoint's unit parameter tables must equal the model's (names, offsets, shapes)."""
+    if len(meta["units"]) != len(mine):
+        raise CheckpointError(
+            f"{sp}: checkpoint has {len(meta['units'])} units, the model has {len(mine)} (different num_layers?)"
+        )
+    for i, (a, b) in enumerate(zip(meta["units"], mine)):
+        pa = [[p[0], p[1], p[2], list(p[3])] for p in a["params"]]
+        pb = [[p[0], p[1], p[2], list(p[3])] for p in b["params"]]
+        if pa != pb:
+            if len(pa) != len(pb):
+                raise CheckpointError(f"{sp}: unit {i} has {len(pa)} parameters in the checkpoint, "
+                                      f"{len(pb)} in the model")
+            x, y = next((x, y) for x, y in zip(pa, pb) if x != y)
+            raise CheckpointError(
+                f"{sp}: parameter {y[0]} has shape {tuple(x[3])} in the checkpoint but {tuple(y[3])} in the "
+                f"model (unit {i}); the model config differs from the one that was saved")
+
+
+def _saved_config(sp: str, meta: dict) -> Optional[Config]:
+    """The Config the checkpoint was saved with, or None when it has no config.yml."""
+    from ...config import ConfigError, load_config
+
+    text = read_config_yaml(sp, meta)
+    if text is None:
+        return None
+    try:
+        return load_config([os.path.join(sp, "config.yml")])
+    except ConfigError as e:
+        raise CheckpointError(f"{os.path.join(sp, 'config.yml')}: {e}") from None
+
+
+def check_resume(sp: str, meta: dict, cfg: Config) -> None:
+    """A resume must keep the architecture (every key in ARCH_KEYS; the plan, world size and
+    precision may change) and have steps left to train."""
+    saved = _saved_config(sp, meta)
+    if saved is not None:
+        diff = [f"{k} {getattr(saved.model, k)!r} -> {getattr(cfg.model, k)!r}" for k in ARCH_KEYS
+                if getattr(saved.model, k) != getattr(cfg.model, k)]
+        if diff:
+            raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
+                                  f"resume with the saved values or start a new run (another plan or world size "
+                                  f"is fine)")
+    step = int(meta["step"])
+    if cfg.train.train_iters < step:
+        raise CheckpointError(f"{sp} is at step {step} but train_iters is {cfg.train.train_iters}; set "
+                              f"train_iters above {step} to continue training (nothing was loaded or written)")
+
+
+def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = False,
+         config: Optional[Config] = None) -> dict:
+    """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json.
+    With ``config`` (the run's Config), a changed architecture or a ``train_iters`` below the
+    saved step is refused first."""
+    sp = storage.resolve(path)
+    meta = storage.read_meta(sp)
+    check_compatible(sp, meta, unit_table(engine))
+    if config is not None:
+        check_resume(sp, meta, config)
+    same = meta["world_size"] == engine.topo.world_size and meta["plan"] == asdict(engine.plan)
+    if strict_world and not same:
+        raise CheckpointError(f"{sp}: saved on {meta['world_size']} ranks with another plan")
+    holders = int(meta.get("shard_holders") or meta["world_size"])
+    own = None
+    if same:
+        own = storage.load_rank_file(sp, rank, meta)
+        src = own if rank < holders else storage.load_rank_file(sp, rank % holders, meta)
+    files: dict = {}
+    for i, u in enumerate(engine.units):
+        lo, hi = u.optim_range
+        if own is not None:
+            sh = src["shards"][i]
+            if (int(sh["lo"]), int(sh["hi"])) != (lo, hi):
+                raise CheckpointError(f"{storage.rank_file(sp, rank % holders)}: unit {i} range "
+                                      f"[{sh['lo']}, {sh['hi']}) differs from this rank's [{lo}, {hi}) "
+                                      f"under the same plan")
+            st = storage._shard_tensors(storage.rank_file(sp, rank % holders), sh, i)
+            if "master" not in st:
+                raise CheckpointError(f"{storage.rank_file(sp, rank % holders)}: unit {i} has no master weights")
+            st["step"] = sh.get("step")
+        else:  # another plan or world size: read only the saved shards overlapping [lo, hi)
+            st = unit_state_range(sp, meta, i, lo, hi, files)
+        dev = engine.optimizer.params[i].device
+        has_moments = st["step"] is not None and "exp_avg" in st and "exp_avg_sq" in st
+        engine.optimizer.load_shard_state(
+            i, st["master"].to(dev), st["exp_avg"].to(dev) if has_moments else None,
+            st["exp_avg_sq"].to(dev) if has_moments else None, st["step"])
+    if own is None and engine.scaler:
+        first = files.get(0) or storage.load_rank_file(sp, 0, meta)  # the scaler state is the same on every rank
+        if first.get("scaler"):
+            engine.scaler.load_state_dict(first["scaler"])
+    if own is not None:
+        torch.set_rng_state(own["rng"]["torch"])
+        if own["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(own["rng"]["cuda"])
+        if engine.scaler and own.get("scaler"):
+            engine.scaler.load_state_dict(own["scaler"])
+        if engine.plan.error_feedback and own.get("error_feedback"):
+            for u, ef in zip(engine.units, own["error_feedback"]):
+                u.ef_reduce = None if ef["reduce"] is None else ef["reduce"].to(u.device, copy=True)
+                u.ef_combine = None if ef["combine"] is None else ef["combine"].to(u.device, copy=True)
+    engine.republish()
+    return meta["trainer"]
+
+
+# ------------------------------------------------------------------------------- live state
+@torch.no_grad()
+def gather_full_state(engine: ZeroTopoEngine) -> list[dict]:
+    """Collective: every unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) as the
+    engine holds them now, gathered over the optimizer group (tests, live export). The engine's
+    traffic counters are left as they were."""
+    saved = dict(engine.comm.bytes)
+    out = []
+    grp = engine.groups.optim
+    for i, u in enumerate(engine.units):
+        st = engine.optimizer.shard_state(i)
+        keys = [k for k in STATE_KEYS if st[k] is not None]
+        n = st["master"].numel()
+        local = torch.cat([st[k].detach().float().reshape(-1) for k in keys])
+        tmp = torch.empty(local.numel() * grp.size, dtype=torch.float32, device=local.device)
+        engine.comm.all_gather(tmp, local, grp)
+        parts = tmp.view(grp.size, len(keys), n)
+        entry = {"step": None if st["step"] is None else float(st["step"])}
+        entry.update({k: None for k in STATE_KEYS})
+        for a, k in enumerate(keys):
+            full = torch.empty(n * u.plan.optimizer_factor, dtype=torch.float32, device=local.device)
+            for j, r in enumerate(grp.ranks):
+                s = shard_index(r, u.layout.chain())
+                full[s * n:(s + 1) * n].copy_(parts[j, a])
+            entry[k] = full[:u.numel].cpu()
+        out.append(entry)
+    engine.comm.bytes.update(saved)
+    return out
