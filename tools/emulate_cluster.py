@@ -2,7 +2,8 @@
 """Run a command as an emulated multi-node job: one network namespace per GPU package.
 
     tools/emulate_cluster.py --nodes 2 --gpus-per-node 2 --gcds-per-gpu 2 \\
-        [--inter-node 200mbit] [--intra-node 400mbit] [--intra-gpu unshaped] [--latency 50us[,10us]] \\
+        [--profile frontier|nvlink] [--inter-node 200mbit] [--intra-node 400mbit] [--intra-gpu unshaped] \\
+        [--latency 50us[,10us]] \\
         [--stats-json FILE] [--stdout-ranks all|0] [--timeout S] -- COMMAND [ARGS...]
 
     tools/emulate_cluster.py --cleanup      # remove namespaces left by a killed run
@@ -13,7 +14,8 @@ OMP_NUM_THREADS=1 set; output lines are prefixed with the rank. Ranks on one pac
 the namespace's loopback (unshaped unless --intra-gpu), packages of one node over veth links
 shaped to --intra-node, packages of different nodes to --inter-node (one NIC per package, each
 direction). Rates: 200mbit, 1.6gbit, 25MB/s or 'unshaped'. Defaults are Frontier's
-200 : 50 : 25 GB/s per device scaled by 1/1000 (loopback left unshaped). Every namespace, link
+200 : 50 : 25 GB/s per device scaled by 1/1000 (loopback left unshaped); ``--profile nvlink``
+keeps the NIC and leaves every link inside a node unshaped, like NVLink/NVSwitch nodes. Every namespace, link
 and qdisc is removed on exit, on failure and on Ctrl-C. For megatron_topo's train.py, pass the
 same shape to the trainer: ``--set topology.gpus_per_node=G --set topology.gcds_per_gpu=C``.
 
@@ -45,11 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--gpus-per-node", type=int, default=2)
     ap.add_argument("--gcds-per-gpu", type=int, default=2)
-    ap.add_argument("--inter-node", default=R.DEFAULT_INTER_NODE, metavar="RATE",
-                    help=f"per package NIC, each direction (default {R.DEFAULT_INTER_NODE})")
-    ap.add_argument("--intra-node", default=R.DEFAULT_INTRA_NODE, metavar="RATE",
-                    help=f"per package to the other packages of its node (default {R.DEFAULT_INTRA_NODE})")
-    ap.add_argument("--intra-gpu", default=R.DEFAULT_INTRA_GPU, metavar="RATE",
+    ap.add_argument("--profile", choices=sorted(R.PROFILES), default="frontier",
+                    help="link rates: frontier = Frontier's 200:50:25 GB/s ratios scaled by 1/1000; nvlink = the "
+                         "same NIC, links inside a node unshaped (NVLink-like); --inter-node etc. override")
+    ap.add_argument("--inter-node", default=None, metavar="RATE",
+                    help=f"per package NIC, each direction (frontier: {R.DEFAULT_INTER_NODE})")
+    ap.add_argument("--intra-node", default=None, metavar="RATE",
+                    help=f"per package to the other packages of its node (frontier: {R.DEFAULT_INTRA_NODE})")
+    ap.add_argument("--intra-gpu", default=None, metavar="RATE",
                     help="shape the package's loopback (GCD pair); default unshaped")
     ap.add_argument("--unshaped", action="store_true", help="no rate limits at all (counters still work)")
     ap.add_argument("--latency", default=None, metavar="INTER[,INTRA]",
@@ -75,7 +80,8 @@ def spec_from_args(a) -> ClusterSpec:
     if a.unshaped:
         inter = intra = gpu = None
     else:
-        inter, intra, gpu = parse_rate(a.inter_node), parse_rate(a.intra_node), parse_rate(a.intra_gpu)
+        given = (a.inter_node, a.intra_node, a.intra_gpu)
+        inter, intra, gpu = (parse_rate(x if x is not None else d) for x, d in zip(given, R.PROFILES[a.profile]))
     return ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, inter_node_bps=inter,
                        intra_node_bps=intra, intra_gpu_bps=gpu, latency_inter_us=lat_inter,
                        latency_intra_us=lat_intra, mtu=a.mtu, subnet=a.subnet)

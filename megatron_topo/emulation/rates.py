@@ -22,6 +22,13 @@ DEFAULT_INTER_NODE = "200mbit"  # 25 GB/s / 1000
 DEFAULT_INTRA_NODE = "400mbit"  # 50 GB/s / 1000
 DEFAULT_INTRA_GPU = "unshaped"  # namespace loopback; 200 GB/s / 1000 would be 1.6gbit
 
+# named link profiles (inter-node, intra-node, intra-GPU): Frontier's ratios, and a node whose
+# GPUs talk over NVLink/NVSwitch-class links, far faster than the NIC (left unshaped)
+PROFILES = {
+    "frontier": (DEFAULT_INTER_NODE, DEFAULT_INTRA_NODE, DEFAULT_INTRA_GPU),
+    "nvlink": (DEFAULT_INTER_NODE, "unshaped", "unshaped"),
+}
+
 _UNITS_BIT = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _UNITS_BYTE = {"b/s": 8, "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9}
 
