@@ -412,7 +412,8 @@ PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig
 
 @dataclass
 class ZeroTopoConfig:
-    preset: str = option("ddp", "sharding preset (DESIGN §4)", choices=PRESETS)
+    preset: str = option("ddp", "sharding preset (DESIGN §4); auto: the fastest legal plan that fits, from the "
+                         "performance and memory models (needs a system: block)", choices=PRESETS + ("auto",))
     weight_factor: Optional[int] = option(None, "ranks the 16-bit weights are split over", ge=1)
     grad_factor: Optional[int] = option(None, "ranks the gradients are split over", ge=1)
     optimizer_factor: Optional[int] = option(None, "ranks the fp32 master + Adam moments are split over", ge=1)
@@ -524,6 +525,16 @@ class SystemConfig:
     compute_efficiency: float = option(0.40, "achieved fraction of peak_tflops in GEMM-heavy training",
                                        gt=0.0, le=1.0)
     hbm_bw_gbs: float = option(1600.0, "device memory bandwidth, for memory-bound steps (optimizer)", gt=0.0)
+    # which step model ranks plans (preset: auto, tools/plan.py)
+    step_model: str = option("device", "device: GPUs (megatron_topo.perf_model.estimate_step); emulated_cpu: gloo "
+                             "ranks sharing CPU cores (emulation.predict.estimate_emulated: compute, quantization "
+                             "and transport all cost CPU time)", choices=("device", "emulated_cpu"))
+    quant_ns_per_element: float = option(0.0, "emulated_cpu: CPU ns per element through a quantization kernel",
+                                         ge=0.0)
+    cpu_transport_gbs: float = option(0.84, "emulated_cpu: GB/s of gloo's copying, machine-wide", gt=0.0)
+    cpu_call_us: float = option(0.0, "emulated_cpu: CPU us per ring step of a collective call", ge=0.0)
+    cpu_optimizer_ns_per_param: float = option(0.0, "emulated_cpu: CPU ns per optimizer-shard parameter per step",
+                                               ge=0.0)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import faults, preflight
+from . import autoplan, faults, preflight
 from . import lifecycle
 from . import metrics as M
 from .config import Config, ConfigError, check_batch_size, write_effective_config
@@ -25,7 +25,7 @@ from .topology import Topology, launcher_env, topology_from_config
 from .zero_topo import checkpoint as ckpt
 from .zero_topo.comm import Comm
 from .zero_topo.engine import ZeroTopoEngine
-from .zero_topo.plan import Plan, effective_config, resolve_plan
+from .zero_topo.plan import Plan, effective_config
 
 
 class TrainingError(RuntimeError):
@@ -165,7 +165,7 @@ def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=No
     t = cfg.train
     model = model if model is not None else build_model(cfg.model, device="meta")
     model.init_buffers(rt.device)
-    plan = plan or resolve_plan(cfg.zero_topo, rt.topo, cfg.zero_optimization)
+    plan = plan or autoplan.resolve(cfg, rt.topo)[0]
     comm = Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
     eng = ZeroTopoEngine(
         model, model.shard_units(), plan, comm, precision=cfg.precision,
@@ -190,7 +190,9 @@ class Trainer:
         elif self.weights_from:
             self.resume_from = None
         seed_everything(cfg.train.seed)
-        plan = resolve_plan(cfg.zero_topo, rt.topo, cfg.zero_optimization)
+        plan, ranked = autoplan.resolve(cfg, rt.topo)  # preset auto: the modelled fastest plan that fits
+        if ranked:
+            self.log(autoplan.summary(ranked, cfg.system))
         self.effective_cfg = effective_config(cfg, plan, rt.topo)  # what config.yml and checkpoints record
         self.memory_estimate = preflight.check(cfg, plan, rt.topo, rt.device)  # before allocating
         self.engine = build_engine(cfg, rt, plan)

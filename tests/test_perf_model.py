@@ -330,15 +330,25 @@ def test_quantized_elements_by_hand():
     shape, topo, _ = emulated_setup()
     psi = shape.params
     e = emu.quant_elements(psi, pm.preset_plan("topo", topo), topo)  # INT8 pair gather, INT8 secondary, INT4 a2a
-    assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": pytest.approx(psi + 2 * psi)}
+    assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": pytest.approx(psi + 2 * psi), "step": 0.0}
     e = emu.quant_elements(psi, pm.preset_plan("zeropp", topo), topo)  # + the 2-hop's requantize of 1/P
-    assert e == {"forward": pytest.approx(psi / 8 + psi), "backward": pytest.approx(psi + 2 * psi + 2 * psi / 4)}
+    assert e == {"forward": pytest.approx(psi / 8 + psi), "backward": pytest.approx(psi + 2 * psi + 2 * psi / 4),
+                 "step": 0.0}
     for p in ("ddp", "zero3", "mics"):
-        assert emu.quant_elements(psi, pm.preset_plan(p, topo), topo) == {"forward": 0.0, "backward": 0.0}
+        assert emu.quant_elements(psi, pm.preset_plan(p, topo), topo) == {"forward": 0.0, "backward": 0.0,
+                                                                          "step": 0.0}
     e = emu.quant_elements(psi, pm.Plan("x", 2, 4, 8, 2, 8, 16, 16), topo)  # bf16 secondary, bf16 gradients
-    assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": 0.0}
+    assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": 0.0, "step": 0.0}
     e = emu.quant_elements(psi, pm.Plan("x", 2, 4, 8, None, 8, 16, 8), topo)  # no secondary: gather again
-    assert e == {"forward": pytest.approx(1.5 * psi), "backward": pytest.approx(1.5 * psi + 2 * psi)}
+    assert e == {"forward": pytest.approx(1.5 * psi), "backward": pytest.approx(1.5 * psi + 2 * psi), "step": 0.0}
+    # once per step (unit.py): the INT8 combine quantizes the psi/g shard and sums psi/g of pieces
+    # (o = W: no gather of the sums); the INT8 publish quantizes psi/o and dequantizes psi/w
+    e = emu.quant_elements(psi, pm.preset_plan("topo", topo, combine_bits=8, publish_bits=8), topo)
+    assert e["step"] == pytest.approx(2 * psi / 4 + psi / 8 + psi / 2)
+    # mics (o = 4 < W): the summed psi/W slice is requantized and the psi/g shard dequantized again;
+    # error feedback dequantizes the psi/g shard once more for its residual
+    e = emu.quant_elements(psi, pm.preset_plan("mics", topo, combine_bits=8, error_feedback=True), topo)
+    assert e["step"] == pytest.approx(3 * psi / 4 + psi / 8 + psi / 4)
 
 
 def test_cpu_constants_come_from_the_unshaped_rows():

@@ -12,7 +12,8 @@ plus the activation and gathered-unit estimate the trainer's preflight uses fit 
 ``--convention paper`` is the ZeRO-topo paper's accounting (DESIGN §4: weights 2psi/w + secondary,
 16-bit gradients 2psi/g, Adam 12psi/o, model states only), for comparing with its tables.
 ``--reserve-gib`` replaces the activation estimate by a fixed reserve.
-Times come from megatron_topo.perf_model with the model YAML's micro-batch and accumulation.
+Times come from megatron_topo.perf_model with the model YAML's micro-batch and accumulation. The last
+table is the ranking ``zero_topo.preset: auto`` uses (megatron_topo.autoplan.rank_plans): it runs #1.
 Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_topo import autoplan  # noqa: E402
 from megatron_topo import perf_model as pm  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
 from megatron_topo import preflight  # noqa: E402
@@ -133,12 +135,17 @@ def run(args) -> dict:
              "tflops_per_gcd": e.tflops_per_gcd, "bytes_per_level": e.bytes_per_level}
             for p, e, st in found[: args.top]]
     limit = mem - (args.reserve_gib or 0.0) * pm.GIB
+    ranked = autoplan.rank_plans(cfg, topo, reserve_bytes=None if args.reserve_gib is None else
+                                 args.reserve_gib * pm.GIB)
+    auto = [{"label": x.label, "plan": plan_dict(x.plan) | {"combine_bits": x.plan.combine_bits,
+                                                           "publish_bits": x.plan.publish_bits},
+             "step_s": x.step_s, "memory_gib": x.memory_bytes / pm.GIB} for x in ranked]
     return {
         "model": args.model, "params": shape.params, "system": system.name, "topology": topo.describe(),
         "nodes": args.nodes, "gcds": topo.world_size, "device_memory_gib": system.device_memory_gib,
         "memory_limit_gib": limit / pm.GIB, "convention": args.convention, "micro_batch": mb,
-        "grad_accum": ga, "presets": presets, "searched_plans": len(legal),
-        "fitting_plans": len(found), "best": best,
+        "grad_accum": ga, "top": args.top, "presets": presets, "searched_plans": len(legal),
+        "fitting_plans": len(found), "best": best, "step_model": system.step_model, "auto": auto,
     }
 
 
@@ -177,7 +184,18 @@ def render(r: dict) -> str:
             f"{b['bytes_per_level']['inter_node'] / GB:>19.1f}")
     if not r["best"]:
         lines.append("    no legal plan fits: add nodes, lower --reserve-gib, or use a smaller model")
+    lines += ["", f"zero_topo.preset: auto ranks the presets and their INT8 combine/publish variants "
+              f"({r['step_model']} step model; memory as the engine allocates it + reserve); it runs #1",
+              f"{'#':>3} {'plan':<44} {'GiB':>6} {'step s':>8}"]
+    for i, x in enumerate(r["auto"][: max(args_top(r), 2)], 1):
+        lines.append(f"{i:>3} {x['label']:<44} {x['memory_gib']:>6.1f} {x['step_s']:>8.3f}")
+    if not r["auto"]:
+        lines.append("    nothing fits: auto would stop with one line")
     return "\n".join(lines)
+
+
+def args_top(r: dict) -> int:
+    return r.get("top", 10)
 
 
 def main(argv=None) -> int:

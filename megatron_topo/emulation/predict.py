@@ -12,6 +12,7 @@ Nothing is per strategy.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -38,10 +39,18 @@ EMULATED_TRANSPORT_GBS = 0.84  # gloo point-to-point inside one namespace: 6.5-7
 
 @dataclass(frozen=True)
 class CpuRates:
-    """FLOP/s per rank (all busy), GB/s gloo moves machine-wide, s per (de)quantized element."""
+    """FLOP/s per rank (all busy), GB/s gloo moves machine-wide, s per (de)quantized element,
+    s per ring step of a collective call (gloo and Python overhead), s per optimizer-shard parameter."""
     flops: float
     transport_gbs: float = EMULATED_TRANSPORT_GBS
     quant_s_per_element: float = 0.0
+    call_s: float = 0.0
+    optimizer_s_per_param: float = 0.0
+
+
+def call_steps(c: Collective, n_units: int) -> int:
+    """Ring steps of one occurrence of ``c`` over the whole model (every unit, payload and scales)."""
+    return n_units * c.launches * c.steps
 
 
 def gloo_link_bytes(c: Collective, plan: Plan, topo: Topology) -> dict:
@@ -77,7 +86,7 @@ def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
     """Elements per rank and micro-batch through the quantization kernels as zero_topo/unit.py calls
     them (local shard in, gathered unit out; a secondary of the gather's bits reuses its blocks;
     gradient in, received pieces out; ZeRO++'s 2-hop requantizes 1/P of it between the hops)."""
-    w, g, _ = plan.factors
+    w, g, o = plan.factors
     s, P, sec = plan.secondary_degree, topo.ranks_per_node, plan.secondary_bits < 16
     fwd = bwd = 0.0
     if w > 1 and plan.weight_bits < 16:
@@ -87,7 +96,16 @@ def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
         fwd, bwd = psi / s, psi
     if g > 1 and plan.grad_bits < 16:
         bwd += 2 * psi + (2 * psi / P if g > P else 0.0)
-    return {"forward": fwd, "backward": bwd}
+    # once per step: the INT8 combine quantizes the gradient shard (and dequantizes it again for
+    # the error-feedback residual), sums the received pieces, and, when the optimizer shard is
+    # wider than the summed slice, requantizes the slice and dequantizes the gathered shard; the
+    # INT8 publish quantizes the optimizer shard and dequantizes the gathered primary shard
+    W, step = topo.world_size, 0.0
+    if plan.combine_bits < 16 and g < W:
+        step += psi / g * (3 if plan.error_feedback else 2) + (psi / W + psi / g if o < W else 0.0)
+    if plan.publish_bits < 16 and o > w:
+        step += psi / o + psi / w
+    return {"forward": fwd, "backward": bwd, "step": step}
 
 
 def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, recompute: bool,
@@ -97,10 +115,66 @@ def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, r
     comp = shape.microbatch_flops(micro_batch, recompute) / cpu.flops
     passes = 4.0 if recompute else 3.0
     q = quant_elements(shape.params, plan, topo)
-    return {"forward": comp / passes + q["forward"] * cpu.quant_s_per_element,
-            "backward": comp * (passes - 1) / passes + q["backward"] * cpu.quant_s_per_element,
+    colls = plan_collectives(shape.params, plan, topo)
+    calls = {p: sum(call_steps(c, shape.units) for c in colls if c.phase == p) * cpu.call_s
+             for p in ("forward", "backward", "step")}
+    return {"forward": comp / passes + q["forward"] * cpu.quant_s_per_element + calls["forward"],
+            "backward": comp * (passes - 1) / passes + q["backward"] * cpu.quant_s_per_element + calls["backward"],
+            "step": q["step"] * cpu.quant_s_per_element + calls["step"]
+            + shape.params / plan.optimizer_factor * cpu.optimizer_s_per_param,
             "transport": {c.name: topo.world_size * gloo_wire_bytes(c) / (cpu.transport_gbs * 1e9)
-                          for c in plan_collectives(shape.params, plan, topo)}}
+                          for c in colls}}
+
+
+NOMINAL_BPS = {"inter_node": 200e6, "intra_node": 400e6}  # the rates configs/emulated_cpu.yml's payload rates were measured at
+UNSHAPED_GBS = 1e6  # an unshaped link: its only cost is gloo's copying, counted as CPU transport
+
+
+def emulated_system(system: SystemConfig, inter_bps: Optional[float], intra_bps: Optional[float]) -> SystemConfig:
+    """``system`` (configs/emulated_cpu.yml, measured at ``NOMINAL_BPS``) with its payload rates
+    scaled to other tc rates; ``None`` is an unshaped level (NVLink-like inside a node)."""
+    def scaled(gbs: float, bps: Optional[float], level: str) -> float:
+        return UNSHAPED_GBS if bps is None else gbs * bps / NOMINAL_BPS[level]
+
+    return dataclasses.replace(system, bw_inter_node_gbs=scaled(system.bw_inter_node_gbs, inter_bps, "inter_node"),
+                               bw_intra_node_gbs=scaled(system.bw_intra_node_gbs, intra_bps, "intra_node"))
+
+
+def cpu_rates(system: SystemConfig) -> CpuRates:
+    """The CPU constants an ``emulated_cpu`` system block states (configs/emulated_cpu.yml)."""
+    return CpuRates(system.peak_tflops * 1e12 * system.compute_efficiency, system.cpu_transport_gbs,
+                    system.quant_ns_per_element * 1e-9, system.cpu_call_us * 1e-6,
+                    system.cpu_optimizer_ns_per_param * 1e-9)
+
+
+def fit_cpu(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple[Plan, int, float]],
+            recompute: bool = False, transport_gbs: float = EMULATED_TRANSPORT_GBS) -> CpuRates:
+    """The four CPU constants (FLOP/s, s per quantized element, s per collective ring step, s per
+    optimizer-shard parameter) by least squares over measured unshaped steps ``(plan, micro-batches,
+    seconds)``, after gloo's transport at ``transport_gbs``; a constant that comes out negative is
+    dropped (set to zero) and the rest refitted. Nothing is per strategy."""
+    import numpy as np
+
+    X, y = [], []
+    for plan, k, t0 in rows:
+        c = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, CpuRates(math.inf, transport_gbs))
+        colls = plan_collectives(shape.params, plan, topo)
+        q = quant_elements(shape.params, plan, topo)
+        X.append([k * shape.microbatch_flops(micro_batch, recompute), k * (q["forward"] + q["backward"]) + q["step"],
+                  sum(occurrences(x, k) * call_steps(x, shape.units) for x in colls),
+                  shape.params / plan.optimizer_factor])
+        y.append(t0 - sum(t * occurrences(x, k) for x, t in zip(colls, c["transport"].values())))
+    X, y = np.array(X), np.array(y)
+    keep = [0, 1, 2, 3]
+    while True:
+        coef = np.zeros(4)
+        scale = X[:, keep].max(axis=0)
+        coef[keep] = np.linalg.lstsq(X[:, keep] / scale, y, rcond=None)[0] / scale
+        neg = [i for i in keep if coef[i] < 0 and i != 0]
+        if not neg:
+            break
+        keep.remove(min(neg, key=lambda i: coef[i]))
+    return CpuRates(1.0 / coef[0], transport_gbs, float(coef[1]), float(coef[2]), float(coef[3]))
 
 
 EMULATED_OVERLAP = ("engine", "store_forward", "serial")
@@ -129,7 +203,7 @@ def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemCo
         net["grad_reduce"] = link_time(bwd, system) - link_time(bag, system)
         net.update({"grad_reduce_inter": 0.0} if "grad_reduce_inter" in lb else {})
     tr = cs["transport"]
-    t0 = grad_accum * (cs["forward"] + cs["backward"]) + sum(tr[x] * k[x] for x in tr)
+    t0 = grad_accum * (cs["forward"] + cs["backward"]) + cs["step"] + sum(tr[x] * k[x] for x in tr)
     step = t0 + sum(net[x] * k[x] for x in net)
     if overlap != "serial":
         sf = overlap == "store_forward"
@@ -137,7 +211,7 @@ def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemCo
         ph = {p: sum(tr[c.name] for c in colls if c.phase == p and not sf) for p in ("forward", "backward", "step")}
         fwd, bwd, ff, bl = compose_passes(colls, comm, cs["forward"] + ph["forward"], cs["backward"] + ph["backward"],
                                     shape.units, plan.prefetch, step_overlap)
-        step = max(t0, (grad_accum - 1) * (fwd + bwd) + ff + bl + ph["step"])
+        step = max(t0, (grad_accum - 1) * (fwd + bwd) + ff + bl + ph["step"] + cs["step"])
     return {"preset": plan.preset, "step_s": step, "unshaped_s": t0, "cpu_s": cs, "net_s": net}
 
 
@@ -155,7 +229,8 @@ def calibrate_cpu(shape: Shape, topo: Topology, micro_batch: int, grad_accum: in
     rate = flops / (t0_ddp - transport(preset_plan("ddp", topo)))
     num = den = 0.0
     for p, t0 in (t0_quantized or {}).items():
-        plan = preset_plan(p, topo)
-        e = grad_accum * sum(quant_elements(shape.params, plan, topo).values())
+        plan = p if isinstance(p, Plan) else preset_plan(p, topo)
+        q = quant_elements(shape.params, plan, topo)
+        e = grad_accum * (q["forward"] + q["backward"]) + q["step"]
         num, den = num + (t0 - flops / rate - transport(plan)) * e, den + e * e
     return CpuRates(rate, transport_gbs, num / den if den else 0.0)

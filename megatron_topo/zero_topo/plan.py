@@ -71,6 +71,9 @@ def preset_factors(preset: str, topo: Topology) -> dict:
         "paro_iig": dict(weight_factor=P, grad_factor=P, optimizer_factor=W),
         "paro_nig": dict(weight_factor=1, grad_factor=P, optimizer_factor=W),
     }
+    if preset == "auto":
+        raise ConfigError("zero_topo.preset 'auto' is chosen from the model and the machine: resolve it with "
+                          "megatron_topo.autoplan.resolve(cfg, topo)")
     if preset not in table:
         raise ConfigError(f"zero_topo.preset '{preset}' is unknown; valid: {', '.join(PRESETS)}")
     return table[preset]
@@ -146,7 +149,8 @@ def resolved_zero_topo(plan: "Plan", topo: Topology, z: ZeroTopoConfig) -> ZeroT
             out[key] = 0 if key == "secondary_degree" and val is None else val
     if plan.secondary_degree is not None and plan.secondary_bits != (out.get("weight_bits") or base["weight_bits"]):
         out["secondary_bits"] = plan.secondary_bits
-    return _replace(z, preset=plan.preset, **{k: out.get(k) for k in (
+    once = {k: getattr(plan, k) if getattr(plan, k) != 16 else getattr(z, k) for k in ("combine_bits", "publish_bits")}
+    return _replace(z, preset=plan.preset, inter_node_reduce=plan.inter_node_reduce, **once, **{k: out.get(k) for k in (
         "weight_factor", "grad_factor", "optimizer_factor", "secondary_degree", "weight_bits", "secondary_bits",
         "grad_bits")})
 

@@ -1,0 +1,140 @@
+"""``zero_topo.preset: auto``: the modelled fastest plan that fits, the same ranking in tools/plan.py,
+pinned fields respected, one-line errors, and a trainer under auto equal to the plan it chose."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from megatron_topo import autoplan
+from megatron_topo import perf_model as pm
+from megatron_topo.config import ConfigError, SystemConfig, load_config
+from megatron_topo.emulation import predict as emu
+from megatron_topo.training import Trainer
+from megatron_topo.zero_topo.plan import resolve_plan
+
+from .dist_utils import run_distributed
+from .train_utils import datasets, local_runtime, small_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cfg(*sets, files=("configs/20B.yml", "configs/frontier.yml")):
+    return load_config([os.path.join(ROOT, f) for f in files], ["zero_topo.preset=auto", *sets])
+
+
+@pytest.mark.parametrize("gcds", [16, 384])
+def test_auto_is_the_fastest_fitting_candidate(gcds):
+    cfg = _cfg()
+    topo = pm.topology_for(gcds, cfg.topology)
+    z, ranked = autoplan.choose(cfg, topo)
+    best = ranked[0]
+    assert z.preset != "auto" and resolve_plan(z, topo).factors == best.plan.factors
+    limit = cfg.system.device_memory_gib * 2 ** 30
+    assert all(r.memory_bytes <= limit for r in ranked)
+    assert all(best.step_s <= r.step_s * (1 + autoplan.TIE) for r in ranked)
+    # the ranking is over every candidate that fits: the ones left out do not fit
+    shown = {r.label for r in ranked}
+    for p in autoplan.candidates(cfg.zero_topo, topo):
+        label = autoplan.label(p, topo)[0]
+        if label not in shown:
+            est = autoplan.preflight.estimate(cfg, p, gcds)
+            assert est["total"] > limit, label
+    # the modelled step of the choice is the performance model's own number for that plan
+    t = cfg.train
+    want = pm.estimate_step(pm.Shape.from_config(cfg.model), best.plan, topo, cfg.system,
+                            t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
+                            cfg.model.checkpoint_activations).step_s
+    assert best.step_s == pytest.approx(want, rel=1e-12)
+
+
+def test_plan_tool_shows_the_same_ranking():
+    out = subprocess.run([sys.executable, "tools/plan.py", "--model", "configs/20B.yml", "--system",
+                          "configs/frontier.yml", "--nodes", "2", "--json"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    cfg = _cfg()
+    ranked = autoplan.rank_plans(cfg, pm.topology_for(16, cfg.topology))
+    assert [x["label"] for x in r["auto"]] == [x.label for x in ranked]
+    assert [x["step_s"] for x in r["auto"]] == pytest.approx([x.step_s for x in ranked])
+
+
+def test_pinned_fields_are_kept():
+    topo = pm.topology_for(16, _cfg().topology)
+    for sets, key, want in ((["zero_topo.combine_bits=16", "zero_topo.publish_bits=16"], "combine_bits", 16),
+                            (["zero_topo.grad_bits=16"], "grad_bits", 16),
+                            (["zero_topo.optimizer_factor=8"], "optimizer_factor", 8)):
+        z, ranked = autoplan.choose(_cfg(*sets), topo)
+        assert all(getattr(r.plan, key) == want for r in ranked), sets
+        assert getattr(resolve_plan(z, topo), key) == want
+
+
+def test_auto_errors_are_one_line():
+    cfg = _cfg(files=("configs/20B.yml",))  # no system block
+    with pytest.raises(ConfigError, match="needs a system: block") as e:
+        autoplan.resolve(cfg, pm.topology_for(16, cfg.topology))
+    assert "\n" not in str(e.value)
+    cfg = _cfg("system.device_memory_gib=8")  # 20B on one node of 8 GiB devices: nothing fits
+    with pytest.raises(ConfigError, match="no legal plan fits 8 GiB") as e:
+        autoplan.resolve(cfg, pm.topology_for(8, cfg.topology))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="resolve it with"):
+        resolve_plan(cfg.zero_topo, pm.topology_for(8, cfg.topology))
+
+
+def test_memory_decides_when_speed_does_not():
+    """On one node of 64 GiB devices the 20B model fits only sharded plans; with more memory the
+    choice may replicate more, never a plan beyond the device."""
+    for mem in (64, 512):
+        cfg = _cfg(f"system.device_memory_gib={mem}")
+        topo = pm.topology_for(16, cfg.topology)
+        _, ranked = autoplan.choose(cfg, topo)
+        assert ranked[0].memory_bytes <= mem * 2 ** 30
+    assert autoplan.choose(_cfg("system.device_memory_gib=64"), topo)[1][0].plan.optimizer_factor > 1
+
+
+def test_fit_cpu_recovers_the_constants():
+    """The least-squares fit of the emulated-cluster model's CPU constants returns the constants
+    that generated the unshaped times (every preset at 1, 2, 4, 8 micro-batches)."""
+    cfg = load_config([os.path.join(ROOT, "configs/tiny.yml"), os.path.join(ROOT, "configs/emulated_cpu.yml")])
+    shape, topo = pm.Shape.from_config(cfg.model), pm.topology_for(8, cfg.topology)
+    true = emu.CpuRates(2e10, emu.EMULATED_TRANSPORT_GBS, 1.5e-9, 80e-6, 6e-9)
+    rows = []
+    for p in ("ddp", "zero1", "zero3", "zeropp", "mics", "topo"):
+        plan = pm.preset_plan(p, topo)
+        for k in (1, 2, 4, 8):
+            rows.append((plan, k, emu.estimate_emulated(shape, plan, topo, cfg.system, 2, k, true,
+                                                        overlap="serial")["unshaped_s"]))
+    got = emu.fit_cpu(shape, topo, 2, rows)
+    for f in ("flops", "quant_s_per_element", "call_s", "optimizer_s_per_param"):
+        assert getattr(got, f) == pytest.approx(getattr(true, f), rel=1e-6), f
+
+
+def _train(rank, world, tmp, zero_topo):
+    cfg = small_config(tmp, **{"train.train_iters": 3, "train.gradient_accumulation_steps": 2})
+    cfg.system = SystemConfig(name="test", device_memory_gib=1.0)
+    cfg.zero_topo = zero_topo
+    cfg.logging.log_dir = str(tmp / f"run_{zero_topo.preset}")
+    lines = []
+    tr = Trainer(cfg, local_runtime(rank, world, gcds=2, gpus=1), datasets=datasets(cfg), log=lines.append)
+    tr.train()
+    return ({n: p.clone() for n, p in tr.engine.full_parameters().items()}, tr.effective_cfg.zero_topo,
+            [ln for ln in lines if "preset auto" in ln])
+
+
+def test_trainer_under_auto_is_the_chosen_plan(tmp_path):
+    """Four ranks (2 nodes x 1 GPU x 2 GCDs): the trainer logs the choice and the runner-up,
+    records the chosen plan (not 'auto') and trains exactly like that plan given explicitly."""
+    from megatron_topo.config import ZeroTopoConfig
+
+    params, z, lines = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto"))[0]
+    assert z.preset != "auto"
+    assert len(lines) == 1 and "chose" in lines[0] and "runner-up" in lines[0], lines
+    again, z2, _ = run_distributed(_train, 4, tmp_path, dataclasses.replace(z))[0]
+    assert z2 == z
+    for n in params:
+        assert torch.equal(params[n], again[n]), n
