@@ -3,8 +3,9 @@
 
     tools/bench_sharding.py [--nodes 2] [--gpus-per-node 2] [--gcds-per-gpu 2] [--model configs/tiny.yml]
         [--steps 8] [--warmup 2] [--out runs/bench_sharding] [--strategies ddp zero3 ... fsdp2_hsdp]
-        [--inter-node 200mbit] [--intra-node 400mbit] [--no-unshaped] [--series main scaling]
+        [--inter-node 200mbit] [--intra-node 400mbit] [--no-unshaped] [--series main scaling accum]
         [--scaling-nodes 1 2 4] [--scaling-gpus-per-node 1] [--scaling-gcds-per-gpu 2]
+        [--accumulation 1 2 4 8] [--accum-strategies ...] [--clusters frontier nvlink]
 
 Every strategy trains the same GPT-NeoX (``--model`` plus the ``--model-set`` overrides: 4 layers,
 hidden 256, seq 128, micro-batch 2, 4 micro-batches per step, bf16), on the same data, for
@@ -23,6 +24,14 @@ no-overlap bound printed beside the measurement (max(t0, comm) is the perfect-ov
 "quant s" is the time per step a rank spends inside the quantization kernels (kernels.timer, each
 rank's whole-run total over the steps, mean over ranks), so CPU cost is told apart from network.
 
+The accumulation series (``--series accum``) runs every ``--accum-strategies`` entry (default: ddp,
+topo, topo_q = topo with INT8 combine + publish, zeropp, mics, zero3, FSDP2 full/HSDP, and ``auto``
+= ``zero_topo.preset: auto``) at each ``--accumulation`` count on each ``--clusters`` link profile
+(frontier: the rates above; nvlink: links inside a node unshaped). It first runs every strategy
+unshaped at every count and fits the emulated-cluster model's CPU constants over those runs
+(megatron_topo.emulation.predict.fit_cpu); the auto runs get them as their system block, so
+``auto`` chooses with this machine's constants. Report: megatron_topo.emulation.accum_report.
+
 Writes DIR/results.json (a list of row objects), DIR/results.md (tables with ratios against
 zero3 and zeropp), DIR/results.png, DIR/meta.json and, with the scaling series, DIR/scaling.png.
 Rank output goes to DIR/runs/<row>/launch.log. The CPU is shared: numbers are as noisy as the
@@ -39,6 +48,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -54,14 +64,18 @@ from megatron_topo.emulation.launch import install_signal_handlers, restore_sign
 
 LEVELS = ("intra_gpu", "intra_node", "inter_node")
 ALL_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "topo_sec8", "paro_iig", "fsdp2_full", "fsdp2_hsdp")
-EXTRA_STRATEGIES = ("topo_rs", "topo_w16")  # on demand: DESIGN §4 step 4's reduce-scatter; 16-bit pair gathers
+EXTRA_STRATEGIES = ("topo_rs", "topo_w16",  # on demand: DESIGN §4 step 4's reduce-scatter; 16-bit pair gathers
+                    "topo_q", "topo_q_ef", "auto")  # INT8 combine + publish (+ error feedback); preset: auto
+ACCUM_STRATEGIES = ("ddp", "topo", "topo_q", "zeropp", "mics", "zero3", "fsdp2_full", "fsdp2_hsdp", "auto")
 SCALING_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "fsdp2_full", "fsdp2_hsdp")
 MODEL_SET = ("num_layers=4", "hidden_size=256", "num_attention_heads=4", "seq_length=128",
              "max_position_embeddings=128", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=4",
              "precision=bf16")
 LOG_DIR = "{LOG_DIR}"  # replaced by each run's own directory
 PRESET_FILE = {"ddp": "ddp", "zero3": "zero3", "zeropp": "zeropp", "mics": "mics", "topo": "topo",
-               "topo_sec8": "topo", "paro_iig": "paro_iig", "topo_rs": "topo", "topo_w16": "topo"}
+               "topo_sec8": "topo", "paro_iig": "paro_iig", "topo_rs": "topo", "topo_w16": "topo", "topo_q": "topo",
+               "topo_q_ef": "topo"}
+QUANTIZED_ONCE = ["zero_topo.combine_bits=8", "zero_topo.publish_bits=8"]
 
 
 @dataclass
@@ -78,14 +92,25 @@ class RunDef:
     extra: dict = field(default_factory=dict)
 
 
-def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str) -> RunDef:
+def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str, accum: Optional[int] = None) -> RunDef:
     per_node = gpus * gcds
     sets = [*a.model_set, f"topology.gpus_per_node={gpus}", f"topology.gcds_per_gpu={gcds}",
             f"train_iters={a.steps}", "log_interval=1", "eval_interval=0", "save=null", "load=null",
             f"log_dir={log_dir}", "progress_bar=false", "zero_topo.quant_block_size=256",
-            "zero_topo.grad_quant_block_size=256"]
+            "zero_topo.grad_quant_block_size=256"] + ([f"gradient_accumulation_steps={accum}"] if accum else [])
     configs = [a.model, "configs/local_cpu.yml"]
     notes = ""
+    if strategy == "auto":  # the emulated system block (links of this cluster) instead of local_cpu.yml
+        from megatron_topo.config import load_config
+        from megatron_topo.emulation.predict import emulated_system
+
+        configs = [a.model, "configs/emulated_cpu.yml"]
+        system = emulated_system(load_config([os.path.join(ROOT, configs[1])]).system, a.inter_bps, a.intra_bps)
+        sets += ["distributed.backend=gloo", "distributed.device=cpu", "distributed.collective_timeout_s=300",
+                 "zero_topo.preset=auto", f"system.bw_inter_node_gbs={system.bw_inter_node_gbs:.6g}",
+                 f"system.bw_intra_node_gbs={system.bw_intra_node_gbs:.6g}"]
+        argv = ["train.py", *configs] + [x for s in sets for x in ("--set", s)]
+        return RunDef(strategy, "train", argv, configs, sets, nodes, gpus, gcds, "preset: auto (emulated_cpu model)")
     if strategy in PRESET_FILE:
         configs.append(f"configs/{PRESET_FILE[strategy]}.yml")
         if strategy == "topo":
@@ -97,6 +122,10 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str) ->
         elif strategy == "topo_w16":
             sets += [f"zero_topo.secondary_degree={gcds}", "zero_topo.weight_bits=16", "zero_topo.secondary_bits=16"]
             notes = "bf16 weight gathers inside the GCD pair (no INT8 quantization work)"
+        elif strategy in ("topo_q", "topo_q_ef"):
+            sets += [f"zero_topo.secondary_degree={gcds}", *QUANTIZED_ONCE]
+            sets += ["zero_topo.error_feedback=true"] if strategy == "topo_q_ef" else []
+            notes = "INT8 cross-node combine and post-step gather" + (" + error feedback" if "ef" in strategy else "")
         elif strategy == "topo_sec8":
             sets.append(f"zero_topo.secondary_degree={per_node}")
             notes = f"secondary degree {per_node} (the node's ranks; 8 on Frontier)"
@@ -114,11 +143,12 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str) ->
 
 
 # ------------------------------------------------------------------------------ formulas
-def formula_bytes(rd: RunDef) -> tuple[dict, str]:
-    """Expected bytes per step summed over ranks (DESIGN §4) and how exact the match must be."""
+def run_plan(rd: RunDef):
+    """(config, topology, plan) of a run: the trainer's plan (``preset: auto`` resolved as the
+    trainer does), for FSDP2 the zero3 (full) / mics (hsdp) plan."""
+    from megatron_topo import autoplan
     from megatron_topo.config import load_config
     from megatron_topo.topology import Topology, topology_from_config
-    from megatron_topo.zero_topo.plan import resolve_plan
 
     cwd = os.getcwd()
     os.chdir(ROOT)
@@ -128,18 +158,26 @@ def formula_bytes(rd: RunDef) -> tuple[dict, str]:
         os.chdir(cwd)
     W = rd.nodes * rd.gpus_per_node * rd.gcds_per_gpu
     topo = topology_from_config(cfg.topology, W, rd.gpus_per_node * rd.gcds_per_gpu)
+    if rd.kind == "train":
+        return cfg, topo, autoplan.resolve(cfg, topo)[0]
+    return cfg, topo, F.plan_for("zero3" if rd.strategy == "fsdp2_full" else "mics",
+                                 Topology(W, topo.gcds_per_gpu, topo.gpus_per_node))
+
+
+def formula_bytes(rd: RunDef) -> tuple[dict, str]:
+    """Expected bytes per step summed over ranks (DESIGN §4) and how exact the match must be."""
+    cfg, topo, plan = run_plan(rd)
+    W = topo.world_size
     e = {"bf16": 2, "fp16": 2, "fp32": 4}[cfg.precision]
     micro = cfg.train.gradient_accumulation_steps
     if rd.kind == "train":
-        plan = resolve_plan(cfg.zero_topo, topo, cfg.zero_optimization)
         Ls = F.unit_lengths(cfg.model, plan, W)
         exact = "exact"
-    else:  # FSDP2 = zero3 (full) / mics (hsdp) plans on unpadded units (FSDP2 pads per parameter)
-        plan = F.plan_for("zero3" if rd.strategy == "fsdp2_full" else "mics", Topology(W, topo.gcds_per_gpu,
-                                                                                        topo.gpus_per_node))
+    else:  # FSDP2 pads per parameter: unpadded units
         Ls = F.raw_unit_lengths(cfg.model)
         exact = "approx"
     per_rank = F.expected_bytes_per_rank(plan, topo, Ls, micro, elem_bytes=e)
+    rd.extra["plan"] = {k: v for k, v in vars(plan).items()}
     return F.total_over_ranks(per_rank, W), exact
 
 
@@ -238,9 +276,11 @@ def _iqr(xs):
     return q[2] - q[0]
 
 
-def measure(rd: RunDef, a, series: str, out: str, round_: int = 0) -> dict:
-    """One round for one strategy: the shaped run, the formula check and the unshaped run."""
-    tag = f"{series}_{rd.strategy}_n{rd.nodes}" + (f"_r{round_}" if round_ else "")
+def measure(rd: RunDef, a, series: str, out: str, round_: int = 0, tag: Optional[str] = None,
+            shared_unshaped: Optional[dict] = None) -> dict:
+    """One round for one strategy: the shaped run, the formula check and the unshaped run
+    (``shared_unshaped``: taken from a run already made, e.g. by another cluster of the series)."""
+    tag = tag or f"{series}_{rd.strategy}_n{rd.nodes}" + (f"_r{round_}" if round_ else "")
     row = {"series": series, "strategy": rd.strategy, "kind": rd.kind, "notes": rd.notes, "nodes": rd.nodes,
            "gpus_per_node": rd.gpus_per_node, "gcds_per_gpu": rd.gcds_per_gpu,
            "world_size": rd.nodes * rd.gpus_per_node * rd.gcds_per_gpu,
@@ -266,7 +306,11 @@ def measure(rd: RunDef, a, series: str, out: str, round_: int = 0) -> dict:
             row["formula_rel_diff"] = diffs
     else:
         row["formula_check"] = exact
-    if a.unshaped and row.get("ok") and rd.nodes == 1 and rd.gpus_per_node == 1 and not a.intra_gpu_bps:
+    if "plan" in rd.extra:
+        row["plan"] = rd.extra["plan"]
+    if shared_unshaped is not None:  # the accumulation series: one unshaped run per strategy and count
+        row.update({k: v for k, v in shared_unshaped.items() if k.startswith("unshaped")})
+    elif a.unshaped and row.get("ok") and rd.nodes == 1 and rd.gpus_per_node == 1 and not a.intra_gpu_bps:
         row["unshaped_timed_s"] = list(row["timed_s"])  # one package: no shaped link, same run
         row["unshaped_peak_rss_bytes"] = row["peak_rss_bytes"]
     elif a.unshaped and row.get("ok"):
@@ -289,10 +333,11 @@ def finalize(row: dict, a) -> dict:
                 "tokens_per_sec": row["tokens_per_step"] / med})
     if row.get("unshaped_timed_s"):
         t0c = statistics.median(row["unshaped_timed_s"])
-        t_inter = row["busiest_nic_bytes"] * 8 / a.inter_bps if a.inter_bps else 0.0
-        t_intra = row["busiest_intra_node_link_bytes"] * 8 / a.intra_bps if a.intra_bps else 0.0
-        t_formula = (row["comm_bytes_inter_node"] / (row["nodes"] * row["gpus_per_node"])) * 8 / a.inter_bps \
-            if a.inter_bps else 0.0
+        inter, intra = row.get("inter_node_rate_bps", a.inter_bps), row.get("intra_node_rate_bps", a.intra_bps)
+        t_inter = row["busiest_nic_bytes"] * 8 / inter if inter else 0.0
+        t_intra = row["busiest_intra_node_link_bytes"] * 8 / intra if intra else 0.0
+        t_formula = (row["comm_bytes_inter_node"] / (row["nodes"] * row["gpus_per_node"])) * 8 / inter \
+            if inter else 0.0
         row.update({
             "unshaped_step_time_s": t0c,
             "comm_time_inter_s": t_inter, "comm_time_intra_node_s": t_intra,
@@ -476,6 +521,7 @@ def write_reports(out, rows, meta):
         json.dump(meta, f, indent=1)
     main = [r for r in rows if r["series"] == "main"]
     scal = [r for r in rows if r["series"] == "scaling"]
+    acc = [r for r in rows if r["series"] == "accum"]
     md = ["# bench_sharding results", "",
           f"Emulated cluster: {meta.get('main_spec', '')}. Model: {' '.join(meta['model_set'])}; "
           f"{meta['steps']} steps, median over steps > {meta['warmup']}"
@@ -490,6 +536,11 @@ def write_reports(out, rows, meta):
                "cores, so the CPU-bound ideal here is 1.0); eff. N = rel. N / node ratio (weak-scaling "
                "efficiency, ideal 1.0 on a real cluster); comm eff. = unshaped / shaped step time at that "
                "size (1.0 = communication fully hidden or free).", ""]
+    if acc:
+        from megatron_topo.emulation import accum_report
+
+        md += [accum_report.render(acc, meta, ROOT), ""]
+        accum_report.plot(acc, os.path.join(out, "accum.png"))
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
     if main:
@@ -520,7 +571,14 @@ def build_parser():
     ap.add_argument("--mtu", type=int, default=1500)
     ap.add_argument("--no-unshaped", dest="unshaped", action="store_false",
                     help="skip the shaping-off run per strategy (no bounds)")
-    ap.add_argument("--series", nargs="+", default=["main"], choices=("main", "scaling"))
+    ap.add_argument("--series", nargs="+", default=["main"], choices=("main", "scaling", "accum"))
+    ap.add_argument("--accumulation", nargs="+", type=int, default=[1, 2, 4, 8], metavar="K",
+                    help="accum series: micro-batches per optimizer step")
+    ap.add_argument("--accum-strategies", nargs="+", default=list(ACCUM_STRATEGIES),
+                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
+    ap.add_argument("--clusters", nargs="+", default=["frontier", "nvlink"], choices=sorted(R.PROFILES),
+                    help="accum series: link profiles (megatron_topo.emulation.rates.PROFILES); the unshaped run "
+                         "of each strategy and count is shared by them")
     ap.add_argument("--scaling-nodes", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--scaling-gpus-per-node", type=int, default=1)
     ap.add_argument("--scaling-gcds-per-gpu", type=int, default=2)
@@ -558,10 +616,16 @@ def main(argv=None) -> int:
                     continue  # = topo when a node is one GPU
                 plan.append(("scaling", s, n, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu))
     defs = [(series, run_def(s, a, n, g, c, LOG_DIR)) for series, s, n, g, c in plan]
+    accum = accum_defs(a) if "accum" in a.series else []
+    if any(k < 1 for k in a.accumulation):
+        print(f"{prog}: --accumulation counts must be >= 1", file=sys.stderr)
+        return 2
     if a.dry_run:
         for series, rd in defs:
             print(f"[{series}] {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} {rd.strategy}: "
                   f"python {' '.join(rd.argv)}")
+        for k, s, cl, ca, rd in accum:
+            print(f"[accum {cl} k={k}] {s}: python {' '.join(rd.argv)}")
         return 0
     why = check_privileges()
     if why:
@@ -579,10 +643,16 @@ def main(argv=None) -> int:
     if "scaling" in a.series:
         meta["scaling_spec"] = "Per node: " + ClusterSpec(1, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu,
                                                           a.inter_bps, a.intra_bps, a.intra_gpu_bps).describe()
+    if accum:
+        meta["clusters"] = {c: ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, *(
+            parse_rate(x) for x in R.PROFILES[c])).describe() for c in a.clusters}
+        meta["accumulation"] = a.accumulation
     rows = []
     rounds: dict = {}
     old = install_signal_handlers()
     try:
+        if accum:
+            rows = run_accum(accum, a, out, meta, rounds)
         total = len(defs) * a.repeats
         k = 0
         for rep in range(a.repeats):  # rounds interleave the strategies: load drifts hit all alike
@@ -596,7 +666,7 @@ def main(argv=None) -> int:
                     row = {"series": series, "strategy": rd.strategy, "nodes": rd.nodes, "ok": False,
                            "error": str(e)}
                 print("    " + summary_line(row), flush=True)
-                rounds.setdefault((series, rd.strategy, rd.nodes), []).append(row)
+                rounds.setdefault((series, rd.strategy, rd.nodes, "", 0), []).append(row)
                 rows = [merge(v, a) for v in rounds.values()]
                 meta["load_after"] = os.getloadavg()
                 write_reports(out, rows, meta)
@@ -610,6 +680,97 @@ def main(argv=None) -> int:
     with open(os.path.join(out, "results.md")) as f:
         print(f.read())
     return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def accum_defs(a) -> list:
+    """(count, strategy, cluster, that cluster's arguments, RunDef) of the accumulation series."""
+    out = []
+    for k in a.accumulation:
+        for s in a.accum_strategies:
+            for c in a.clusters:
+                ca = argparse.Namespace(**vars(a))
+                ca.inter_bps, ca.intra_bps, ca.intra_gpu_bps = (parse_rate(x) for x in R.PROFILES[c])
+                out.append((k, s, c, ca, run_def(s, ca, a.nodes, a.gpus_per_node, a.gcds_per_gpu, LOG_DIR, k)))
+    return out
+
+
+def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
+    """Unshaped runs of every strategy except auto at every count (no network: CPU work only),
+    then the four CPU constants of the emulated-cluster model fitted over them
+    (``predict.fit_cpu``), handed to the auto runs as system-block settings."""
+    from megatron_topo.emulation import predict as emu
+    from megatron_topo.perf_model import Shape
+
+    seen, fit_rows = set(), []
+    for k, s, c, ca, rd in accum:
+        if s == "auto" or (k, s) in seen:
+            continue
+        seen.add((k, s))
+        print(f"[calibrate] {s} x{k} unshaped ...", flush=True)
+        base = run_one(rd, ca, False, os.path.join(out, "runs", f"accum_{s}_a{k}_unshaped"))
+        unshaped[(k, s)] = ({"unshaped_timed_s": base["timed_s"], "unshaped_peak_rss_bytes": base["peak_rss_bytes"]}
+                            if base.get("ok") else {"unshaped_error": base.get("error")})
+        if base.get("ok") and rd.kind == "train":
+            cfg, topo, plan = run_plan(rd)
+            fit_rows.append((plan, k, statistics.median(base["timed_s"])))
+    if not fit_rows:
+        return []
+    cfg, topo, _ = run_plan(accum[0][4])
+    cpu = emu.fit_cpu(Shape.from_config(cfg.model), topo, cfg.train.train_micro_batch_size_per_gpu, fit_rows,
+                      cfg.model.checkpoint_activations)
+    meta["cpu_fit"] = {"flops_per_rank": cpu.flops, "quant_ns_per_element": cpu.quant_s_per_element * 1e9,
+                       "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9,
+                       "rows": len(fit_rows)}
+    print(f"[calibrate] {meta['cpu_fit']}", flush=True)
+    return [f"system.peak_tflops={cpu.flops / 1e12:.6g}", "system.gemm_tflops=" f"{cpu.flops / 1e12:.6g}",
+            "system.compute_efficiency=1.0", f"system.quant_ns_per_element={cpu.quant_s_per_element * 1e9:.6g}",
+            f"system.cpu_call_us={cpu.call_s * 1e6:.6g}",
+            f"system.cpu_optimizer_ns_per_param={cpu.optimizer_s_per_param * 1e9:.6g}"]
+
+
+def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:
+    """Calibration (``calibrate``), then rounds over (count, strategy, cluster), the clusters of a
+    cell back to back; the unshaped run of a strategy and count is shared by the clusters."""
+    total, n, unshaped = len(accum) * a.repeats, 0, {}
+    if a.unshaped:
+        sets = calibrate(accum, a, out, unshaped, meta)
+        accum = [(k, s, c, ca, _with_sets(rd, sets) if s == "auto" else rd) for k, s, c, ca, rd in accum]
+    for rep in range(a.repeats):
+        for k, s, c, ca, rd in accum:
+            n += 1
+            print(f"[{n}/{total}] accum {c} {s} x{k}{f' (round {rep + 1})' if a.repeats > 1 else ''} ...", flush=True)
+            if a.unshaped and (k, s) not in unshaped:
+                base = run_one(rd, ca, False, os.path.join(out, "runs", f"accum_{s}_a{k}_unshaped"))
+                unshaped[(k, s)] = ({"unshaped_timed_s": base["timed_s"], "unshaped_peak_rss_bytes":
+                                     base["peak_rss_bytes"]} if base.get("ok") else {"unshaped_error": base.get("error")})
+            try:
+                row = measure(rd, ca, "accum", out, rep, tag=f"accum_{c}_{s}_a{k}_r{rep}",
+                              shared_unshaped=unshaped.get((k, s), {}))
+            except EmulationError as e:
+                row = {"series": "accum", "strategy": s, "nodes": rd.nodes, "ok": False, "error": str(e)}
+            row.update({"cluster": c, "accum": k, "inter_node_rate_bps": ca.inter_bps, "intra_node_rate_bps": ca.intra_bps})
+            if s == "auto":
+                row["auto_choice"] = auto_choice(os.path.join(out, "runs", f"accum_{c}_{s}_a{k}_r{rep}", "launch.log"))
+            print("    " + summary_line(row), flush=True)
+            rounds.setdefault(("accum", s, rd.nodes, c, k), []).append(row)
+            rows = [merge(v, ca) for v in rounds.values()]
+            meta["load_after"] = os.getloadavg()
+            write_reports(out, rows, meta)
+    return [merge(v, a) for v in rounds.values()]
+
+
+def _with_sets(rd: RunDef, sets: list) -> RunDef:
+    return RunDef(rd.strategy, rd.kind, rd.argv + [x for s in sets for x in ("--set", s)], rd.configs,
+                  rd.sets + sets, rd.nodes, rd.gpus_per_node, rd.gcds_per_gpu, rd.notes, dict(rd.extra))
+
+
+def auto_choice(log: str) -> Optional[str]:
+    """The trainer's ``preset auto ...: chose ...`` line from a run's log."""
+    try:
+        with open(log) as f:
+            return next((ln.split("preset auto", 1)[1].strip() for ln in f if "preset auto" in ln), None)
+    except OSError:
+        return None
 
 
 def summary_line(r: dict) -> str:

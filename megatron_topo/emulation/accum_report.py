@@ -1,0 +1,162 @@
+"""The accumulation series of ``tools/bench_sharding.py --series accum``: step time per strategy at
+1, 2, 4, 8 micro-batches per step on each cluster profile, next to the performance model's
+prediction (``predict.estimate_emulated``, CPU constants fitted over the unshaped rows),
+the best topo variant's ratio to every other strategy, ``preset: auto`` against the fastest
+measured preset, and where the lines cross (measured and predicted)."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+from ..config import load_config
+from ..perf_model import Shape
+from ..topology import Topology
+from ..zero_topo.plan import Plan
+from . import predict as emu
+
+TOPO_VARIANTS = ("topo", "topo_q", "topo_q_ef", "topo_sec8")
+RIVALS = ("zeropp", "mics", "zero3", "fsdp2_full", "fsdp2_hsdp")
+PRESET_ROWS = ("ddp",) + TOPO_VARIANTS + RIVALS  # what "the fastest measured preset" is taken from
+
+
+def cells(rows: list[dict]) -> dict:
+    """{cluster: {strategy: {count: row}}} of the rows that finished."""
+    out: dict = {}
+    for r in rows:
+        if r.get("ok"):
+            out.setdefault(r["cluster"], {}).setdefault(r["strategy"], {})[r["accum"]] = r
+    return out
+
+
+def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional[dict]]:
+    """{(cluster, strategy, count): predicted step s} and the CPU constants used; empty without
+    unshaped rows."""
+    ok = [r for r in rows if r.get("ok") and r.get("plan") and r.get("unshaped_step_time_s")]
+    if not ok:
+        return {}, None
+    r0 = ok[0]
+    sets = [s for s in meta["model_set"] if not s.startswith("gradient_accumulation_steps")]
+    cfg = load_config([os.path.join(root, meta["model"]), os.path.join(root, "configs", "emulated_cpu.yml")], sets)
+    shape = Shape.from_config(cfg.model)
+    topo = Topology(r0["world_size"], r0["gcds_per_gpu"], r0["gpus_per_node"])
+    mb, rc = cfg.train.train_micro_batch_size_per_gpu, cfg.model.checkpoint_activations
+    plans = {r["strategy"]: Plan(**r["plan"]) for r in ok}
+    fit = meta.get("cpu_fit")
+    if fit:  # the constants the auto runs used (bench_sharding.calibrate)
+        cpu = emu.CpuRates(fit["flops_per_rank"], emu.EMULATED_TRANSPORT_GBS, fit["quant_ns_per_element"] * 1e-9,
+                           fit["call_us"] * 1e-6, fit["optimizer_ns_per_param"] * 1e-9)
+    else:  # fitted over the unshaped rows of our own trainer (FSDP2 and auto are not in the fit)
+        cpu = emu.fit_cpu(shape, topo, mb, [(plans[r["strategy"]], r["accum"], r["unshaped_step_time_s"]) for r in ok
+                                            if r["kind"] == "train" and r["strategy"] != "auto"], rc)
+    out = {}
+    for r in ok:
+        system = emu.emulated_system(cfg.system, r["inter_node_rate_bps"], r["intra_node_rate_bps"])
+        out[(r["cluster"], r["strategy"], r["accum"])] = emu.estimate_emulated(
+            shape, plans[r["strategy"]], topo, system, mb, r["accum"], cpu, rc)["step_s"]
+    return out, {"flops": cpu.flops, "quant_ns_per_element": cpu.quant_s_per_element * 1e9,
+                 "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9}
+
+
+def crossings(series: dict, counts: list[int]) -> list[str]:
+    """Where one strategy's step time overtakes another's between consecutive counts (log2 interpolation)."""
+    names, out = sorted(series), []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for k0, k1 in zip(counts, counts[1:]):
+                try:
+                    d0, d1 = series[a][k0] - series[b][k0], series[a][k1] - series[b][k1]
+                except KeyError:
+                    continue
+                if d0 * d1 < 0:
+                    x = math.log2(k0) + (math.log2(k1) - math.log2(k0)) * d0 / (d0 - d1)
+                    first, then = (a, b) if d0 < 0 else (b, a)
+                    out.append(f"{then} overtakes {first} between {k0} and {k1} micro-batches (at ~{2 ** x:.1f})")
+    return out
+
+
+def _best(by: dict, names, k: int) -> Optional[tuple[str, float]]:
+    got = [(s, by[s][k]["step_time_s"]) for s in names if k in by.get(s, {})]
+    return min(got, key=lambda x: x[1]) if got else None
+
+
+def render(rows: list[dict], meta: dict, root: str) -> str:
+    pred, cpu = predictions(rows, meta, root)
+    counts = sorted({r["accum"] for r in rows if "accum" in r})
+    md = ["## Accumulation series", "",
+          f"Micro-batches per optimizer step {', '.join(map(str, counts))}; every other setting as above. "
+          "Cells: measured median step s / the performance model's prediction (error). "
+          + (f"The model's CPU constants, fitted over the unshaped rows of our trainer at every count "
+             f"(predict.fit_cpu; the auto runs used the same): {cpu['flops'] / 1e9:.2f} GFLOP/s per rank, "
+             f"{cpu['quant_ns_per_element']:.2f} ns per quantized element, {cpu['call_us']:.0f} us per collective "
+             f"ring step, {cpu['optimizer_ns_per_param']:.1f} ns per optimizer-shard parameter." if cpu else
+             "No prediction (no unshaped rows)."), ""]
+    for cluster, by in cells(rows).items():
+        md += [f"### {cluster}: {meta.get('clusters', {}).get(cluster, '')}", "",
+               "| strategy | " + " | ".join(f"{k} micro-batch{'es' if k > 1 else ''}" for k in counts) + " |",
+               "|---|" + "---:|" * len(counts)]
+        for s, per in by.items():
+            cells_ = []
+            for k in counts:
+                r = per.get(k)
+                if r is None:
+                    cells_.append("—")
+                    continue
+                p = pred.get((cluster, s, k))
+                cells_.append(f"{r['step_time_s']:.2f}" + (f" / {p:.2f} ({p / r['step_time_s'] - 1:+.0%})" if p else ""))
+            md.append(f"| {s} | " + " | ".join(cells_) + " |")
+        md += ["", "Per cell: unshaped step s (all CPU work) · quantization s per step and rank · bound "
+               "t0 + busiest link (no overlap):", "",
+               "| strategy | " + " | ".join(str(k) for k in counts) + " |", "|---|" + "---:|" * len(counts)]
+        for s, per in by.items():
+            md.append(f"| {s} | " + " | ".join(
+                (f"{per[k].get('unshaped_step_time_s', float('nan')):.2f} · {per[k].get('quant_s', 0):.2f} · "
+                 f"{per[k].get('lower_bound_s', float('nan')):.2f}") if k in per else "—" for k in counts) + " |")
+        md += ["", "| micro-batches | best topo variant | " + " | ".join(f"vs {x}" for x in RIVALS)
+               + " | fastest measured | auto's plan | auto vs fastest preset |", "|---|---|" + "---:|" * len(RIVALS)
+               + "---|---|---:|"]
+        for k in counts:
+            bt = _best(by, TOPO_VARIANTS, k)
+            if bt is None:
+                continue
+            ratios = [f"{by[x][k]['step_time_s'] / bt[1]:.2f}x" if k in by.get(x, {}) else "—" for x in RIVALS]
+            fastest = _best(by, PRESET_ROWS, k)
+            auto = by.get("auto", {}).get(k)
+            md.append(f"| {k} | {bt[0]} {bt[1]:.2f} s | " + " | ".join(ratios) + f" | {fastest[0]} {fastest[1]:.2f} s | "
+                      + (f"{(auto.get('auto_choice') or '?').split(' (')[0].split('chose ')[-1]} | "
+                         f"{auto['step_time_s'] / fastest[1]:.2f}x |" if auto else "— | — |"))
+        meas = {s: {k: r["step_time_s"] for k, r in per.items()} for s, per in by.items() if s != "auto"}
+        prd = {s: {k: pred[(cluster, s, k)] for k in per if (cluster, s, k) in pred} for s, per in by.items()
+               if s != "auto"}
+        md += ["", "Crossings measured: " + ("; ".join(crossings(meas, counts)) or "none"),
+               "", "Crossings predicted: " + ("; ".join(crossings(prd, counts)) or "none"), ""]
+    md.append("Ratios > 1: the rival's step is longer than the best topo variant's. auto vs fastest preset "
+              "< 1.05 is the acceptance bound (within 5 %).")
+    return "\n".join(md)
+
+
+def plot(rows: list[dict], path: str) -> Optional[str]:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    by = cells(rows)
+    if not by:
+        return None
+    fig, axes = plt.subplots(1, len(by), figsize=(6.5 * len(by), 4.5), squeeze=False)
+    for ax, (cluster, per) in zip(axes[0], by.items()):
+        for s, pts in per.items():
+            ks = sorted(pts)
+            ax.plot(ks, [pts[k]["step_time_s"] / k for k in ks], marker="o", label=s,
+                    linestyle="--" if s.startswith("fsdp2") else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("micro-batches per optimizer step")
+        ax.set_ylabel("step s per micro-batch (median)")
+        ax.set_title(f"{cluster} links")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
