@@ -2,7 +2,7 @@
 """Convergence with quantized communication, like ZeRO++'s accuracy table: the tiny GPT on the
 built-in corpus, 8 local ranks (2 nodes x 2 GPUs x 2 GCDs), one run per variant, same data/seed.
 
-    python tools/bench_convergence.py [--steps 1000] [--out runs/bench_convergence] [--variants ...]
+    python tools/bench_convergence.py [--steps 1000] [--out runs/bench_convergence] [--variants ...] [--reuse]
 
 Variants (zero_topo overrides on configs/topo.yml):
   exact        topo's factors, every wire at 16 bits (the unquantized reference)
@@ -31,15 +31,20 @@ EF = ["zero_topo.error_feedback=true"]
 VARIANTS = {"exact": EXACT, "topo": [], "topo_ef": EF, "topo_q": Q, "topo_q_ef": Q + EF}
 
 
-def run(out: str, name: str, steps: int, ranks: int) -> list[dict]:
+def run(out: str, name: str, steps: int, ranks: int, reuse: bool = False) -> list[dict]:
     log = os.path.join(out, name)
+    metrics = os.path.join(log, "metrics.jsonl")
+    if reuse and os.path.exists(metrics):
+        recs = [json.loads(x) for x in open(metrics) if x.strip()]
+        if recs and recs[-1].get("step") == steps:
+            print(f"{name}: reusing {metrics} ({steps} steps)", flush=True)
+            return recs
     sets = [f"train_iters={steps}", f"log_dir={log}", "save=null", "eval_interval=0", "log_interval=10",
             "progress_bar=false", *VARIANTS[name]]
     cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node",
            str(ranks), "train.py", "configs/tiny.yml", "configs/topo.yml", "configs/local_cpu.yml"]
     for s in sets:
         cmd += ["--set", s]
-    metrics = os.path.join(log, "metrics.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
     r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
@@ -54,11 +59,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_convergence"))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--reuse", action="store_true",
+                    help="read a variant whose DIR/VARIANT/metrics.jsonl already reaches --steps instead of rerunning it")
     a = ap.parse_args(argv)
     if a.steps < 30:
         ap.error(f"--steps must be >= 30 (three logged windows), got {a.steps}")
     os.makedirs(a.out, exist_ok=True)
-    curves = {name: run(a.out, name, a.steps, a.ranks) for name in a.variants}
+    curves = {name: run(a.out, name, a.steps, a.ranks, a.reuse) for name in a.variants}
     final = {n: sum(r["loss"] for r in c[-3:]) / 3 for n, c in curves.items()}
     ref = final.get("exact")
     print(f"{'variant':<10} {'final loss':>10} {'vs exact':>9}")
