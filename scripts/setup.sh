@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install the pinned requirements (again only when they change).
+# Create .venv (once), install the pinned requirements and the project itself, editable (each again
+# only when requirements.txt or pyproject.toml changes). Offline apart from the package index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -14,6 +15,18 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   if ! .venv/bin/python -m pip install --disable-pip-version-check -r requirements.txt > .venv/pip.log 2>&1; then
     grep -v "^WARNING: Location" .venv/pip.log | tail -20
     echo "setup: pip install failed; full log in .venv/pip.log" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi
+stamp=.venv/.project.sha
+want=$(cat pyproject.toml requirements.txt | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing megatron_topo editable into .venv (log: .venv/pip-project.log)"
+  if ! .venv/bin/python -m pip install --disable-pip-version-check --no-deps --no-build-isolation \
+      -e . > .venv/pip-project.log 2>&1; then
+    tail -20 .venv/pip-project.log
+    echo "setup: pip install -e . failed; full log in .venv/pip-project.log" >&2
     exit 1
   fi
   echo "$want" > "$stamp"
