@@ -42,10 +42,10 @@ def make_corpus(directory: str, megabytes: float) -> str:
 def train_bpe_for_bench(inputs, directory: str, vocab_size: int) -> str:
     from train_tokenizer import train_bpe
 
-    from megatron_topo.data.corpus import expand_inputs, iter_documents
+    from megatron_topo.data.corpus import expand_sources, iter_source_documents
 
     path = os.path.join(directory, "bench_bpe.json")
-    train_bpe(iter_documents(expand_inputs(inputs)), vocab_size, path)
+    train_bpe(iter_source_documents(expand_sources(inputs)), vocab_size, path)
     return path
 
 
