@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import autoplan, faults, preflight
+from . import faults, preflight
+from .analysis import autoplan
 from . import lifecycle
 from . import metrics as M
 from .config import Config, ConfigError, check_batch_size, write_effective_config

@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from megatron_topo import autoplan
-from megatron_topo import perf_model as pm
+from megatron_topo.analysis import autoplan
+from megatron_topo.analysis import perf_model as pm
 from megatron_topo.config import ConfigError, SystemConfig, load_config
-from megatron_topo.emulation import predict as emu
+from megatron_topo.analysis.emulation import predict as emu
 from megatron_topo.training import Trainer
 from megatron_topo.zero_topo.plan import resolve_plan
 

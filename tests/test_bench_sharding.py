@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from megatron_topo.emulation import cluster as C
-from megatron_topo.emulation import formulas as F
+from megatron_topo.analysis.emulation import cluster as C
+from megatron_topo.analysis import formulas as F
 from megatron_topo.topology import Topology
 
 from . import test_engine_volumes as V

@@ -12,7 +12,7 @@ import pytest
 
 from megatron_topo.config import load_config
 from megatron_topo.dryrun import dry_run
-from megatron_topo.emulation import formulas
+from megatron_topo.analysis import formulas
 from megatron_topo.topology import LEVELS
 from megatron_topo.zero_topo import memory
 

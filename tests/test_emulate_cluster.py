@@ -1,4 +1,4 @@
-"""The emulated cluster (tools/emulate_cluster.py, megatron_topo.emulation): rates, counters,
+"""The emulated cluster (tools/emulate_cluster.py, megatron_topo.analysis.emulation): rates, counters,
 a 2-node training run, and that nothing is left behind (namespaces, links, qdiscs, /etc/netns).
 
 Tests that create namespaces are skipped, with the reason printed, where that is not possible
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from megatron_topo.emulation import cluster as C
-from megatron_topo.emulation.rates import RateError, format_rate, parse_latency_us, parse_rate
+from megatron_topo.analysis.emulation import cluster as C
+from megatron_topo.analysis.emulation.rates import RateError, format_rate, parse_latency_us, parse_rate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "emulate_cluster.py")

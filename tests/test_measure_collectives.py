@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from megatron_topo.perf_sources import fit_ring
+from megatron_topo.analysis.perf_sources import fit_ring
 from tests.dist_utils import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

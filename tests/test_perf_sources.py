@@ -1,4 +1,4 @@
-"""megatron_topo.perf_sources: the performance model against published measurements that are not
+"""megatron_topo.analysis.perf_sources: the performance model against published measurements that are not
 the ZeRO-topo paper's -- ZeRO++'s Table 1 (seed 003) and RCCL's ring cost from seed 004 -- and the
 'deepspeed' stack the paper comparison uses."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from megatron_topo import perf_model as pm
-from megatron_topo import perf_sources as ps
+from megatron_topo.analysis import perf_model as pm
+from megatron_topo.analysis import perf_sources as ps
 from megatron_topo.config import load_config
 from megatron_topo.topology import Topology
 

@@ -1,4 +1,4 @@
-"""tools/plan.py and the memory side of megatron_topo.perf_model, against DESIGN §4's formulas
+"""tools/plan.py and the memory side of megatron_topo.analysis.perf_model, against DESIGN §4's formulas
 (written out here by hand) and the ZeRO-topo paper's worked example (§II-A: on 16 GCDs of 64 GiB,
 model states alone allow about 68.7 B parameters under ZeRO-3 and about 55 B under ZeRO++)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from megatron_topo import perf_model as pm
+from megatron_topo.analysis import perf_model as pm
 from megatron_topo.config import SystemConfig, TopologyConfig, load_config
 from megatron_topo.topology import Topology
 from megatron_topo.zero_topo import layout as L

@@ -29,8 +29,8 @@ topo, topo_q = topo with INT8 combine + publish, zeropp, mics, zero3, FSDP2 full
 = ``zero_topo.preset: auto``) at each ``--accumulation`` count on each ``--clusters`` link profile
 (frontier: the rates above; nvlink: links inside a node unshaped). It first runs every strategy
 unshaped at every count and fits the emulated-cluster model's CPU constants over those runs
-(megatron_topo.emulation.predict.fit_cpu); the auto runs get them as their system block, so
-``auto`` chooses with this machine's constants. Report: megatron_topo.emulation.accum_report.
+(megatron_topo.analysis.emulation.predict.fit_cpu); the auto runs get them as their system block, so
+``auto`` chooses with this machine's constants. Report: megatron_topo.analysis.emulation.accum_report.
 
 Writes DIR/results.json (a list of row objects), DIR/results.md (tables with ratios against
 zero3 and zeropp), DIR/results.png, DIR/meta.json and, with the scaling series, DIR/scaling.png.
@@ -54,13 +54,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
-from megatron_topo.emulation import (  # noqa: E402
+from megatron_topo.analysis.emulation import (  # noqa: E402
     Cluster, ClusterSpec, EmulationError, Interrupted, check_privileges, format_rate, launch, parse_rate,
     summarize,
 )
-from megatron_topo.emulation import formulas as F  # noqa: E402
-from megatron_topo.emulation import rates as R  # noqa: E402
-from megatron_topo.emulation.launch import install_signal_handlers, restore_signal_handlers  # noqa: E402
+from megatron_topo.analysis import formulas as F  # noqa: E402
+from megatron_topo.analysis.emulation import rates as R  # noqa: E402
+from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers  # noqa: E402
 
 LEVELS = ("intra_gpu", "intra_node", "inter_node")
 ALL_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "topo_sec8", "paro_iig", "fsdp2_full", "fsdp2_hsdp")
@@ -102,7 +102,7 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str, ac
     notes = ""
     if strategy == "auto":  # the emulated system block (links of this cluster) instead of local_cpu.yml
         from megatron_topo.config import load_config
-        from megatron_topo.emulation.predict import emulated_system
+        from megatron_topo.analysis.emulation.predict import emulated_system
 
         configs = [a.model, "configs/emulated_cpu.yml"]
         system = emulated_system(load_config([os.path.join(ROOT, configs[1])]).system, a.inter_bps, a.intra_bps)
@@ -146,7 +146,7 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str, ac
 def run_plan(rd: RunDef):
     """(config, topology, plan) of a run: the trainer's plan (``preset: auto`` resolved as the
     trainer does), for FSDP2 the zero3 (full) / mics (hsdp) plan."""
-    from megatron_topo import autoplan
+    from megatron_topo.analysis import autoplan
     from megatron_topo.config import load_config
     from megatron_topo.topology import Topology, topology_from_config
 
@@ -537,7 +537,7 @@ def write_reports(out, rows, meta):
                "efficiency, ideal 1.0 on a real cluster); comm eff. = unshaped / shaped step time at that "
                "size (1.0 = communication fully hidden or free).", ""]
     if acc:
-        from megatron_topo.emulation import accum_report
+        from megatron_topo.analysis.emulation import accum_report
 
         md += [accum_report.render(acc, meta, ROOT), ""]
         accum_report.plot(acc, os.path.join(out, "accum.png"))
@@ -577,7 +577,7 @@ def build_parser():
     ap.add_argument("--accum-strategies", nargs="+", default=list(ACCUM_STRATEGIES),
                     choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
     ap.add_argument("--clusters", nargs="+", default=["frontier", "nvlink"], choices=sorted(R.PROFILES),
-                    help="accum series: link profiles (megatron_topo.emulation.rates.PROFILES); the unshaped run "
+                    help="accum series: link profiles (megatron_topo.analysis.emulation.rates.PROFILES); the unshaped run "
                          "of each strategy and count is shared by them")
     ap.add_argument("--scaling-nodes", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--scaling-gpus-per-node", type=int, default=1)
@@ -698,8 +698,8 @@ def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
     """Unshaped runs of every strategy except auto at every count (no network: CPU work only),
     then the four CPU constants of the emulated-cluster model fitted over them
     (``predict.fit_cpu``), handed to the auto runs as system-block settings."""
-    from megatron_topo.emulation import predict as emu
-    from megatron_topo.perf_model import Shape
+    from megatron_topo.analysis.emulation import predict as emu
+    from megatron_topo.analysis.perf_model import Shape
 
     seen, fit_rows = set(), []
     for k, s, c, ca, rd in accum:

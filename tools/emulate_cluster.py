@@ -34,12 +34,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
-from megatron_topo.emulation import (  # noqa: E402
+from megatron_topo.analysis.emulation import (  # noqa: E402
     Cluster, ClusterSpec, EmulationError, Interrupted, RateError, cleanup_leftovers, launch,
     parse_latency_us, parse_rate, summarize,
 )
-from megatron_topo.emulation import rates as R  # noqa: E402
-from megatron_topo.emulation.launch import install_signal_handlers, restore_signal_handlers  # noqa: E402
+from megatron_topo.analysis.emulation import rates as R  # noqa: E402
+from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ Sizes are per rank, as in seed 004 §6.1.1: the output of an all-gather, the inp
 reduce-scatter. For each (collective, size): ``--warmup`` untimed calls, then ``--iters`` timed
 ones; a call's time is the slowest rank's, the reported time the median over calls. Rank 0
 prints time, algorithm and bus bandwidth per size, the least-squares fit of
-``T = S(p-1)/p / beta + (p-1) * alpha`` per collective (megatron_topo.perf_sources.fit_ring) and,
+``T = S(p-1)/p / beta + (p-1) * alpha`` per collective (megatron_topo.analysis.perf_sources.fit_ring) and,
 when the ranks span several nodes, the ``--set system.latency_inter_node_us=...`` that feeds the
 measured step cost to tools/perf_model.py (docs/frontier.md §4). It writes
 ``OUT/collectives.json`` atomically. Bad arguments print one line on stderr and exit 2.
@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
-from megatron_topo.perf_sources import fit_ring  # noqa: E402
+from megatron_topo.analysis.perf_sources import fit_ring  # noqa: E402
 from megatron_topo.training import setup_runtime  # noqa: E402
 
 OPS = ("all_gather", "reduce_scatter")

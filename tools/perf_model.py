@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Predicted TFLOPS/GCD of sharding presets across scales (megatron_topo.perf_model).
+"""Predicted TFLOPS/GCD of sharding presets across scales (megatron_topo.analysis.perf_model).
 
     python tools/perf_model.py --model configs/20B.yml --system configs/frontier.yml \\
         --gcds 8,16,32,64,128,256,384 [--presets zero3,zeropp,topo] [--stack engine|deepspeed] [--json] [--plot out.png]
@@ -7,7 +7,7 @@
 ``--stack engine`` (default) predicts megatron_topo's engine; ``--stack deepspeed`` the software the
 ZeRO-topo paper measured (no overlap, fp16 hpZ secondary), which is what its ratios compare with.
 Uses the model YAML's micro-batch, gradient accumulation and activation recompute and the
-system YAML's rates (every constant is documented in megatron_topo/perf_model.py). Prints
+system YAML's rates (every constant and its source: docs/design.md §7.3). Prints
 TFLOPS/GCD per preset and GCD count, the ratios between zero3, zeropp and topo at the largest
 count next to the ZeRO-topo paper's 20B numbers, and each preset's weak-scaling efficiency from
 the smallest to the largest count. Bad input prints one line on stderr and exits 2.
@@ -18,13 +18,13 @@ the smallest to the largest count. Bad input prints one line on stderr and exits
 predicts the emulated cluster's step times for a tools/bench_sharding.py results.json and prints
 them next to the measured ones with the error (docs/frontier.md §4.1): link rates from the system
 YAML, scaled to the run's shaped rates; the CPU's FLOP rate from the run's unshaped ddp row and its
-cost per quantized element from the unshaped topo and zeropp rows (megatron_topo.emulation.predict).
+cost per quantized element from the unshaped topo and zeropp rows (megatron_topo.analysis.emulation.predict).
 
     python tools/perf_model.py --validate-zeropp [--system configs/dgx2_v100.yml] [--stack ...] [--nic-sharing ...]
 
 predicts ZeRO++'s own measurements (seed 003 Table 1(a), 384 V100s, 1 and 8 IB per node) and
 prints them next to the measured TFLOPS; ``--derive-alpha`` prints RCCL's ring-step latency derived
-from seed 004 (megatron_topo.perf_sources).
+from seed 004 (megatron_topo.analysis.perf_sources).
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
-from megatron_topo import perf_model as pm  # noqa: E402
-from megatron_topo import perf_sources as sources  # noqa: E402
-from megatron_topo.emulation import predict as emu  # noqa: E402
+from megatron_topo.analysis import perf_model as pm  # noqa: E402
+from megatron_topo.analysis import perf_sources as sources  # noqa: E402
+from megatron_topo.analysis.emulation import predict as emu  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
 from megatron_topo.topology import Topology  # noqa: E402
 from megatron_topo.zero_topo.plan import PRESETS  # noqa: E402
@@ -62,12 +62,12 @@ def parse_args(argv=None):
     p.add_argument("--emulated", metavar="RESULTS_JSON",
                    help="predict a tools/bench_sharding.py run on the emulated cluster and compare")
     p.add_argument("--overlap", choices=emu.EMULATED_OVERLAP, default="engine",
-                   help="--emulated: how CPU work and shaped transfers overlap (megatron_topo.emulation.predict.estimate_emulated)")
+                   help="--emulated: how CPU work and shaped transfers overlap (megatron_topo.analysis.emulation.predict.estimate_emulated)")
     p.add_argument("--engine-before-3af3320", dest="old_engine", action="store_true",
                    help="--emulated: the run used the engine before 3af3320 (blocking combine/post-step gather)")
     p.add_argument("--presets", default="zero3,zeropp,topo", help="comma-separated presets")
     p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="ring",
-                   help="how ranks share the node's NICs (see megatron_topo/perf_model.py)")
+                   help="how ranks share the node's NICs (docs/design.md §7.1)")
     p.add_argument("--stack", choices=pm.STACKS, default="engine",
                    help="engine: megatron_topo's overlap; deepspeed: what the ZeRO-topo paper measured")
     p.add_argument("--validate-zeropp", action="store_true",

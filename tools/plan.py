@@ -12,8 +12,8 @@ plus the activation and gathered-unit estimate the trainer's preflight uses fit 
 ``--convention paper`` is the ZeRO-topo paper's accounting (DESIGN §4: weights 2psi/w + secondary,
 16-bit gradients 2psi/g, Adam 12psi/o, model states only), for comparing with its tables.
 ``--reserve-gib`` replaces the activation estimate by a fixed reserve.
-Times come from megatron_topo.perf_model with the model YAML's micro-batch and accumulation. The last
-table is the ranking ``zero_topo.preset: auto`` uses (megatron_topo.autoplan.rank_plans): it runs #1.
+Times come from megatron_topo.analysis.perf_model with the model YAML's micro-batch and accumulation. The last
+table is the ranking ``zero_topo.preset: auto`` uses (megatron_topo.analysis.autoplan.rank_plans): it runs #1.
 Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_topo import autoplan  # noqa: E402
-from megatron_topo import perf_model as pm  # noqa: E402
+from megatron_topo.analysis import autoplan  # noqa: E402
+from megatron_topo.analysis import perf_model as pm  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
 from megatron_topo import preflight  # noqa: E402
 from megatron_topo.model import unit_numels  # noqa: E402
@@ -54,7 +54,7 @@ def parse_args(argv=None):
                    help="memory kept free per device for activations and buffers (default: the trainer's "
                         "estimate with --convention engine, 0 with paper)")
     p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="ring",
-                   help="how ranks share the NICs (megatron_topo/perf_model.py; ring is the validated rule)")
+                   help="how ranks share the NICs (docs/design.md §7.1; ring is the validated rule)")
     p.add_argument("--top", type=int, default=10, help="plans shown from the search")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     return p.parse_args(argv)

@@ -73,7 +73,7 @@ def preset_factors(preset: str, topo: Topology) -> dict:
     }
     if preset == "auto":
         raise ConfigError("zero_topo.preset 'auto' is chosen from the model and the machine: resolve it with "
-                          "megatron_topo.autoplan.resolve(cfg, topo)")
+                          "megatron_topo.analysis.autoplan.resolve(cfg, topo)")
     if preset not in table:
         raise ConfigError(f"zero_topo.preset '{preset}' is unknown; valid: {', '.join(PRESETS)}")
     return table[preset]

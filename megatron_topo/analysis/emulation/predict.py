@@ -1,5 +1,5 @@
 """Step-time model of the emulated cluster: 8 gloo ranks on one 2-core CPU, links shaped by tc
-(docs/benchmark.md, docs/frontier.md §4.1). Built on :mod:`megatron_topo.perf_model`'s collectives
+(docs/benchmark.md, docs/frontier.md §4.1). Built on :mod:`megatron_topo.analysis.perf_model`'s collectives
 and overlap rules (``compose_passes``); what differs is the CPU: compute, quantization kernels and
 gloo's own copying share the same cores.
 
@@ -17,11 +17,11 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..config import SystemConfig
+from ...config import SystemConfig
+from ...topology import Topology
+from ...zero_topo import layout as L
+from ...zero_topo.plan import Plan
 from ..perf_model import Collective, Shape, compose_passes, plan_collectives, preset_plan
-from ..topology import Topology
-from ..zero_topo import layout as L
-from ..zero_topo.plan import Plan
 
 
 def gloo_wire_bytes(c: Collective) -> float:

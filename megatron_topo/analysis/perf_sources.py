@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from .config import SystemConfig
-from .topology import Topology
+from ..config import SystemConfig
+from ..topology import Topology
 from . import perf_model as pm
 
 MIB = 2 ** 20

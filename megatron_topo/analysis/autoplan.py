@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
 from . import perf_model as pm
-from . import preflight
-from .config import Config, ConfigError, SystemConfig, ZeroTopoConfig
-from .model import unit_numels
-from .topology import Topology
-from .zero_topo.plan import PRESETS, Plan, resolve_plan
+from .. import preflight
+from ..config import Config, ConfigError, SystemConfig, ZeroTopoConfig
+from ..model import unit_numels
+from ..topology import Topology
+from ..zero_topo.plan import PRESETS, Plan, resolve_plan
 
 GIB = 2 ** 30
 # plan fields a user may pin under ``preset: auto`` (None in the block = searched)

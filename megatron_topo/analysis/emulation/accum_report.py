@@ -9,10 +9,10 @@ import math
 import os
 from typing import Optional
 
-from ..config import load_config
+from ...config import load_config
+from ...topology import Topology
+from ...zero_topo.plan import Plan
 from ..perf_model import Shape
-from ..topology import Topology
-from ..zero_topo.plan import Plan
 from . import predict as emu
 
 TOPO_VARIANTS = ("topo", "topo_q", "topo_q_ef", "topo_sec8")

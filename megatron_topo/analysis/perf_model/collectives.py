@@ -1,0 +1,159 @@
+"""The collectives of one step and what each costs one rank (docs/design.md §4.8, §7.1)."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ...config import SystemConfig
+from ...topology import LEVELS, Topology
+from ...zero_topo.plan import Plan
+
+NIC_SHARING = ("ring", "rank")
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str  # forward_all_gather | backward_all_gather | grad_reduce | grad_reduce_inter | combine | post_step_all_gather
+    op: str  # all_gather | reduce_scatter | all_reduce | all_to_all
+    phase: str  # forward | backward | step
+    wire_bytes: float  # S: the whole buffer on the wire
+    group_size: int
+    level: str
+    ranks_per_node: int  # members of one group on one node
+    groups_per_node: int  # groups with members on one node (all run at once)
+    launches: int = 1  # collectives per unit (2 when quantized: payload + scales)
+
+    @property
+    def per_micro_batch(self) -> bool:
+        return self.phase != "step"
+
+    @property
+    def steps(self) -> int:
+        d = self.group_size
+        return 2 * (d - 1) if self.op == "all_reduce" else d - 1
+
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes one rank sends (DESIGN §4)."""
+        d = self.group_size
+        f = 2.0 if self.op == "all_reduce" else 1.0
+        return f * self.wire_bytes * (d - 1) / d
+
+
+def _collective(name, op, phase, S, group, topo: Topology, launches=1) -> Collective:
+    size, level, rpn = _group_info(group if isinstance(group, range) else tuple(group), topo)
+    return Collective(name, op, phase, float(S), size, level, rpn,
+                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), launches)
+
+
+@functools.lru_cache(maxsize=1024)
+def _group_info(group, topo: Topology) -> tuple[int, str, int]:
+    """(size, link level, members on one node) of a group: the search meets the same few groups
+    in thousands of plans, and a group can hold a whole machine's ranks."""
+    P = topo.ranks_per_node
+    per_node: dict[int, int] = {}
+    for r in group:
+        per_node[r // P] = per_node.get(r // P, 0) + 1
+    return len(group), topo.level(group), max(per_node.values())
+
+
+# Rank 0's group of each partition in zero_topo.layout (built directly: the planner evaluates
+# thousands of plans; tests check them against the layout functions).
+def _block0(f: int) -> range:
+    return range(f)  # layout.blocks(W, f)[0]
+
+
+def _replicas0(W: int, g: int) -> range:
+    return range(0, W, g)  # layout.strided(W, g)[0]
+
+
+def _post_gather0(w: int, o: int) -> range:
+    return range(0, o, w)  # layout.post_gather_groups(W, w, o)[0]
+
+
+def _two_hop0(g: int, P: int) -> range:
+    return range(0, g, P)  # layout.two_hop_peer_groups(W, g, P)[0]
+
+
+def plan_collectives(psi: float, plan: Plan, topo: Topology) -> list[Collective]:
+    """The collectives of one step of ``plan`` (rank 0's groups; every rank's are alike)."""
+    W, P = topo.world_size, topo.ranks_per_node
+    w, g, o = plan.factors
+    s = plan.secondary_degree
+    M = 2.0 * psi
+    out: list[Collective] = []
+    q = lambda bits: 2 if bits < 16 else 1  # noqa: E731  (payload + scales)
+    if w > 1:
+        wb = plan.weight_bits
+        out.append(_collective("forward_all_gather", "all_gather", "forward", M * wb / 16, _block0(w), topo, q(wb)))
+        if s:
+            sb = plan.secondary_bits
+            out.append(_collective("backward_all_gather", "all_gather", "backward", M * sb / 16, _block0(s),
+                                   topo, q(sb)))
+        else:
+            out.append(_collective("backward_all_gather", "all_gather", "backward", M * wb / 16, _block0(w),
+                                   topo, q(wb)))
+    if g > 1:
+        b = plan.grad_bits
+        if b == 16:
+            out.append(_collective("grad_reduce", "reduce_scatter", "backward", M, _block0(g), topo))
+        elif g <= P:
+            out.append(_collective("grad_reduce", "all_to_all", "backward", M * b / 16, _block0(g), topo, 2))
+        else:  # ZeRO++ 2-hop: inside the node, then 1/P of it among the peers across nodes
+            out.append(_collective("grad_reduce", "all_to_all", "backward", M * b / 16, _block0(P), topo, 2))
+            out.append(_collective("grad_reduce_inter", "all_to_all", "backward", M * b / 16 / P,
+                                   _two_hop0(g, P), topo, 2))
+    cb, pb = getattr(plan, "combine_bits", 16), getattr(plan, "publish_bits", 16)
+    if g < W and cb < 16:  # INT8 all-to-all reduce-scatter (+ INT8 all-gather of the sums unless o = W)
+        out.append(_collective("combine", "reduce_scatter" if o == W else "all_reduce", "step", M / g * cb / 16,
+                               _replicas0(W, g), topo, 2))
+    elif g < W:
+        rs = plan.inter_node_reduce == "reduce_scatter" and o == W
+        out.append(_collective("combine", "reduce_scatter" if rs else "all_reduce", "step", M / g,
+                               _replicas0(W, g), topo))
+    if o > w:
+        out.append(_collective("post_step_all_gather", "all_gather", "step", M / w * pb / 16, _post_gather0(w, o),
+                               topo, q(pb)))
+    return out
+
+
+def bytes_per_level(psi: float, plan: Plan, topo: Topology, micro_batches: int) -> dict:
+    """Bytes one rank sends per step, by the widest level each collective's group spans."""
+    out = {lv: 0.0 for lv in LEVELS}
+    for c in plan_collectives(psi, plan, topo):
+        out[c.level] += c.bytes_sent * (micro_batches if c.per_micro_batch else 1)
+    return out
+
+
+# ----------------------------------------------------------------------------------- time
+def bandwidth(c: Collective, topo: Topology, system: SystemConfig, nic_sharing: str = "ring") -> float:
+    """Bytes/s one rank of ``c`` gets (NIC sharing: docs/design.md §7.1)."""
+    if nic_sharing not in NIC_SHARING:
+        raise ValueError(f"nic_sharing '{nic_sharing}' is not valid; use one of {', '.join(NIC_SHARING)}")
+    if c.level == "intra_gpu":
+        return system.bw_intra_gpu_gbs * 1e9
+    if c.level == "intra_node":
+        return system.bw_intra_node_gbs * 1e9
+    node = system.nics_per_node * system.bw_inter_node_gbs * 1e9
+    k = c.groups_per_node if nic_sharing == "ring" else c.ranks_per_node * c.groups_per_node
+    bw = node / max(1, min(topo.ranks_per_node, k))
+    if c.ranks_per_node > 1:  # the ring also runs over links inside the node
+        local = system.bw_intra_gpu_gbs if c.ranks_per_node <= topo.gcds_per_gpu else system.bw_intra_node_gbs
+        bw = min(bw, local * 1e9)
+    return bw
+
+
+def latency(c: Collective, system: SystemConfig) -> float:
+    us = {"intra_gpu": system.latency_intra_gpu_us, "intra_node": system.latency_intra_node_us,
+          "inter_node": system.latency_inter_node_us}[c.level]
+    return c.steps * us * 1e-6
+
+
+def collective_time(c: Collective, topo: Topology, system: SystemConfig, n_units: int,
+                    nic_sharing: str = "ring") -> float:
+    """Seconds one rank spends in ``c`` for a whole model (all units): per unit the payload's ring
+    steps at the level's latency, the scales' (``launches - 1``) at the small-message latency."""
+    if c.group_size <= 1:
+        return 0.0
+    small = (c.launches - 1) * c.steps * system.latency_small_message_us * 1e-6
+    return n_units * (latency(c, system) + small) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
