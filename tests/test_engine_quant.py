@@ -2,9 +2,9 @@
 backward pass never sees stale weights (after an optimizer step, after a checkpoint load)."""
 import torch
 
-import kernels
 from megatron_topo.config import ZeroTopoConfig
 from megatron_topo.zero_topo import checkpoint as ckpt
+from megatron_topo.zero_topo import kernels
 from megatron_topo.zero_topo.unit import ShardedUnit
 
 from .dist_utils import run_distributed

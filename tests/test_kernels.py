@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-import kernels
-from kernels import reference as R
+from megatron_topo.zero_topo import kernels
+from megatron_topo.zero_topo.kernels import reference as R
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -337,7 +337,9 @@ def test_backend_resolution(monkeypatch):
 def test_imports_and_falls_back_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"
-        "import torch, kernels, kernels.triton_kernels as T\n"
+        "import torch\n"
+        "from megatron_topo.zero_topo import kernels\n"
+        "from megatron_topo.zero_topo.kernels import triton_kernels as T\n"
         "assert not T.available() and not kernels.triton_available()\n"
         "x = torch.randn(500)\n"
         "q, s = kernels.quantize(x, 8, 64)\n"
@@ -358,7 +360,8 @@ def test_imports_and_falls_back_without_triton():
 def test_lazy_triton_import_and_cpu_without_interpreter():
     pytest.importorskip("triton")
     code = (
-        "import sys, torch, kernels\n"
+        "import sys, torch\n"
+        "from megatron_topo.zero_topo import kernels\n"
         "assert 'triton' not in sys.modules, 'import kernels must not import triton'\n"
         "kernels.quantize(torch.randn(100), 8, 64)\n"
         "assert 'triton' not in sys.modules, 'the CPU auto path must not import triton'\n"
@@ -377,7 +380,7 @@ def test_lazy_triton_import_and_cpu_without_interpreter():
 
 
 # ------------------------------------------------------------------ cpu_fast == reference, bit for bit
-from kernels import cpu_fast as CF  # noqa: E402
+from megatron_topo.zero_topo.kernels import cpu_fast as CF  # noqa: E402
 
 needs_fast = pytest.mark.skipif(not CF.available(), reason=f"cpu_fast unavailable: {CF.unavailable_reason()}")
 RAW_INT = {torch.float32: (torch.int32, 2 ** 31), torch.bfloat16: (torch.int16, 2 ** 15),
@@ -578,7 +581,9 @@ def _run_py(code, extra_env, timeout=300):
 
 def test_cpu_fast_falls_back_without_a_compiler(tmp_path):
     code = (
-        "import torch, kernels, kernels.cpu_fast as CF\n"
+        "import torch\n"
+        "from megatron_topo.zero_topo import kernels\n"
+        "from megatron_topo.zero_topo.kernels import cpu_fast as CF\n"
         "assert not kernels.cpu_fast_available()\n"
         "assert 'no C compiler' in CF.unavailable_reason(), CF.unavailable_reason()\n"
         "x = torch.randn(500)\n"
@@ -601,7 +606,8 @@ def test_cpu_fast_portable_builds(cflags, tmp_path):
     """The fp16 conversions without F16C instructions (_Float16, then plain integer code) are what
     other CPUs/compilers get: same bits, checked on every fp16 pattern and the special values."""
     code = (
-        "import torch, kernels.cpu_fast as CF\n"
+        "import torch\n"
+        "from megatron_topo.zero_topo.kernels import cpu_fast as CF\n"
         "from tests.test_kernels import special_input, assert_same_ops\n"
         f"assert CF.available(), CF.unavailable_reason()\n"
         f"assert CF._lib().mt_f16_impl() == {1 if cflags == '-DMT_NO_F16C' else 0}\n"
@@ -640,7 +646,8 @@ def test_kernel_timer(tmp_path, monkeypatch):
     kernels.quantize(torch.zeros(64), 8, 64)
     assert t.calls == before  # disabled: nothing counted
     out = tmp_path / "times"
-    code = ("import torch, kernels\n"
+    code = ("import torch\n"
+            "from megatron_topo.zero_topo import kernels\n"
             "q, s = kernels.quantize(torch.randn(1000), 4, 64)\n"
             "kernels.dequantize_sum(q[None], s[None], 4, 64, 1000)\n"
             "print('ok')\n")
@@ -681,7 +688,7 @@ def test_cpu_fast_cache_falls_back_to_the_temp_dir(tmp_path):
         pytest.skip("no C compiler on this machine")
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")  # the user cache cannot be created under a file
-    code = ("import kernels.cpu_fast as CF\n"
+    code = ("from megatron_topo.zero_topo.kernels import cpu_fast as CF\n"
             "assert CF.available(), CF.unavailable_reason()\n"
             f"assert CF.library_path().startswith({str(tmp_path / 'tmp')!r}), CF.library_path()\n"
             "print('ok')\n")

@@ -1,7 +1,7 @@
 """Triton kernels == reference, bit for bit, run on CPU tensors under TRITON_INTERPRET=1.
 
 TRITON_INTERPRET must be set before the @triton.jit decorators run, i.e. before
-kernels.triton_kernels is first imported, and while the kernels run; this module sets it for its
+zero_topo.kernels.triton_kernels is first imported, and while the kernels run; this module sets it for its
 import and its tests (restoring the previous value in between and afterwards) and skips, with
 the reason, when that is impossible or triton does not import.
 """
@@ -17,7 +17,7 @@ _already = "triton" in sys.modules
 os.environ["TRITON_INTERPRET"] = "1"
 try:
     import triton  # noqa: F401
-    from kernels import triton_kernels as T
+    from megatron_topo.zero_topo.kernels import triton_kernels as T
 except Exception as e:  # pragma: no cover - depends on the install
     print(f"SKIP test_kernels_triton: triton does not import: {e!r}", file=sys.stderr)
     pytest.skip(f"triton does not import: {e!r}", allow_module_level=True)
@@ -33,8 +33,8 @@ if not T.available() or not T.interpreted():
     print(f"SKIP test_kernels_triton: {_why}", file=sys.stderr)
     pytest.skip(_why, allow_module_level=True)
 
-import kernels  # noqa: E402
-from kernels import reference as R  # noqa: E402
+from megatron_topo.zero_topo import kernels  # noqa: E402
+from megatron_topo.zero_topo.kernels import reference as R  # noqa: E402
 from tests.test_kernels import (DTYPES, assert_bitwise_equal, make_input,  # noqa: E402
                                 special_input)
 

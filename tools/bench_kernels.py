@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron_topo.atomic import write_text  # noqa: E402
 from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
-import kernels  # noqa: E402
+from megatron_topo.zero_topo import kernels  # noqa: E402
 
 K = 8  # stacked inputs for the fused sum kernels (ranks per node)
 
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     if args.backends is None and device.type == "cpu" and kernels.cpu_fast_available():
         backends.append("cpu_fast")
     if "cpu_fast" in backends and not kernels.cpu_fast_available():
-        from kernels import cpu_fast
+        from megatron_topo.zero_topo.kernels import cpu_fast
         ap.error(f"cpu_fast unavailable: {cpu_fast.unavailable_reason()}")
     xdtype = getattr(torch, args.dtype)
     timed = _timer(device)

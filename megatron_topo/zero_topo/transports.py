@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-import kernels
-
+from . import kernels
 from . import layout as L
 from .comm import Group, Handle, TwoStageHandle
 from .plan import Plan

@@ -14,8 +14,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn as nn
 
-import kernels
-
+from . import kernels
 from . import layout as L
 from . import transports
 from .comm import Comm, Group, Handle

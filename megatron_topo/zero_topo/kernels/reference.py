@@ -35,8 +35,8 @@ Fused ops (defined as the composition of the simple ones, in this exact fp32 ord
   into ``k = len(perm)`` equal slices (ZeRO++ Eq. 2 tensor-slice reordering).
 
 The implementation works on ``[rows, B]`` views in cache-sized chunks with in-place ops. It is the
-CPU fallback; the default CPU path is :mod:`kernels.cpu_fast` (the same operations in C, one pass
-per block, tested equal to this module bit for bit), used when a C compiler is available.
+CPU fallback; the default CPU path is :mod:`zero_topo.kernels.cpu_fast` (the same operations in
+C, one pass per block, tested equal to this module bit for bit), used when a C compiler is available.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Triton kernels for the block quantization format of :mod:`kernels.reference` (bit for bit).
+"""Triton kernels for the block quantization format of :mod:`zero_topo.kernels.reference` (bit
+for bit).
 
 How bit-exactness is kept (the reference is the definition):
 * all math in fp32; divisions use ``tl.math.div_rn`` (IEEE round-to-nearest). Plain ``/`` is

@@ -1,8 +1,9 @@
 """Block INT8/INT4 quantization kernels (DESIGN.md §5) — the API the ZeRO engine calls.
 
-The format is defined by :mod:`kernels.reference` (pure PyTorch); :mod:`kernels.triton_kernels`
-matches it bit for bit on GPUs (NVIDIA and AMD) and under ``TRITON_INTERPRET=1``, and
-:mod:`kernels.cpu_fast` (one C pass per block, compiled on first use) matches it on CPUs.
+The format is defined by :mod:`zero_topo.kernels.reference` (pure PyTorch);
+:mod:`zero_topo.kernels.triton_kernels` matches it bit for bit on GPUs (NVIDIA and AMD) and under
+``TRITON_INTERPRET=1``, and :mod:`zero_topo.kernels.cpu_fast` (one C pass per block, compiled on
+first use) matches it on CPUs.
 
 Backend selection, per call:
 1. the ``backend=`` argument if given: ``"triton"``, ``"cpu_fast"``, ``"reference"`` or ``"auto"``;
@@ -11,7 +12,7 @@ Backend selection, per call:
    imports, else the reference; CPU tensors use ``cpu_fast`` when it builds and passes its
    self-check (:func:`cpu_fast_available`), else the reference.
 Forcing ``"triton"`` with CPU tensors only works when the kernels were built for the interpreter
-(``TRITON_INTERPRET=1`` set before ``kernels.triton_kernels`` is first imported). Forcing
+(``TRITON_INTERPRET=1`` set before ``zero_topo.kernels.triton_kernels`` is first imported). Forcing
 ``"cpu_fast"`` raises when it is unavailable (the reason is in the message).
 
 Timing: :data:`timer` sums the wall time spent inside these calls per process when enabled
@@ -126,7 +127,7 @@ def _cpu_fast_module():
 
 def cpu_fast_available() -> bool:
     """True when the cpu_fast C library builds (or is cached), loads and passes its self-check;
-    ``kernels.cpu_fast.unavailable_reason()`` says why not."""
+    ``zero_topo.kernels.cpu_fast.unavailable_reason()`` says why not."""
     return _cpu_fast_module().available()
 
 

@@ -1,4 +1,4 @@
-"""Fast CPU backend: one C pass per block, bit for bit equal to :mod:`kernels.reference`.
+"""Fast CPU backend: one C pass per block, bit for bit equal to :mod:`zero_topo.kernels.reference`.
 
 The reference does each step of the format as a separate PyTorch op over a chunk (upcast, two
 reductions, divide, round, clamp, cast, pack: about ten passes over the data). ``_cpu_fast.c``
@@ -15,7 +15,7 @@ unwritable user cache falls back to the temp dir.
 flags). The library is then checked against the
 reference on a small input full of special cases; any failure (no compiler, a compile error, a
 mismatch) makes :func:`available` False with the reason in :func:`unavailable_reason`, and the
-``auto`` dispatch in :mod:`kernels` falls back to the reference.
+``auto`` dispatch in :mod:`zero_topo.kernels` falls back to the reference.
 
 Threads: calls release the GIL, and a call with enough blocks is split between
 ``torch.get_num_threads()`` Python threads (each a contiguous range of blocks), so
@@ -287,7 +287,7 @@ def _quantize_into(flat, bits, block_size, q, scales, nblocks):
 
 
 def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same as :func:`kernels.reference.quantize`."""
+    """Same as :func:`zero_topo.kernels.reference.quantize`."""
     check_input(x)
     bits, block_size = check_bits(bits), check_block_size(block_size)
     _check_cpu(x)
@@ -302,7 +302,7 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor,
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Same as :func:`kernels.reference.dequantize`."""
+    """Same as :func:`zero_topo.kernels.reference.dequantize`."""
     check_payload(q, scales, bits, block_size, numel)
     check_out_dtype(dtype)
     _check_cpu(q, scales)
@@ -324,7 +324,7 @@ def _stack_args(q_stack, scales_stack):
 def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,
                    numel: int, out: torch.Tensor | None = None,
                    accumulate: bool = False) -> torch.Tensor:
-    """Same as :func:`kernels.reference.dequantize_sum`."""
+    """Same as :func:`zero_topo.kernels.reference.dequantize_sum`."""
     k, numel = check_stacks(q_stack, scales_stack, bits, block_size, numel)
     check_out(out, numel, accumulate, q_stack.device)
     _check_cpu(q_stack, scales_stack, out)
@@ -341,7 +341,7 @@ def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
 def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
                               block_size: int,
                               out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same as :func:`kernels.reference.dequantize_sum_requantize`."""
+    """Same as :func:`zero_topo.kernels.reference.dequantize_sum_requantize`."""
     k, numel = check_stacks(q_stack, scales_stack, bits, block_size)
     out_bits = bits if out_bits is None else check_bits(out_bits)
     _check_cpu(q_stack, scales_stack)
@@ -358,7 +358,7 @@ def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor,
 
 def quantize_reordered(x: torch.Tensor, bits: int, block_size: int,
                        perm) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same as :func:`kernels.reference.quantize_reordered`."""
+    """Same as :func:`zero_topo.kernels.reference.quantize_reordered`."""
     check_input(x)
     bits, block_size = check_bits(bits), check_block_size(block_size)
     _check_cpu(x)

@@ -1,4 +1,4 @@
-/* Single-pass-per-block CPU kernels for the block quantization format of kernels/reference.py.
+/* Single-pass-per-block CPU kernels for the block quantization format of reference.py.
  *
  * The reference is the definition; this file must match it bit for bit. How:
  *   - every fp32 operation the reference does is done once, in the same order, as a plain IEEE
