@@ -10,7 +10,7 @@ size the whole machine. The dependency rule (AMSP; ZeRO-topo §V) is ``w | g | o
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from ..config import ConfigError, ZeroOptimizationBlock, ZeroTopoConfig
@@ -257,7 +257,3 @@ def validate_plan(plan: Plan, topo: Topology) -> None:
             f"zero_topo.inter_node_reduce=reduce_scatter needs optimizer_factor equal to the world size "
             f"{W} (got {o}); use allreduce"
         )
-
-
-def with_overrides(plan: Plan, **kw) -> Plan:
-    return replace(plan, **kw)

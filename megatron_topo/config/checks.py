@@ -1,0 +1,91 @@
+"""Validation of a merged config: every declared field from its ``option`` metadata, the rules
+that tie several fields together, and DeepSpeed's batch-size rule once the world size is known."""
+from __future__ import annotations
+
+from typing import Optional
+
+from .options import (ConfigError, _check_attention_config, _check_declared, _check_split, _collect, _short,
+                      attention_config_layers, raise_problems)
+from .schema import PRECISIONS, Config, _declared, resolve_precision
+
+
+def validate(cfg: Config, problems: Optional[list] = None) -> None:
+    """Every declared field's bounds and choices (from its ``option`` metadata), then the rules
+    that tie fields together. Every problem is found: raised together (ConfigErrors, one line
+    each), or appended to ``problems``."""
+    own: list = []
+    for path, value, meta in _declared(cfg):
+        _collect(own, _check_declared, path, value, meta)
+    _cross_checks(cfg, own)
+    if problems is not None:
+        problems.extend(own)
+    else:
+        raise_problems(own)
+
+
+def _cross_checks(cfg: Config, problems: list) -> None:
+    """Rules between fields (a single field's rules live in its declaration); each broken rule is
+    appended to ``problems``."""
+    m, t, d, c = cfg.model, cfg.train, cfg.data, cfg.checkpoint
+    add = problems.append
+    if t.precision is None or str(t.precision).lower() in PRECISIONS:  # (a bad name is the field's problem)
+        _collect(problems, resolve_precision, t)
+    if m.num_attention_heads and m.hidden_size % m.num_attention_heads:
+        add(f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
+    if m.max_position_embeddings is not None and m.seq_length > m.max_position_embeddings:
+        add(f"seq_length {m.seq_length} exceeds max_position_embeddings {m.max_position_embeddings}")
+    bad_attention = _check_attention_config(m.attention_config) if m.attention_config is not None else None
+    if bad_attention:
+        add(f"attention_config={_short(m.attention_config)} is not valid; {bad_attention}")
+    elif m.attention_config is not None:
+        n = attention_config_layers(m.attention_config)
+        if n != m.num_layers:
+            add(f"attention_config covers {n} layers but num_layers is {m.num_layers}; e.g. "
+                f"[[[\"global\"], {m.num_layers}]]")
+    if m.intermediate_size is not None and m.intermediate_size != 4 * m.hidden_size:
+        add(f"intermediate_size {m.intermediate_size} is not valid; the MLP width is 4 x hidden_size = "
+            f"{4 * m.hidden_size} (GPT-NeoX's regular MLP); drop the key or set it to {4 * m.hidden_size}")
+    if m.num_kv_heads is not None and m.num_kv_heads != m.num_attention_heads:
+        add(f"num_kv_heads {m.num_kv_heads} is not valid; grouped-query attention is not implemented, use "
+            f"num_kv_heads = num_attention_heads ({m.num_attention_heads}) or drop it")
+    if not d.train_data_paths:
+        for name in ("train_data_weights", "valid_data_paths", "test_data_paths"):
+            if getattr(d, name):
+                add(f"{name} is set but train_data_paths is not (with data_path, split cuts the "
+                    f"data); set train_data_paths too or drop {name}")
+        if d.data_path is not None and _check_split(d.split) is None \
+                and float(str(d.split).replace("/", ",").split(",")[0] or 0) <= 0:
+            add(f"split '{d.split}' gives the train split no share of {d.data_path}; "
+                f"the first number must be > 0, e.g. 969,30,1")
+    elif d.train_data_weights is not None and len(d.train_data_weights) != len(d.train_data_paths):
+        add(f"train_data_weights has {len(d.train_data_weights)} values for "
+            f"{len(d.train_data_paths)} train_data_paths; give one weight per path")
+    if cfg.zero_optimization is not None and cfg.zero_topo.preset != "ddp":
+        add(f"zero_optimization and zero_topo.preset={cfg.zero_topo.preset} both choose the "
+            f"sharding; keep one of them")
+    if t.train_batch_size is not None:
+        per = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps
+        if per and t.train_batch_size % per:
+            add(f"train_batch_size {t.train_batch_size} is not a multiple of train_micro_batch_size_per_gpu x "
+                f"gradient_accumulation_steps = {per}: no world size gives it")
+    if c.finetune_from and c.load:
+        add(f"finetune_from ({c.finetune_from}) and load ({c.load}) both name the starting point; keep one "
+            f"(load with finetune: true is the same as finetune_from)")
+
+
+def check_batch_size(cfg: Config, world_size: int) -> None:
+    """DeepSpeed's rule, checked once the world is known: train_batch_size = micro-batch x
+    accumulation x world size."""
+    t = cfg.train
+    if t.train_batch_size is None:
+        return
+    got = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * world_size
+    if got != t.train_batch_size:
+        per = t.train_micro_batch_size_per_gpu * world_size
+        hint = (f"gradient_accumulation_steps {t.train_batch_size // per} gives it" if t.train_batch_size % per == 0
+                else f"no accumulation count gives it with micro-batch {t.train_micro_batch_size_per_gpu} on "
+                     f"{world_size} ranks")
+        raise ConfigError(
+            f"train_batch_size {t.train_batch_size} != train_micro_batch_size_per_gpu {t.train_micro_batch_size_per_gpu}"
+            f" x gradient_accumulation_steps {t.gradient_accumulation_steps} x world size {world_size} = {got}; "
+            f"change one of them ({hint})")

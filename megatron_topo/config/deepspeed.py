@@ -1,0 +1,147 @@
+"""DeepSpeed config blocks: ``scheduler`` (mapped onto the learning-rate keys), ``zero_optimization``
+and its offload blocks (mapped onto presets by zero_topo.plan)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from .options import _check_declared, _collect, _fmt, option
+
+if TYPE_CHECKING:
+    from .schema import Config
+
+
+SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+
+
+@dataclass
+class SchedulerParams:
+    """DeepSpeed's scheduler params; mapped onto lr, warmup, lr_decay_iters, lr_decay_style, min_lr."""
+
+    warmup_min_lr: float = option(0.0, "WarmupLR/WarmupDecayLR: lr at step 0", choices=(0.0,),
+                                  why="warmup starts from 0 as in GPT-NeoX")
+    warmup_max_lr: Optional[float] = option(None, "WarmupLR/WarmupDecayLR: peak lr (sets optimizer.params.lr)",
+                                            ge=0.0)
+    warmup_num_steps: int = option(1000, "warmup steps", ge=0)
+    warmup_type: str = option("linear", "warmup shape (DeepSpeed's default is log)", choices=("linear",),
+                              why="warmup is linear as in GPT-NeoX; set warmup_type: linear")
+    total_num_steps: Optional[int] = option(None, "WarmupDecayLR/WarmupCosineLR: warmup + decay steps "
+                                            "(sets lr_decay_iters)", ge=1)
+    warmup_min_ratio: float = option(0.0, "WarmupCosineLR: lr at step 0 / peak", choices=(0.0,),
+                                     why="warmup starts from 0 as in GPT-NeoX")
+    cos_min_ratio: float = option(0.0001, "WarmupCosineLR: final lr / peak (sets min_lr)", ge=0.0, le=1.0)
+    last_batch_iteration: int = option(-1, "resume position", choices=(-1,),
+                                       why="the schedule position comes from the checkpoint's step")
+
+
+@dataclass
+class SchedulerBlock:
+    type: str = option("WarmupLR", "DeepSpeed scheduler", choices=SCHEDULERS, neox="implemented",
+                       why="OneCycle and LRRangeTest are not implemented")
+    params: SchedulerParams = field(default_factory=SchedulerParams)
+
+
+_NO_BUCKETS = "no effect: units (one per layer) are the communication buckets"
+_NO_STAGE3 = "no effect: weights are gathered unit by unit (one layer) and freed after use; prefetch is one unit ahead"
+
+
+@dataclass
+class OffloadBlock:
+    """DeepSpeed's offload_optimizer / offload_param."""
+
+    device: str = option("none", "where to offload", choices=("none",), neox="accepted",
+                         why="CPU/NVMe offload is not implemented; shard the states over more ranks instead "
+                         "(zero3, topo, or a larger optimizer_factor)")
+    pin_memory: bool = option(False, "no effect without offload", neox="accepted")
+    nvme_path: Optional[str] = option(None, "no effect without offload", neox="accepted")
+    buffer_count: int = option(4, "no effect without offload", ge=0, neox="accepted")
+    buffer_size: int = option(100_000_000, "no effect without offload", ge=0, neox="accepted")
+    max_in_cpu: int = option(1_000_000_000, "no effect without offload", ge=0, neox="accepted")
+    fast_init: bool = option(False, "no effect without offload", neox="accepted")
+    pipeline_read: bool = option(False, "no effect without offload", neox="accepted")
+    pipeline_write: bool = option(False, "no effect without offload", neox="accepted")
+    ratio: float = option(1.0, "no effect without offload", ge=0.0, le=1.0, neox="accepted")
+
+
+@dataclass
+class ZeroOptimizationBlock:
+    """DeepSpeed's ``zero_optimization`` keys, mapped onto presets (see zero_topo.plan)."""
+
+    stage: int = option(0, "ZeRO stage", choices=(0, 1, 2, 3), neox="implemented")
+    zero_hpz_partition_size: int = option(1, "ZeRO++ hpZ secondary partition size", ge=1, neox="implemented")
+    zero_quantized_weights: bool = option(False, "ZeRO++ qwZ: 8-bit weight all-gather", neox="implemented")
+    zero_quantized_gradients: bool = option(False, "ZeRO++ qgZ: 4-bit gradient reduce-scatter", neox="implemented")
+    zero_quantized_nontrainable_weights: bool = option(False, "every weight is trainable", neox="accepted")
+    mics_shard_size: int = option(-1, "MiCS shard group size (-1: off)", ge=-1, neox="implemented")
+    mics_hierarchical_params_gather: bool = option(False, "MiCS two-level weight gather: the shard group's gather "
+                                                   "is already hierarchy-aware", neox="accepted")
+    overlap_comm: bool = option(True, "overlap communication with compute", choices=(True,), neox="accepted",
+                                why="the engine always overlaps; zero_topo.prefetch: false turns off weight prefetch")
+    contiguous_gradients: bool = option(True, "contiguous gradient buffers", choices=(True,), neox="accepted",
+                                        why="each unit's gradients always live in one flat buffer")
+    reduce_scatter: bool = option(True, "gradients are reduce-scattered wherever the plan shards them "
+                                  "(grad_factor > 1), all-reduced otherwise", neox="accepted")
+    allgather_partitions: bool = option(True, "weights are all-gathered per unit", neox="accepted")
+    reduce_bucket_size: int = option(500_000_000, _NO_BUCKETS, ge=0, neox="accepted")
+    allgather_bucket_size: int = option(500_000_000, _NO_BUCKETS, ge=0, neox="accepted")
+    round_robin_gradients: bool = option(False, "no effect: gradient shards are contiguous per unit", neox="accepted")
+    sub_group_size: int = option(1_000_000_000, "no effect: the optimizer steps one unit's shard at a time", ge=0,
+                                 neox="accepted")
+    stage3_max_live_parameters: int = option(1_000_000_000, _NO_STAGE3, ge=0, neox="accepted")
+    stage3_max_reuse_distance: int = option(1_000_000_000, _NO_STAGE3, ge=0, neox="accepted")
+    stage3_prefetch_bucket_size: int = option(50_000_000, _NO_STAGE3, ge=0, neox="accepted")
+    stage3_param_persistence_threshold: int = option(100_000, _NO_STAGE3, ge=0, neox="accepted")
+    stage3_model_persistence_threshold: int = option(2**63 - 1, _NO_STAGE3, ge=0, neox="accepted")
+    stage3_gather_16bit_weights_on_model_save: bool = option(False, "no effect: checkpoints hold fp32 masters, "
+                                                             "tools/convert_to_hf.py exports", neox="accepted")
+    stage3_gather_fp16_weights_on_model_save: bool = option(False, "old name of the key above", neox="accepted")
+    elastic_checkpoint: bool = option(False, "checkpoints always load under any plan and world size", neox="accepted")
+    load_from_fp32_weights: bool = option(True, "checkpoints always load the fp32 masters", neox="accepted")
+    ignore_unused_parameters: bool = option(True, "every parameter is used", neox="accepted")
+    legacy_stage1: bool = option(False, "no effect", neox="accepted")
+    cpu_offload: bool = option(False, "old DeepSpeed name of offload_optimizer", choices=(False,), neox="accepted",
+                               why="CPU offload is not implemented; shard the states over more ranks instead")
+    offload_optimizer: Optional[OffloadBlock] = option(None, "DeepSpeed offload optimizer block (device none only)")
+    offload_param: Optional[OffloadBlock] = option(None, "DeepSpeed offload param block (device none only)")
+
+
+def apply_scheduler(cfg: Config, origin: dict, problems: list) -> None:
+    """Map the DeepSpeed scheduler block (WarmupLR, WarmupDecayLR, WarmupCosineLR) onto lr, warmup,
+    lr_decay_iters, lr_decay_style and min_lr, then drop it; conflicts are appended to ``problems``."""
+    t = cfg.train
+    sch = t.scheduler
+    if sch is None:
+        return
+    bad = len(problems)
+    for key in ("lr_decay_style", "lr_decay_iters", "warmup", "min_lr"):
+        if key in origin:
+            problems.append(f"scheduler ({sch.type}) and {key} both set the learning-rate schedule; keep one")
+    for f in dataclasses.fields(sch.params):
+        _collect(problems, _check_declared, f"scheduler.params.{f.name}", getattr(sch.params, f.name), f.metadata)
+    _collect(problems, _check_declared, "scheduler.type", sch.type, dataclasses.fields(sch)[0].metadata)
+    if len(problems) > bad:
+        return
+    sp = sch.params
+    if sp.warmup_max_lr is not None:
+        if "optimizer.params.lr" in origin and sp.warmup_max_lr != t.optimizer.params.lr:
+            problems.append(f"scheduler.params.warmup_max_lr {_fmt(sp.warmup_max_lr)} differs from "
+                            f"optimizer.params.lr {_fmt(t.optimizer.params.lr)}; they are the peak lr, give one")
+        t.optimizer.params.lr = sp.warmup_max_lr
+    total = sp.total_num_steps
+    if sch.type == "WarmupLR":  # warmup, then constant
+        t.lr_decay_style, total = "constant", t.train_iters
+    elif total is None:
+        problems.append(f"scheduler.params.total_num_steps is required by {sch.type}")
+        total = t.train_iters
+    else:
+        t.lr_decay_style = "linear" if sch.type == "WarmupDecayLR" else "cosine"
+        t.min_lr = 0.0 if sch.type == "WarmupDecayLR" else sp.cos_min_ratio * t.optimizer.params.lr
+    if sch.type == "WarmupLR":
+        t.lr_decay_iters, t.warmup = total, min(1.0, sp.warmup_num_steps / total)
+    elif sp.warmup_num_steps > total:
+        problems.append(f"scheduler.params.warmup_num_steps {sp.warmup_num_steps} exceeds the "
+                        f"{'total_num_steps' if sch.type != 'WarmupLR' else 'train_iters'} {total}")
+    else:
+        t.lr_decay_iters, t.warmup = total, sp.warmup_num_steps / total
+    cfg.train.scheduler = None  # mapped: the effective config states lr/warmup/decay

@@ -1,0 +1,304 @@
+"""Loading a config: files merged in order into a ``Config`` (each key checked against its
+annotation, unknown keys named with the closest valid one, a key set in two files refused),
+``--set`` overrides, GPT-NeoX / DeepSpeed aliases resolved, the vocabulary size derived, every
+problem reported at once."""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+import typing
+from typing import Any, Optional
+
+from .checks import validate
+from .deepspeed import apply_scheduler
+from .neox import REJECTED_KEYS
+from .options import (ConfigError, _collect, _Float, _fmt, _Int, _kind, _norm, _short,
+                      _strip_optional, _type_name, raise_problems)
+from .schema import _BLOCK_SECTIONS, MAX_VOCAB, Config, _key_index, _section_type
+from .yaml_io import load_yaml, parse_set
+
+
+# ------------------------------------------------------------------------------ type coercion
+def _plain(value):
+    """YAML's remembered-text ints/floats as plain ones, through lists and mappings."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _coerce(value, tp, where: str):
+    """Check ``value`` against the annotation ``tp``; return it converted (ints to floats etc.)."""
+    optional = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
+    base = _strip_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{where}: null is not allowed; expected {_type_name(base)}")
+    if base is Any:  # free-form (GPT-NeoX's attention_config): plain Python values, checked elsewhere
+        return _plain(value)
+    origin = typing.get_origin(base)
+    bad = ConfigError(f"{where}: expected {_type_name(base)}, got {_kind(value)} {_short(value)}")
+    if dataclasses.is_dataclass(base):
+        if not isinstance(value, dict):
+            raise bad
+        return value  # merged field by field by the caller
+    if origin in (list, tuple):
+        (arg,) = typing.get_args(base)
+        if isinstance(value, str) and arg is str:
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        return [_coerce(v, arg, f"{where}[{i}]") for i, v in enumerate(value)]
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if base is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):  # "5e8" quoted in JSON/YAML (DeepSpeed files do this)
+            text = value.strip().replace("_", "")
+            if re.fullmatch(r"[-+]?[0-9]+", text):
+                return int(text)
+            try:
+                f = float(text)
+            except ValueError:
+                raise bad from None
+            if math.isfinite(f) and f.is_integer():
+                return int(f)
+        raise bad
+    if base is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # e.g. 1_000.5 or "6e-4" quoted
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        raise bad
+    if base is str:
+        if isinstance(value, (_Int, _Float)):  # a path such as 0755 or 1e3 stays as written
+            return value.text
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise bad
+    return value
+
+
+def _suggest(key: str, valid) -> str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+# ------------------------------------------------------------------------------- merging
+def _merge_block(obj, data: dict, where: str, origin: dict, src: str, problems: Optional[list] = None):
+    """Merge ``data`` into dataclass instance ``obj``; ``origin`` remembers which file set each key;
+    with ``problems``, every bad key is recorded there and the others are still merged."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    for raw_key, value in data.items():
+        _collect(problems, _merge_key, obj, raw_key, value, where, origin, src, problems)
+
+
+def _merge_key(obj, raw_key, value, where: str, origin: dict, src: str, problems: Optional[list]):
+    hints = typing.get_type_hints(type(obj))
+    names = {f.name for f in dataclasses.fields(obj)}
+    key = _norm(raw_key)
+    path = f"{where}.{key}" if where else key
+    if key not in names:
+        raise ConfigError(
+            f"{src}: unknown key '{path}'{_suggest(key, names)} (valid: {', '.join(sorted(names))})"
+        )
+    tp = hints[key]
+    base = _strip_optional(tp)
+    if dataclasses.is_dataclass(base) and isinstance(value, dict):
+        child = getattr(obj, key)
+        if child is None:
+            child = base()
+            setattr(obj, key, child)
+        _merge_block(child, value, path, origin, src, problems)
+        return
+    if path in origin:
+        raise ConfigError(f"key '{path}' is set in both {origin[path]} and {src}; set it in one file")
+    origin[path] = src
+    setattr(obj, key, _coerce(value, tp, f"{src}: {path}"))
+
+
+def merge_into(cfg: Config, data: dict, src: str, origin: dict, problems: Optional[list] = None) -> None:
+    """Merge one YAML document (GPT-NeoX flat keys + nested blocks) into ``cfg``; with ``problems``,
+    every bad key is recorded there (one line each) and the rest is still merged."""
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        raise ConfigError(f"{src}: the top level must be a mapping of keys, got {type(data).__name__}")
+    index = _key_index()
+    for raw_key, value in data.items():
+        _collect(problems, _merge_top, cfg, index, raw_key, value, src, origin, problems)
+
+
+def _merge_top(cfg, index, raw_key, value, src, origin, problems):
+    key = _norm(raw_key)
+    if key not in index:
+        if key in REJECTED_KEYS:
+            raise ConfigError(f"{src}: '{raw_key}' is not supported: {REJECTED_KEYS[key]}")
+        raise ConfigError(f"{src}: unknown key '{raw_key}'{_suggest(key, index)}")
+    sec = index[key]
+    if sec in _BLOCK_SECTIONS:
+        block = getattr(cfg, sec)
+        if block is None:
+            block = _section_type(sec)()
+            setattr(cfg, sec, block)
+        _merge_block(block, value, sec, origin, src, problems)
+    else:
+        _merge_block(getattr(cfg, sec), {key: value}, "", origin, src, problems)
+
+
+def load_config(paths: list[str], overrides: Optional[list[str]] = None) -> Config:
+    """Merge config files in order (YAML: GPT-NeoX; ``.json``: a DeepSpeed config, the same
+    top-level keys), then ``--set`` overrides (which may replace earlier values). Every problem
+    of the files is reported at once (ConfigErrors, one line each)."""
+    cfg = Config()
+    origin: dict = {}
+    problems: list = []
+    for p in paths:
+        try:
+            data = load_yaml(p)
+        except ConfigError as e:
+            problems.append(str(e))
+            continue
+        _collect(problems, merge_into, cfg, data, p, origin, problems)
+    for expr in overrides or []:
+        try:
+            data = parse_set(expr)
+        except ConfigError as e:
+            problems.append(str(e))
+            continue
+        # overrides win over files: forget who set the keys they touch
+        for path in _paths(data):
+            origin.pop(path, None)
+            origin.pop(path.split(".", 1)[-1], None)
+        _collect(problems, merge_into, cfg, data, f"--set {expr}", origin, problems)
+    if "max_position_embeddings" not in origin:  # its default follows seq_length wherever that was set
+        cfg.model.max_position_embeddings = cfg.model.seq_length
+    _resolve_aliases(cfg, origin, problems)
+    c = cfg.checkpoint
+    hf_path = c.finetune_from or c.load
+    if hf_path and not problems:
+        from ..hf_import import apply_hf_model_config, is_hf_folder
+
+        if is_hf_folder(hf_path):  # the architecture comes from (and must agree with) its config.json
+            try:
+                problems.extend(apply_hf_model_config(cfg, hf_path, origin))
+            except ConfigError as e:
+                problems.append(str(e))
+            origin.setdefault("vocab_size", hf_path)
+    validate(cfg, problems)
+    if not problems:
+        _collect(problems, resolve_vocab_size, cfg, "vocab_size" in origin, "tokenizer_type" in origin)
+    raise_problems(problems)
+    cfg.no_effect = no_effect_settings(cfg, origin)
+    return cfg
+
+
+def no_effect_settings(cfg: Config, origin: dict) -> list[str]:
+    """``key=value`` of every setting the files or ``--set`` gave a non-default value although it
+    changes nothing here (fields marked ``neox="accepted"``): the trainer prints them in one
+    note line at start, so no accepted key is a silent no-op."""
+    index, out = _key_index(), []
+    for path in origin:
+        parts = path.split(".")
+        obj = cfg if parts[0] in _BLOCK_SECTIONS else getattr(cfg, index.get(parts[0], ""), None)
+        for name in parts[:-1] if parts[0] in _BLOCK_SECTIONS else []:
+            obj = getattr(obj, name, None)
+        if obj is None or not dataclasses.is_dataclass(obj):
+            continue
+        f = next((f for f in dataclasses.fields(obj) if f.name == parts[-1]), None)
+        if f is None or f.metadata.get("neox") != "accepted":
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        value = getattr(obj, f.name)
+        if value != default:
+            out.append(f"{path}={value}")
+    return sorted(out)
+
+
+def _resolve_aliases(cfg: Config, origin: dict, problems: list) -> None:
+    """GPT-NeoX / DeepSpeed spellings of our settings: keep_last_n_checkpoints,
+    optimizer.params.weight_decay, the DeepSpeed scheduler block."""
+    c, t = cfg.checkpoint, cfg.train
+    if cfg.zero_optimization is not None and cfg.zero_topo.preset == "ddp" and "zero_topo.preset" in origin:
+        problems.append(f"zero_optimization and zero_topo.preset=ddp (set in {origin['zero_topo.preset']}) both "
+                        f"choose the sharding; keep one of them")
+    if c.keep_last_n_checkpoints is not None:
+        if "keep_last" in origin and c.keep_last != c.keep_last_n_checkpoints:
+            problems.append(f"keep_last {c.keep_last} and keep_last_n_checkpoints {c.keep_last_n_checkpoints} "
+                            f"are the same setting; give one")
+        c.keep_last = c.keep_last_n_checkpoints
+        c.keep_last_n_checkpoints = None
+    wd = t.optimizer.params.weight_decay
+    if wd is not None:
+        if "weight_decay" in origin and wd != t.weight_decay:
+            problems.append(f"weight_decay {_fmt(t.weight_decay)} and optimizer.params.weight_decay {_fmt(wd)} are "
+                            f"the same setting; give one")
+        t.weight_decay = wd
+        t.optimizer.params.weight_decay = None
+    apply_scheduler(cfg, origin, problems)
+
+
+def padded_vocab_size(n: int, divisible_by: int, model_parallel: int = 1) -> int:
+    """GPT-NeoX's rule: the tokenizer's size padded up to a multiple of divisible_by x tensor parallel."""
+    m = divisible_by * model_parallel
+    return -(-n // m) * m
+
+
+def resolve_vocab_size(cfg: Config, explicit: bool, tokenizer_explicit: bool) -> None:
+    """``vocab_size`` unset: the tokenizer's size padded like GPT-NeoX. Set: it must hold the ids
+    of the tokenizer the config names by its files (``vocab_file``) when that can be built."""
+    from ..data import DataError, build_tokenizer
+
+    d, m = cfg.data, cfg.model
+    if explicit and not (tokenizer_explicit and d.vocab_file):  # file-less tokenizers: toy data may use fewer ids
+        return
+    char_vocab = m.vocab_size if explicit and str(d.tokenizer_type).lower() == "charleveltokenizer" else None
+    try:
+        tok = build_tokenizer(d.tokenizer_type, d.vocab_file, char_vocab, d.merge_file)
+    except (DataError, OSError, ValueError) as e:
+        if explicit:
+            return  # the data pipeline reports an unusable tokenizer when it needs one
+        raise ConfigError(f"vocab_size is unset and the tokenizer ({d.tokenizer_type}) cannot be built to derive it: "
+                          f"{str(e).splitlines()[0]}; fix the tokenizer files or set vocab_size") from None
+    n = tok.vocab_size
+    if not explicit:
+        m.vocab_size = padded_vocab_size(n, m.make_vocab_size_divisible_by, cfg.neox.model_parallel_size)
+        if m.vocab_size > MAX_VOCAB:
+            raise ConfigError(f"the tokenizer's {n} ids pad to {m.vocab_size}, over {MAX_VOCAB}")
+    elif m.vocab_size < n:
+        raise ConfigError(f"vocab_size {m.vocab_size} is smaller than the tokenizer's {n} ids ({d.tokenizer_type}); "
+                          f"use at least {n}, e.g. {padded_vocab_size(n, m.make_vocab_size_divisible_by)} "
+                          f"(or drop vocab_size: it is then derived like GPT-NeoX's)")
+
+
+def _paths(d: dict, prefix: str = ""):
+    """Every dotted path in ``d``, prefixes included (a dict given to a scalar key names the key)."""
+    for k, v in d.items():
+        p = f"{prefix}{_norm(k)}"
+        yield p
+        if isinstance(v, dict):
+            yield from _paths(v, p + ".")

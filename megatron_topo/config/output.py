@@ -1,0 +1,83 @@
+"""What the config shows: the effective config file, ``--list-keys`` (every key with its type,
+default, valid values and doc) and the GPT-NeoX compatibility table (``--neox-table``)."""
+from __future__ import annotations
+
+import os
+import re
+import typing
+
+from .. import atomic
+from .deepspeed import OffloadBlock, SchedulerBlock, ZeroOptimizationBlock
+from .neox import NEOX_DEFAULT_DIFFERS, NEOX_IMPLEMENTED, REJECTED_KEYS
+from .options import _bounds_text, _check_block, _check_split, _fmt, _type_name
+from .schema import Config, SystemConfig, _declared
+
+
+def neox_table() -> list[tuple[str, str, str]]:
+    """(key, status, why) for every GPT-NeoX / DeepSpeed key: implemented, accepted (valid values
+    are what this trainer does anyway; others refused with the reason) or rejected."""
+    cfg = Config(zero_optimization=ZeroOptimizationBlock(offload_optimizer=OffloadBlock(),
+                                                         offload_param=OffloadBlock()),
+                 system=SystemConfig())
+    cfg.train.scheduler = SchedulerBlock()
+    rows = []
+    for path, _value, meta in _declared(cfg):
+        status = meta.get("neox") or ("implemented" if path in NEOX_IMPLEMENTED else "")
+        if path.startswith("neox."):
+            path = path[len("neox."):]
+        if not status:
+            continue
+        why = meta.get("doc", "")
+        ch = meta.get("choices")
+        if status == "accepted" and ch is not None:
+            vals = ", ".join(_fmt(c) for c in (ch() if callable(ch) else ch))
+            why = f"{why}; valid: {vals}" + (f"; other values refused: {meta['why']}" if meta.get("why") else "")
+        elif meta.get("why") and ch is not None:
+            why = f"{why}; other values refused: {meta['why']}"
+        if path in NEOX_DEFAULT_DIFFERS:
+            why += f" (default differs: {NEOX_DEFAULT_DIFFERS[path]})"
+        rows.append((path, status, why))
+    rows += [(k, "rejected", v) for k, v in REJECTED_KEYS.items()]
+    return rows
+
+
+def neox_table_markdown() -> str:
+    rows = neox_table()
+    counts = {s: sum(1 for r in rows if r[1] == s) for s in ("implemented", "accepted", "rejected")}
+    out = [f"{counts['implemented']} implemented, {counts['accepted']} accepted, {counts['rejected']} rejected "
+           f"(generated from megatron_topo/config/: `python -m megatron_topo.config --neox-table`).", "",
+           "| Key | Status | Why |", "|---|---|---|"]
+    out += [f"| `{k}` | {s} | {w.replace('|', '/')} |" for k, s, w in rows]
+    return "\n".join(out)
+
+
+def describe_keys() -> str:
+    """Every config key with its type, default, valid values and doc (``python -m megatron_topo.config``)."""
+    cfg = Config(zero_optimization=ZeroOptimizationBlock(), system=SystemConfig())
+    lines = []
+    for path, value, meta, tp in _declared(cfg, with_type=True):
+        valid = []
+        if meta.get("choices") is not None:
+            ch = meta["choices"]
+            valid.append("one of " + ", ".join(_fmt(c) for c in (ch() if callable(ch) else ch)))
+        b = _bounds_text(meta)
+        if b:
+            valid.append(b.replace("lie in ", "in ").replace("be ", ""))
+        if meta.get("check") is _check_split:
+            valid.append("up to 3 non-negative numbers")
+        elif meta.get("check") is _check_block:
+            valid.append("a power of two in [64, 8192]")
+        if meta.get("length"):
+            valid.append(f"{meta['length']} values")
+        opt = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
+        typ = re.sub(r"\b(an?) ", "", _type_name(tp)).replace(" (true/false)", "") + (" or null" if opt else "")
+        default = "null" if value is None else _fmt(value) if not isinstance(value, list) else str(value)
+        lines.append(f"{path:<42} {typ:<28} default {default:<14} {'; '.join(valid):<36} {meta.get('doc', '')}".rstrip())
+    return "\n".join(lines)
+
+
+def write_effective_config(cfg: Config, directory: str, name: str = "config.yml") -> str:
+    """Atomically write the effective config into ``directory``; returns the path."""
+    path = os.path.join(directory, name)
+    atomic.write_text(path, cfg.to_flat_yaml())
+    return path

@@ -1,0 +1,184 @@
+"""Reading config files: YAML with YAML 1.2 scalars (``on``/``no``/``0755``/``1:30`` stay strings;
+only ``true``/``false`` are booleans), a key repeated in one mapping refused, a bound on how far
+aliases may expand; ``.json`` files as DeepSpeed configs; ``--set dotted.key=value``."""
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import yaml
+
+from .options import ConfigError, _Float, _Int, _norm
+
+
+MAX_YAML_VALUES = 100_000  # a config has a few hundred; aliases may not expand past this
+
+
+def _decode(path: str, raw: bytes) -> str:
+    """UTF-8 (optionally with a BOM) or UTF-16/32 with a BOM, as YAML allows; else one line."""
+    for bom, enc in ((b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe\x00\x00", "utf-32-le"),
+                     (b"\xef\xbb\xbf", "utf-8-sig"), (b"\xfe\xff", "utf-16"), (b"\xff\xfe", "utf-16")):
+        if raw.startswith(bom):
+            break
+    else:
+        enc = "utf-8"
+    try:
+        return raw.decode(enc)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not valid {enc.upper().replace('-SIG', '')} text (byte 0x{raw[e.start]:02x} at "
+                          f"offset {e.start}); save the file as UTF-8") from None
+
+
+def _expanded_size(obj, limit: int, memo: dict) -> int:
+    """How many values ``obj`` holds once every alias is expanded (memoised: linear time)."""
+    if id(obj) in memo:
+        return memo[id(obj)]
+    n = 1
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, list):
+        items = obj
+    else:
+        items = ()
+    for v in items:
+        n += _expanded_size(v, limit, memo)
+        if n > limit:
+            break
+    memo[id(obj)] = n
+    return n
+
+
+def parse_yaml(text: str, name: str):
+    """Parse config YAML (safe, YAML 1.2 scalars, bounded alias expansion); ConfigError on failure."""
+    try:
+        loader = _UniqueKeyLoader(text)
+        loader.name = name
+        try:
+            data = loader.get_single_data()
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" line {mark.line + 1}:" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{name}:{at} invalid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: invalid YAML: nested too deeply") from None
+    if _expanded_size(data, MAX_YAML_VALUES, {}) > MAX_YAML_VALUES:
+        raise ConfigError(f"{name}: the YAML expands to more than {MAX_YAML_VALUES:,} values through its aliases "
+                          f"(&anchor/*alias); a config needs a few hundred")
+    return data
+
+
+def load_yaml(path: str) -> dict:
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path} is a directory; give a YAML file")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    text = _decode(path, raw)
+    if path.lower().endswith(".json"):  # a DeepSpeed (or GPT-NeoX JSON) config
+        def pairs(items):
+            seen = set()
+            for k, _ in items:
+                if _norm(k) in seen:
+                    raise ConfigError(f"{path}: key '{k}' is repeated in one object")
+                seen.add(_norm(k))
+            return dict(items)
+
+        def no_nan(c):
+            raise ValueError(f"{c} is not a JSON number")
+        try:
+            data = json.loads(text, object_pairs_hook=pairs, parse_constant=no_nan)
+        except RecursionError:
+            raise ConfigError(f"{path}: invalid JSON: nested too deeply") from None
+        except ValueError as e:
+            if isinstance(e, ConfigError):
+                raise
+            where = f" line {e.lineno}:" if hasattr(e, "lineno") else ""
+            raise ConfigError(f"{path}:{where} invalid JSON: {getattr(e, 'msg', e)}") from None
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+        return data or {}
+    return parse_yaml(text, path) or {}
+
+
+def _yaml_int(loader, node):
+    text = loader.construct_scalar(node)
+    t = text.replace("_", "")
+    sign, body = (-1, t[1:]) if t[:1] == "-" else (1, t.lstrip("+"))
+    v = int(body[2:], 8) if body.startswith("0o") else int(body[2:], 16) if body.startswith("0x") else int(body, 10)
+    out = _Int(sign * v)
+    out.text = text
+    return out
+
+
+def _yaml_float(loader, node):
+    text = loader.construct_scalar(node)
+    out = _Float(float(text.replace("_", "").lower().replace(".inf", "inf").replace(".nan", "nan")))
+    out.text = text
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """Safe loader with YAML 1.2 core-schema scalars (``yes``/``on``/``0755``/``1:30`` are not
+    booleans, octals or sexagesimals) that rejects a key repeated inside one mapping (including
+    `a_b` vs `a-b`); merge keys (``<<: *base``) work, explicit keys overriding merged ones."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            k = _norm(key)
+            if k in seen:
+                raise ConfigError(
+                    f"{self.name}: line {key_node.start_mark.line + 1}: key '{key}' is repeated "
+                    f"(first set on line {seen[k] + 1})"
+                )
+            seen[k] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+_CORE = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+         "tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value"}  # YAML 1.1 only: dates and '=' stay strings
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in rs if tag not in _CORE] for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789"))
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9]+(?:_[0-9]+)*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
+
+
+def parse_set(expr: str) -> dict:
+    """``a.b.c=value`` -> {'a': {'b': {'c': value}}} with the value parsed as YAML."""
+    if "=" not in expr:
+        raise ConfigError(f"--set {expr!r}: expected dotted.key=value")
+    key, raw = expr.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(p.strip() for p in parts):
+        raise ConfigError(f"--set {expr!r}: empty key name in {key.strip()!r}; expected dotted.key=value")
+    try:
+        value = parse_yaml(raw, f"--set {expr}") if raw != "" else ""
+    except ConfigError as e:
+        if "expands to more than" in str(e):
+            raise
+        value = raw  # not YAML: the text itself
+    out: dict = {}
+    cur = out
+    for p in parts[:-1]:
+        cur = cur.setdefault(p, {})
+    cur[parts[-1]] = value
+    return out
