@@ -6,8 +6,16 @@ import argparse
 
 class OneLineParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose errors are one line on stderr,
-    ``error: MESSAGE (usage: ...)``, with exit code 2 (not the usage block plus the error)."""
+    ``error: MESSAGE (usage: ...)``, with exit code 2 (not the usage block plus the error).
+
+    ``usage_line`` replaces the generated usage in that line (``--help`` is unchanged);
+    ``error_status`` replaces the exit code.
+    """
+
+    def __init__(self, *args, usage_line: str | None = None, error_status: int = 2, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.usage_line, self.error_status = usage_line, error_status
 
     def error(self, message):
-        usage = " ".join(self.format_usage().split())[len("usage: "):]
-        self.exit(2, f"error: {message} (usage: {usage})\n")
+        usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: "):]
+        self.exit(self.error_status, f"error: {message} (usage: {usage})\n")

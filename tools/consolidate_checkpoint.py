@@ -24,24 +24,19 @@ name and renamed. Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
+
 FORMAT = "megatron_topo.consolidated/1"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        usage = " ".join(self.format_usage().split())[len("usage: "):]
-        self.exit(2, f"error: {message} (usage: {usage})\n")
-
-
 def parse_args(argv=None):
-    p = _Parser(prog="consolidate_checkpoint.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="consolidate_checkpoint.py", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     p.add_argument("--output", required=True, metavar="FILE", help="FILE.pt, or FILE.safetensors (+ FILE.optim.pt)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")

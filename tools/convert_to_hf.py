@@ -29,7 +29,6 @@ never touched without ``--force``. Bad input prints one line on stderr and exits
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -37,17 +36,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
+
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        usage = " ".join(self.format_usage().split())[len("usage: "):]
-        self.exit(2, f"error: {message} (usage: {usage})\n")
-
-
 def parse_args(argv=None):
-    p = _Parser(prog="convert_to_hf.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="convert_to_hf.py", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")

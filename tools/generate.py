@@ -12,22 +12,17 @@ the last ``seq_length`` tokens. Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        usage = " ".join(self.format_usage().split())[len("usage: "):]
-        self.exit(2, f"error: {message} (usage: {usage})\n")
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 
 def parse_args(argv=None):
-    p = _Parser(prog="generate.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="generate.py", description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the config's tokenizer)")

@@ -18,13 +18,13 @@ Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 from megatron_topo.analysis import autoplan  # noqa: E402
 from megatron_topo.analysis import perf_model as pm  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
@@ -36,14 +36,8 @@ GB = 1e9
 MAX_NODES = 100_000  # larger than any machine; the legal-plan search walks the divisors of nodes x ranks
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not usage + error
-        usage = " ".join(self.format_usage().split())[len("usage: "):]
-        self.exit(2, f"error: {message} (usage: {usage})\n")
-
-
 def parse_args(argv=None):
-    p = _Parser(prog="plan.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="plan.py", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model YAML (configs/20B.yml)")
     p.add_argument("--system", required=True, help="system YAML (configs/frontier.yml)")
     p.add_argument("--nodes", required=True, type=int, help="number of nodes")

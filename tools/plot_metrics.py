@@ -11,7 +11,6 @@ resumed run's repeated steps count once (the last record of each step wins). Bad
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -19,6 +18,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 from megatron_topo.atomic import atomic_path  # noqa: E402
 from megatron_topo.metrics import metrics_path, read_metrics  # noqa: E402
 
@@ -35,14 +35,8 @@ class PlotError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not usage + error
-        usage = " ".join(self.format_usage().split())[len("usage: "):]
-        self.exit(2, f"error: {message} (usage: {usage})\n")
-
-
 def parse_args(argv=None):
-    p = _Parser(prog="plot_metrics.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="plot_metrics.py", description=__doc__.splitlines()[0])
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", required=True, metavar="FILE.png", help="output image (PNG)")
     p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per RUN_DIR")

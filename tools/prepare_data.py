@@ -20,15 +20,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"error: {message} (usage: python tools/prepare_data.py CONFIG.yml [MORE.yml ...] "
-                     f"--world-size N [--set KEY=VALUE ...])\n")
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 
 
 def main(argv=None) -> int:
-    ap = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       usage_line="python tools/prepare_data.py CONFIG.yml [MORE.yml ...] "
+                                  "--world-size N [--set KEY=VALUE ...]")
     ap.add_argument("configs", nargs="+", help="YAML files merged in order (as for train.py)")
     ap.add_argument("--world-size", type=int, required=True, help="ranks of the run the caches are for")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")

@@ -26,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
 from megatron_topo.data import DataError, TOKENIZERS  # noqa: E402
 from megatron_topo.data.errors import error_line  # noqa: E402
 from megatron_topo.data.preprocess import preprocess  # noqa: E402
@@ -39,14 +40,8 @@ REFUSED = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        usage = " ".join(self.format_usage().split())[len("usage: "):]
-        self.exit(1, f"error: {message} (usage: {usage})\n")
-
-
 def parse_args(argv=None):
-    p = _Parser(prog="preprocess_data.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="preprocess_data.py", description=__doc__.splitlines()[0], error_status=1)
     p.add_argument("--input", nargs="+", default=[],
                    help="files/directories, also comma-separated: .jsonl[.zst|.gz|.xz], .parquet, .arrow, "
                         "datasets save_to_disk folders, text files")
