@@ -127,6 +127,8 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
     from .config import check_batch_size
     check_batch_size(cfg, world_size)  # DeepSpeed's train_batch_size against this world
     topo: Topology = topology_from_config(cfg.topology, world_size, local_world_size or world_size)
+    from .analysis import autoplan
+    plan, ranked = autoplan.resolve(cfg, topo)  # preset auto: the plan the trainer would choose
     with fake_process_group(world_size, rank):
         rt = Runtime(rank, world_size, rank % topo.ranks_per_node, topo, META, True, strict=True)
         # the meta model itself stands for no memory (a real run builds it on the meta device
@@ -134,7 +136,7 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
         model = build_model(cfg.model, device=META)
         tracker = PeakMemory()
         with tracker, fused_attention_on_meta():
-            eng = build_engine(cfg, rt, model=model)
+            eng = build_engine(cfg, rt, plan=plan, model=model)
             after_init = tracker.current
             init_peak = tracker.peak
             eng.comm.reset_counters()
@@ -162,6 +164,7 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
         "rank": rank,
         "topology": topo.describe(),
         "plan": {k: v for k, v in vars(eng.plan).items()},
+        "auto": autoplan.summary(ranked, cfg.system) if ranked else None,
         "precision": cfg.precision,
         "micro_batches_per_step": cfg.train.gradient_accumulation_steps,
         "model_state_bytes_per_rank": states,
@@ -184,6 +187,7 @@ def render(r: dict) -> str:
     lines = [
         f"dry run: rank {r['rank']} of {r['world_size']} ({r['topology']}); {r['parameters']:,} parameters; "
         f"{r['precision']}; {r['micro_batches_per_step']} micro-batch(es) per step",
+        *([r["auto"]] if r.get("auto") else []),
         f"plan: " + ", ".join(f"{k}={v}" for k, v in r["plan"].items()),
         "model states per rank (GiB, from the engine's tensors): " + ", ".join(
             f"{k} {v / gib:.2f}" for k, v in st.items()),

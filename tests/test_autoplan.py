@@ -138,3 +138,17 @@ def test_trainer_under_auto_is_the_chosen_plan(tmp_path):
     assert z2 == z
     for n in params:
         assert torch.equal(params[n], again[n]), n
+
+
+def test_dry_run_shows_the_choice():
+    """``train.py --dry-run`` under auto runs the plan the trainer would choose and says so."""
+    from megatron_topo import dryrun
+
+    cfg = _cfg()
+    r = dryrun.dry_run(cfg, 384, rank=383)
+    topo = pm.topology_for(384, cfg.topology)
+    z, ranked = autoplan.choose(cfg, topo)
+    assert r["auto"] == autoplan.summary(ranked, cfg.system)
+    assert r["plan"]["preset"] == z.preset and (r["plan"]["weight_factor"], r["plan"]["grad_factor"],
+                                                r["plan"]["optimizer_factor"]) == ranked[0].plan.factors
+    assert r["auto"] in dryrun.render(r)
