@@ -35,8 +35,7 @@ if not T.available() or not T.interpreted():
 
 from megatron_topo.zero_topo import kernels  # noqa: E402
 from megatron_topo.zero_topo.kernels import reference as R  # noqa: E402
-from tests.test_kernels import (DTYPES, assert_bitwise_equal, make_input,  # noqa: E402
-                                special_input)
+from .kernel_cases import DTYPES, assert_bitwise_equal, make_input, special_input  # noqa: E402
 
 
 # inputs near the fp32 maximum legitimately overflow to inf (fp16 outputs, sums); numpy says so

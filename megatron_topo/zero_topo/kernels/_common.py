@@ -1,7 +1,8 @@
-"""Argument validation and size arithmetic shared by the reference and the Triton backend.
+"""Argument validation and size arithmetic shared by every backend (reference, cpu_fast, Triton).
 
-Everything here is cheap host-side checking on shapes/dtypes only (never reads tensor data, so it
-never synchronises with a device).
+Each op's arguments are checked by one ``check_*_args`` function that all backends call, so the
+backends accept the same inputs and raise the same messages. Everything here is cheap host-side
+checking on shapes/dtypes only (never reads tensor data, so it never synchronises with a device).
 """
 from __future__ import annotations
 
@@ -147,6 +148,38 @@ def check_perm(perm, numel: int, block_size: int) -> tuple[int, ...]:
         raise ValueError(f"slice length {numel // k} (x.numel()={numel} / len(perm)={k}) is not "
                          f"divisible by block_size={block_size}")
     return perm
+
+
+def check_quantize_args(x: torch.Tensor, bits, block_size,
+                        perm=None) -> tuple[int, int, tuple[int, ...] | None]:
+    """``quantize`` (``perm`` None) and ``quantize_reordered``: (bits, block_size, perm)."""
+    check_input(x)
+    bits, block_size = check_bits(bits), check_block_size(block_size)
+    if perm is not None:
+        perm = check_perm(perm, x.numel(), block_size)
+    return bits, block_size, perm
+
+
+def check_dequantize_args(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int,
+                          numel: int, dtype: torch.dtype) -> None:
+    check_payload(q, scales, bits, block_size, numel)
+    check_out_dtype(dtype)
+
+
+def check_dequantize_sum_args(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
+                              block_size: int, numel: int, out: torch.Tensor | None,
+                              accumulate: bool) -> tuple[int, int]:
+    """``dequantize_sum``: (k, numel)."""
+    k, numel = check_stacks(q_stack, scales_stack, bits, block_size, numel)
+    check_out(out, numel, accumulate, q_stack.device)
+    return k, numel
+
+
+def check_requantize_args(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
+                          block_size: int, out_bits: int | None) -> tuple[int, int, int]:
+    """``dequantize_sum_requantize``: (k, padded numel, out_bits)."""
+    k, numel = check_stacks(q_stack, scales_stack, bits, block_size)
+    return k, numel, bits if out_bits is None else check_bits(out_bits)
 
 
 def inverse_permutation(perm: Sequence[int]) -> list[int]:

@@ -35,9 +35,8 @@ import threading
 
 import torch
 
-from ._common import (check_bits, check_block_size, check_input, check_out, check_out_dtype,
-                      check_payload, check_perm, check_stacks, num_blocks, payload_dtype,
-                      payload_nbytes)
+from ._common import (check_dequantize_args, check_dequantize_sum_args, check_quantize_args,
+                      check_requantize_args, num_blocks, payload_dtype, payload_nbytes)
 
 __all__ = ["quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
            "quantize_reordered", "available", "unavailable_reason", "library_path"]
@@ -288,8 +287,7 @@ def _quantize_into(flat, bits, block_size, q, scales, nblocks):
 
 def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Same as :func:`zero_topo.kernels.reference.quantize`."""
-    check_input(x)
-    bits, block_size = check_bits(bits), check_block_size(block_size)
+    bits, block_size, _ = check_quantize_args(x, bits, block_size)
     _check_cpu(x)
     flat = x.reshape(-1).contiguous()
     n = flat.numel()
@@ -303,8 +301,7 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor,
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Same as :func:`zero_topo.kernels.reference.dequantize`."""
-    check_payload(q, scales, bits, block_size, numel)
-    check_out_dtype(dtype)
+    check_dequantize_args(q, scales, bits, block_size, numel, dtype)
     _check_cpu(q, scales)
     lib = _lib()
     qf, sf = q.reshape(-1).contiguous(), scales.reshape(-1).contiguous()
@@ -325,8 +322,8 @@ def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
                    numel: int, out: torch.Tensor | None = None,
                    accumulate: bool = False) -> torch.Tensor:
     """Same as :func:`zero_topo.kernels.reference.dequantize_sum`."""
-    k, numel = check_stacks(q_stack, scales_stack, bits, block_size, numel)
-    check_out(out, numel, accumulate, q_stack.device)
+    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out,
+                                         accumulate)
     _check_cpu(q_stack, scales_stack, out)
     lib = _lib()
     result = torch.empty(numel, dtype=torch.float32) if out is None else out
@@ -342,8 +339,7 @@ def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor,
                               block_size: int,
                               out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Same as :func:`zero_topo.kernels.reference.dequantize_sum_requantize`."""
-    k, numel = check_stacks(q_stack, scales_stack, bits, block_size)
-    out_bits = bits if out_bits is None else check_bits(out_bits)
+    k, numel, out_bits = check_requantize_args(q_stack, scales_stack, bits, block_size, out_bits)
     _check_cpu(q_stack, scales_stack)
     lib = _lib()
     nb = num_blocks(numel, block_size)
@@ -359,12 +355,10 @@ def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor,
 def quantize_reordered(x: torch.Tensor, bits: int, block_size: int,
                        perm) -> tuple[torch.Tensor, torch.Tensor]:
     """Same as :func:`zero_topo.kernels.reference.quantize_reordered`."""
-    check_input(x)
-    bits, block_size = check_bits(bits), check_block_size(block_size)
+    bits, block_size, perm = check_quantize_args(x, bits, block_size, perm)
     _check_cpu(x)
     flat = x.reshape(-1).contiguous()
     n = flat.numel()
-    perm = check_perm(perm, n, block_size)
     lib = _lib()
     k = len(perm)
     rows = n // k // block_size  # blocks per slice

@@ -44,9 +44,9 @@ import sys
 
 import torch
 
-from ._common import (QMAX, check_bits, check_block_size, check_input, check_out,
-                      check_out_dtype, check_payload, check_perm, check_stacks,
-                      inverse_permutation, num_blocks, payload_dtype, payload_nbytes)
+from ._common import (QMAX, check_dequantize_args, check_dequantize_sum_args,
+                      check_quantize_args, check_requantize_args, inverse_permutation, num_blocks,
+                      payload_dtype, payload_nbytes)
 
 __all__ = ["quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
            "quantize_reordered", "inverse_permutation", "pack_int4", "unpack_int4",
@@ -191,8 +191,7 @@ def _payload_rows(q: torch.Tensor, bits: int, block_size: int) -> torch.Tensor:
 
 def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Flatten ``x`` and quantize it. Returns (payload, fp32 scales [ceil(n/B)])."""
-    check_input(x)
-    bits, block_size = check_bits(bits), check_block_size(block_size)
+    bits, block_size, _ = check_quantize_args(x, bits, block_size)
     flat = x.reshape(-1)
     n = flat.numel()
     nb, nfull = num_blocks(n, block_size), n // block_size
@@ -212,8 +211,7 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor,
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Flat tensor of ``numel`` elements in ``dtype``: (q_fp32 * scale).to(dtype)."""
-    check_payload(q, scales, bits, block_size, numel)
-    check_out_dtype(dtype)
+    check_dequantize_args(q, scales, bits, block_size, numel, dtype)
     nb, nfull = num_blocks(numel, block_size), numel // block_size
     q2, s = _payload_rows(q.reshape(-1), bits, block_size), scales.reshape(-1)
     out = torch.empty(numel, dtype=dtype, device=q.device)
@@ -256,8 +254,8 @@ def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
                    numel: int, out: torch.Tensor | None = None,
                    accumulate: bool = False) -> torch.Tensor:
     """fp32 sum of k stacked quantized tensors (index order 0..k-1); see the module docstring."""
-    k, numel = check_stacks(q_stack, scales_stack, bits, block_size, numel)
-    check_out(out, numel, accumulate, q_stack.device)
+    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out,
+                                         accumulate)
     result = torch.empty(numel, dtype=torch.float32, device=q_stack.device) if out is None else out
     _sum_into(q_stack, scales_stack, bits, block_size, numel, result.view(-1), accumulate)
     return result
@@ -267,8 +265,7 @@ def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor,
                               block_size: int,
                               out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize(dequantize_sum(...over all nblocks*B padded elements...), out_bits)."""
-    k, numel = check_stacks(q_stack, scales_stack, bits, block_size)
-    out_bits = bits if out_bits is None else check_bits(out_bits)
+    k, numel, out_bits = check_requantize_args(q_stack, scales_stack, bits, block_size, out_bits)
     nb = num_blocks(numel, block_size)
     dev = q_stack.device
     q_out = torch.empty(payload_nbytes(numel, out_bits, block_size), dtype=payload_dtype(out_bits),
@@ -286,11 +283,9 @@ def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor,
 def quantize_reordered(x: torch.Tensor, bits: int, block_size: int,
                        perm) -> tuple[torch.Tensor, torch.Tensor]:
     """Output slot i holds quantized slice perm[i] of x (x cut into len(perm) equal slices)."""
-    check_input(x)
-    bits, block_size = check_bits(bits), check_block_size(block_size)
+    bits, block_size, perm = check_quantize_args(x, bits, block_size, perm)
     flat = x.reshape(-1)
     n = flat.numel()
-    perm = check_perm(perm, n, block_size)
     rows_per_slice = n // len(perm) // block_size
     q = torch.empty(payload_nbytes(n, bits, block_size), dtype=payload_dtype(bits), device=x.device)
     scales = torch.empty(num_blocks(n, block_size), dtype=torch.float32, device=x.device)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from ._common import (QMAX, check_bits, check_block_size, check_input, check_out,
-                      check_out_dtype, check_payload, check_perm, check_stacks, num_blocks,
-                      payload_dtype, payload_nbytes)
+from ._common import (QMAX, check_dequantize_args, check_dequantize_sum_args,
+                      check_quantize_args, check_requantize_args, num_blocks, payload_dtype,
+                      payload_nbytes)
 
 try:
     import triton
@@ -251,14 +251,11 @@ def _perm_tensor(perm: tuple[int, ...], device) -> torch.Tensor:
 
 
 def _quantize_impl(x, bits, block_size, perm):
-    check_input(x)
-    bits, block_size = check_bits(bits), check_block_size(block_size)
+    bits, block_size, perm = check_quantize_args(x, bits, block_size, perm)
     _require(x)
     flat = x.reshape(-1)
     n = flat.numel()
     nb = num_blocks(n, block_size)
-    if perm is not None:
-        perm = check_perm(perm, n, block_size)
     q = torch.empty(payload_nbytes(n, bits, block_size), dtype=payload_dtype(bits), device=x.device)
     scales = torch.empty(nb, dtype=torch.float32, device=x.device)
     rows, meta = _meta(block_size)
@@ -291,8 +288,7 @@ def _sum(q_stack, scales_stack, bits, block_size, numel, out, accumulate):
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    check_payload(q, scales, bits, block_size, numel)
-    check_out_dtype(dtype)
+    check_dequantize_args(q, scales, bits, block_size, numel, dtype)
     _require(q, scales)
     out = torch.empty(numel, dtype=dtype, device=q.device)
     return _sum(q.reshape(1, -1), scales.reshape(1, -1), bits, block_size, numel, out, False)
@@ -301,8 +297,8 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int
 def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,
                    numel: int, out: torch.Tensor | None = None,
                    accumulate: bool = False) -> torch.Tensor:
-    k, numel = check_stacks(q_stack, scales_stack, bits, block_size, numel)
-    check_out(out, numel, accumulate, q_stack.device)
+    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out,
+                                         accumulate)
     _require(q_stack, scales_stack)
     result = torch.empty(numel, dtype=torch.float32, device=q_stack.device) if out is None else out
     _sum(q_stack, scales_stack, bits, block_size, numel, result, bool(accumulate))
@@ -312,8 +308,7 @@ def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
 def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
                               block_size: int,
                               out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    k, numel = check_stacks(q_stack, scales_stack, bits, block_size)
-    out_bits = bits if out_bits is None else check_bits(out_bits)
+    k, numel, out_bits = check_requantize_args(q_stack, scales_stack, bits, block_size, out_bits)
     _require(q_stack, scales_stack)
     q_stack, scales_stack = q_stack.contiguous(), scales_stack.contiguous()
     nb = num_blocks(numel, block_size)
