@@ -42,7 +42,8 @@ def main(argv=None) -> int:
 
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.data import DataError
-    from megatron_topo.faults import active as active_faults, describe_failure
+    from megatron_topo.fault_injection import active as active_faults
+    from megatron_topo.faults import describe_failure
     from megatron_topo.training import Trainer, TrainingError, setup_runtime
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import faults, preflight
+from . import fault_injection, faults, preflight
 from .analysis import autoplan
 from . import lifecycle
 from . import metrics as M
@@ -221,6 +221,7 @@ class Trainer:
             write_effective_config(self.effective_cfg, lg.log_dir)
         self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step,
                                                     cfg.model.checkpoint_activations)
+        fault_injection.install(self)  # only with MEGATRON_TOPO_FAULT set (tests): wraps _loss/_backward
 
     # ---------------------------------------------------------------- data
     def _build_data(self):
@@ -301,10 +302,9 @@ class Trainer:
         step, accum = self.state.step + 1, t.gradient_accumulation_steps
         for m in range(accum):
             x, y = self.train_batches.micro(self.state.consumed_samples, m)
-            loss = faults.corrupt_loss(step, loss_fn(eng(x), y), self.rt.rank)
+            loss = self._loss(x, y)
             losses.append(loss.detach())
-            faults.before_backward(step, m, accum, eng, self.rt.rank)
-            eng.backward(loss / accum, last_micro_batch=m == accum - 1)
+            self._backward(loss, m, accum)
         lr = learning_rate(self.cfg, step)
         stats = eng.step(lr)
         self.state.consumed_samples += self.batches_per_step
@@ -322,6 +322,14 @@ class Trainer:
         else:
             self.state.bad_steps = 0
         return stats
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One micro-batch's loss."""
+        return loss_fn(self.engine(x), y)
+
+    def _backward(self, loss: torch.Tensor, m: int, accum: int) -> None:
+        """Backward of micro-batch ``m`` of ``accum``; the last one starts the step's reductions."""
+        self.engine.backward(loss / accum, last_micro_batch=m == accum - 1)
 
     def _bad_units(self, idx: list[int]) -> str:
         """'unit 2 (layers.1)': the units whose gradient is non-finite on any rank (the engine

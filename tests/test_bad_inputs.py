@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from megatron_topo import faults
+from megatron_topo import fault_injection
 from megatron_topo.data import MMapIndexedDatasetBuilder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +48,7 @@ progress_bar: false
 distributed: {backend: gloo, device: cpu}
 """
 ENV_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "SLURM_NTASKS", "SLURM_PROCID", "SLURM_NPROCS", faults.ENV)
+            "SLURM_NTASKS", "SLURM_PROCID", "SLURM_NPROCS", fault_injection.ENV)
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ CASES = [
      "MASTER_PORT='http' is not a port number"),
     ("env-cuda-without-gpu", "environment", T, ["cfg.yml", "--set", "distributed.device=cuda"], {}, None, 2,
      "no GPU is visible"),
-    ("env-bad-fault-spec", "environment", T, ["cfg.yml"], {faults.ENV: "explode:step=1"}, None, 2,
+    ("env-bad-fault-spec", "environment", T, ["cfg.yml"], {fault_injection.ENV: "explode:step=1"}, None, 2,
      "fault 'explode'"),
 ]
 

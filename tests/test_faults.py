@@ -3,7 +3,7 @@ the gradients, and 1% packet loss on an emulated inter-node link.
 
 Multi-process cases run ``train.py`` on configs/tiny.yml as real processes over gloo (ranks get
 RANK/WORLD_SIZE/MASTER_ADDR like torchrun gives them); faults are injected with the
-``MEGATRON_TOPO_FAULT`` hook (megatron_topo/faults.py).
+``MEGATRON_TOPO_FAULT`` hook (megatron_topo/fault_injection.py).
 """
 import json
 import os
@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from megatron_topo import faults
+from megatron_topo import fault_injection
 from megatron_topo.config import ConfigError
 from megatron_topo.training import Trainer, TrainingError
 from megatron_topo.zero_topo import checkpoint as ckpt
@@ -62,9 +62,9 @@ def _launch(world, args, tmp, fault=None, netns=None, master="127.0.0.1", ifname
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % 2 if netns else r),
                    LOCAL_WORLD_SIZE=str(2 if netns else world), MASTER_ADDR=master, MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        env.pop(faults.ENV, None)
+        env.pop(fault_injection.ENV, None)
         if fault:
-            env[faults.ENV] = fault
+            env[fault_injection.ENV] = fault
         cmd = [PY, *args]
         if netns:
             ns, dev = netns[r]
@@ -157,7 +157,7 @@ def test_sigkill_during_checkpoint_save_keeps_previous_and_resume_works(cache, t
 
 # ------------------------------------------------------------------------------ NaN / inf
 def _nan_trainer(tmp_path, monkeypatch, precision, fault, max_bad=3, steps=8):
-    monkeypatch.setenv(faults.ENV, fault)
+    monkeypatch.setenv(fault_injection.ENV, fault)
     cfg = small_config(tmp_path, **{"train.precision": precision, "train.max_bad_steps": max_bad,
                                     "train.train_iters": steps})
     return Trainer(cfg, local_runtime(0, 1), datasets=datasets(cfg), log=lambda *a, **k: None)
@@ -210,7 +210,7 @@ def test_nan_gradient_fp16_skips_steps_and_keeps_training(tmp_path, monkeypatch)
 
 
 def _nan_one_rank(rank, world, tmp):
-    os.environ[faults.ENV] = "nan:step=1:unit=2:rank=2:count=3"
+    os.environ[fault_injection.ENV] = "nan:step=1:unit=2:rank=2:count=3"
     try:
         cfg = small_config(tmp, **{"train.max_bad_steps": 2, "zero_topo.preset": "zero2"})
         cfg.logging.log_dir = str(tmp / "run")
@@ -222,7 +222,7 @@ def _nan_one_rank(rank, world, tmp):
             return str(e)
         return None
     finally:
-        del os.environ[faults.ENV]
+        del os.environ[fault_injection.ENV]
 
 
 def test_nan_on_one_rank_is_reported_by_every_rank(tmp_path):
@@ -236,7 +236,7 @@ def test_fault_spec_errors_are_one_line(monkeypatch):
     for spec, needle in (("explode:step=1", "unknown"), ("kill:rank=x:step=1", "not an integer"),
                          ("kill:rank=1", "needs step"), ("kill:step=1:at=lunch", "at=lunch")):
         with pytest.raises(ConfigError, match=needle):
-            faults.parse(spec)
+            fault_injection.parse(spec)
 
 
 # ------------------------------------------------------------------------------ packet loss

@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from megatron_topo import faults
+from megatron_topo import fault_injection
 from megatron_topo.config import ConfigError, describe_keys, load_config
 from megatron_topo.data import MMapIndexedDatasetBuilder
 from megatron_topo.data.gpt_dataset import data_fingerprint
@@ -62,7 +62,7 @@ progress_bar: false
 distributed: {backend: gloo, device: cpu}
 """
 ENV_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "SLURM_NTASKS", "SLURM_PROCID", "SLURM_NPROCS", faults.ENV)
+            "SLURM_NTASKS", "SLURM_PROCID", "SLURM_NPROCS", fault_injection.ENV)
 STEP = "ck/global_step2"
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from ... import faults
+from ... import fault_injection
 from ...atomic import fsync_dir
 from ..layout import shard_index
 from . import storage
@@ -95,7 +95,7 @@ def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, conf
         failure = None
     except (OSError, RuntimeError) as e:  # a full disk: every rank learns of it through the gather
         size, digest, failure = _FAILED, "00" * 32, storage.write_failure(e, tmp)
-    faults.maybe_fail("save", rank=rank, step=step)
+    fault_injection.maybe_fail("save", rank=rank, step=step)
     records = _gather_digests(engine, size.to_bytes(8, "little") + bytes.fromhex(digest))
     failed = [r for r, rec in enumerate(records) if int.from_bytes(rec[:8], "little") == _FAILED]
     if failed:
@@ -149,7 +149,7 @@ def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int,
     meta["config"] = {"file": "config.yml", "bytes": len(cfg_bytes), "sha256": hashlib.sha256(cfg_bytes).hexdigest()}
     storage._atomic_write_bytes(os.path.join(tmp, "config.yml"), cfg_bytes)
     storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
-    faults.maybe_fail("publish", rank=0, step=step)
+    fault_injection.maybe_fail("publish", rank=0, step=step)
     if os.path.isdir(final):  # re-saving the same step: move the old one aside first
         old = final + ".old"
         shutil.rmtree(old, ignore_errors=True)
