@@ -4,7 +4,7 @@ Every run writes ``{log_dir}/metrics.jsonl`` (one JSON object per line, ``{"step
 TensorBoard scalars (``{log_dir}/tensorboard`` unless told otherwise). ``tools/plot_metrics.py``
 reads the JSONL back.
 
-Keys the training loop logs (``training.py``) and the plotting tool looks for first: ``loss``,
+Keys the training loop logs (``training/trainer.py``) and the plotting tool looks for first: ``loss``,
 ``eval_loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``step_time_s``, ``tokens_per_sec``,
 ``samples_per_sec``, ``tflops_per_gpu``, ``peak_mem_bytes``, ``consumed_samples``, the per-level
 communication counters ``comm_bytes_{intra_gpu,intra_node,inter_node,control}`` (bytes per step)

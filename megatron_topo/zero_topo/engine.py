@@ -1,6 +1,6 @@
 """ZeroTopoEngine: wraps a plain model from outside and runs one sharding plan.
 
-Usage (what training.py does)::
+Usage (what training/trainer.py does)::
 
     engine = ZeroTopoEngine(model, model.shard_units(), plan, comm, precision="bf16", ...)
     for micro_batch in step:

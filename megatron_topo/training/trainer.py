@@ -1,163 +1,32 @@
-"""The training loop: distributed setup, schedule, accumulation, eval, logging, checkpoints."""
+"""The training loop: accumulation, the optimizer step, eval, logging, stop signals and periodic
+checkpoints."""
 from __future__ import annotations
 
-import datetime
 import math
-import os
-import random
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from . import fault_injection, faults, preflight
-from .analysis import autoplan
-from . import lifecycle
-from . import metrics as M
-from .config import Config, ConfigError, check_batch_size, write_effective_config
-from .hf_import import is_hf_folder, load_hf_into_engine, load_weights_only, weights_source
-from .model import build_model
-from .topology import Topology, launcher_env, topology_from_config
-from .zero_topo import checkpoint as ckpt
-from .zero_topo.comm import Comm
-from .zero_topo.engine import ZeroTopoEngine
-from .zero_topo.plan import Plan, effective_config
+from .. import fault_injection, lifecycle, preflight
+from .. import metrics as M
+from ..analysis import autoplan
+from ..config import Config, check_batch_size, write_effective_config
+from ..hf_import import weights_source
+from ..model import build_model
+from ..zero_topo import checkpoint as ckpt
+from ..zero_topo.comm import Comm
+from ..zero_topo.engine import ZeroTopoEngine
+from ..zero_topo.plan import Plan, effective_config
+from .batches import Batches, build_data, learning_rate, loss_fn
+from .checkpoints import TrainerCheckpoints, TrainState
+from .runtime import Runtime, seed_everything
 
 
 class TrainingError(RuntimeError):
     """A condition that stops training; one line for the user."""
-
-
-# ------------------------------------------------------------------------------- schedule
-def learning_rate(cfg: Config, step: int) -> float:
-    """GPT-NeoX AnnealingLR: linear warmup over ``warmup * lr_decay_iters`` steps, then cosine or
-    linear decay to ``min_lr`` at ``lr_decay_iters``. ``step`` counts optimizer steps from 1."""
-    t = cfg.train
-    max_lr, min_lr = t.optimizer.params.lr, t.min_lr
-    decay_iters = t.lr_decay_iters or t.train_iters
-    warmup = int(t.warmup * decay_iters)
-    if warmup > 0 and step <= warmup:
-        return max_lr * step / warmup
-    if t.lr_decay_style == "constant":
-        return max_lr
-    if step >= decay_iters:
-        return min_lr
-    ratio = (step - warmup) / max(1, decay_iters - warmup)
-    if t.lr_decay_style == "linear":
-        return max_lr - (max_lr - min_lr) * ratio
-    return min_lr + (max_lr - min_lr) * 0.5 * (math.cos(math.pi * ratio) + 1.0)
-
-
-# ------------------------------------------------------------------------------- runtime
-@dataclass
-class Runtime:
-    rank: int
-    world_size: int
-    local_rank: int
-    topo: Topology
-    device: torch.device
-    distributed: bool
-    heartbeat: Optional[object] = None  # faults.Heartbeat: names a vanished rank when a collective fails
-    strict: bool = False  # Comm checks that every collective's tensors live on ``device``
-
-    def barrier(self):
-        """All ranks wait for each other: a one-element all-reduce on the runtime device read
-        back on the host (``dist.barrier`` needs a CPU backend or a bound device; this works
-        on gloo, NCCL/RCCL and the fake process group alike)."""
-        if self.distributed:
-            t = torch.zeros(1, device=self.device)
-            dist.all_reduce(t)
-            if t.device.type != "meta":
-                t.cpu()
-
-
-def setup_runtime(cfg: Config) -> Runtime:
-    try:
-        env = launcher_env()
-    except ValueError as e:
-        raise ConfigError(f"launcher environment: {e} (WORLD_SIZE, RANK, LOCAL_RANK must be integers)") from None
-    world, rank = env["world_size"], env["rank"]
-    if world < 1 or not 0 <= rank < world:
-        raise ConfigError(f"launcher environment: RANK={rank} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}")
-    dcfg = cfg.distributed
-    use_cuda = dcfg.device == "cuda" or (dcfg.device == "auto" and torch.cuda.is_available())
-    if dcfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("distributed.device=cuda but no GPU is visible; use cpu or auto")
-    if use_cuda:
-        # under srun --gpus-per-task=1 each task sees one device; otherwise pick by local rank
-        torch.cuda.set_device(env["local_rank"] % max(1, torch.cuda.device_count()))
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
-    distributed = world > 1
-    if distributed and not dist.is_initialized():
-        backend = dcfg.backend if dcfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
-        for var in ("MASTER_ADDR", "MASTER_PORT"):
-            if not os.environ.get(var):
-                raise ConfigError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
-        if not str(os.environ["MASTER_PORT"]).isdigit():
-            raise ConfigError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number")
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
-                                device_id=device if use_cuda else None)
-    topo = topology_from_config(cfg.topology, world, env["local_world_size"])
-    heartbeat = faults.Heartbeat.start(rank, world) if distributed else None
-    return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)
-
-
-def seed_everything(seed: int):
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-# ------------------------------------------------------------------------------- data
-class Batches:
-    """Micro-batches of global step ``s``: micro-batch j = m * world + rank covers samples
-    ``consumed + j * mb .. + mb`` so any (world, accumulation) split of a global batch sees the
-    same micro-batches."""
-
-    def __init__(self, dataset, mb: int, accum: int, world: int, rank: int, device):
-        self.ds, self.mb, self.accum, self.world, self.rank, self.device = dataset, mb, accum, world, rank, device
-
-    @property
-    def global_batch(self) -> int:
-        return self.mb * self.accum * self.world
-
-    def micro(self, consumed: int, m: int):
-        j = m * self.world + self.rank
-        start = consumed + j * self.mb
-        rows = [np.asarray(self.ds[(start + i) % len(self.ds)], dtype=np.int64) for i in range(self.mb)]
-        t = torch.from_numpy(np.stack(rows)).to(self.device)
-        return t[:, :-1], t[:, 1:]
-
-
-def loss_fn(logits, labels):
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
-
-
-def dataset_num_samples(cfg: Config, world_size: int) -> tuple[int, int, int]:
-    """(train, valid, test) sample counts a run on ``world_size`` ranks draws: the sizes its
-    index caches are built for (tools/prepare_data.py builds the same ones ahead of a job)."""
-    t, lg = cfg.train, cfg.logging
-    gb = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * world_size
-    evals = (t.train_iters // max(1, lg.eval_interval) + 1) * lg.eval_iters * gb
-    return t.train_iters * gb, evals, lg.eval_iters * gb
-
-
-# ------------------------------------------------------------------------------- trainer
-@dataclass
-class TrainState:
-    step: int = 0
-    consumed_samples: int = 0
-    consumed_valid: int = 0
-    bad_steps: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None):
@@ -178,10 +47,13 @@ def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=No
     return eng
 
 
-class Trainer:
+class Trainer(TrainerCheckpoints):
+    """Builds the plan, the engine, the data and the logs of one run, and trains it."""
+
     def __init__(self, cfg: Config, rt: Runtime, datasets=None, log=print):
         self.cfg, self.rt = cfg, rt
         self.log = log if rt.rank == 0 else (lambda *a, **k: None)
+        self.lifecycle: Optional[lifecycle.Lifecycle] = None  # set while train() runs
         ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
         check_batch_size(cfg, rt.world_size)  # DeepSpeed's train_batch_size, now that the world is known
         self.weights_from = weights_source(cfg)  # finetune_from / an HF `load` / finetune, no_load_optim
@@ -225,73 +97,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- data
     def _build_data(self):
-        from .data import build_datasets
-
-        t = self.cfg.train
-        return build_datasets(self.cfg.data, seq_length=self.cfg.model.seq_length, seed=t.seed,
-                              num_samples=dataset_num_samples(self.cfg, self.rt.world_size),
-                              vocab_size=self.cfg.model.vocab_size, is_builder=self.rt.rank == 0,
-                              barrier=self.rt.barrier if self.rt.distributed else None)
-
-    # ---------------------------------------------------------------- checkpoints
-    def _resume_source(self) -> Optional[str]:
-        """Where this run resumes from: an explicit ``load`` (must exist); else, with
-        ``auto_resume``, the ``save`` folder when it holds a checkpoint; else None (a fresh run,
-        which must not save into a folder holding another run's checkpoints)."""
-        c = self.cfg.checkpoint
-        if c.load and c.load != self.weights_from:
-            ckpt.resolve(c.load)
-            return c.load
-        if c.save and ckpt.holds_checkpoints(c.save):
-            if c.auto_resume:
-                ckpt.resolve(c.save)
-                return c.save
-            try:
-                latest = f"latest step {ckpt.read_meta(ckpt.resolve(c.save))['step']}"
-            except ckpt.CheckpointError as e:
-                latest = f"unreadable: {e}"
-            raise ckpt.CheckpointError(
-                f"checkpoint.save {c.save} already holds checkpoints ({latest}) and this run starts fresh; "
-                f"resume it with --set load={c.save} or --set auto_resume=true, or save elsewhere with --set save=DIR")
-        if c.auto_resume:
-            self.log(f"no checkpoint in {c.save or '(checkpoint.save unset)'}: starting fresh")
-        return None
-
-    def _load_weights(self, path: str):
-        """GPT-NeoX's finetune / no_load_optim: the weights of an HF folder or of one of our
-        checkpoints, a fresh optimizer; the step is 0 except for no_load_optim without finetune."""
-        c = self.cfg.checkpoint
-        if is_hf_folder(path):
-            load_hf_into_engine(self.engine, path)
-            self.log(f"fine-tuning from the HuggingFace model {path} (step 0, fresh optimizer)")
-            return
-        st = load_weights_only(self.engine, path)
-        keep = c.no_load_optim and not c.finetune and not c.finetune_from
-        if keep:
-            self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
-                                    consumed_valid=st.get("consumed_valid", 0))
-        self.log(f"loaded the weights of {ckpt.resolve(path)} (step {self.state.step}, fresh optimizer)")
-
-    def _load(self, path: str):
-        st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg)  # refuses another architecture
-        self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
-                                consumed_valid=st.get("consumed_valid", 0))
-        if "python_rng" in st:
-            random.seed(st["python_rng"])
-        self.log(f"resumed from {ckpt.resolve(path)} at step {self.state.step}")
-
-    def save(self) -> Optional[str]:
-        c = self.cfg.checkpoint
-        if not c.save:
-            return None
-        s = self.state
-        trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
-                         "consumed_valid": s.consumed_valid}
-        path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rt.rank,
-                         self.rt.barrier, keep_last=c.keep_last)
-        if getattr(self, "lifecycle", None) is not None:
-            self.lifecycle.saved()  # the time-based interval restarts
-        return path
+        rt = self.rt
+        return build_data(self.cfg, rt.rank, rt.world_size, rt.barrier if rt.distributed else None)
 
     # ---------------------------------------------------------------- steps
     def train_step(self) -> dict:

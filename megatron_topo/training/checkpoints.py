@@ -1,0 +1,84 @@
+"""The trainer's side of checkpoints: where a run resumes from, loading a checkpoint or weights
+only, saving the trainer state with the engine's."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+from ..hf_import import is_hf_folder, load_hf_into_engine, load_weights_only
+from ..zero_topo import checkpoint as ckpt
+
+
+@dataclass
+class TrainState:
+    """Where the run is (saved in checkpoints) and its count of consecutive non-finite steps."""
+
+    step: int = 0
+    consumed_samples: int = 0
+    consumed_valid: int = 0
+    bad_steps: int = 0
+
+
+class TrainerCheckpoints:
+    """Resume, load and save for :class:`~megatron_topo.training.Trainer` (which holds ``cfg``,
+    ``rt``, ``engine``, ``state``, ``effective_cfg``, ``weights_from``, ``lifecycle`` and ``log``)."""
+
+    def _resume_source(self) -> Optional[str]:
+        """Where this run resumes from: an explicit ``load`` (must exist); else, with
+        ``auto_resume``, the ``save`` folder when it holds a checkpoint; else None (a fresh run,
+        which must not save into a folder holding another run's checkpoints)."""
+        c = self.cfg.checkpoint
+        if c.load and c.load != self.weights_from:
+            ckpt.resolve(c.load)
+            return c.load
+        if c.save and ckpt.holds_checkpoints(c.save):
+            if c.auto_resume:
+                ckpt.resolve(c.save)
+                return c.save
+            try:
+                latest = f"latest step {ckpt.read_meta(ckpt.resolve(c.save))['step']}"
+            except ckpt.CheckpointError as e:
+                latest = f"unreadable: {e}"
+            raise ckpt.CheckpointError(
+                f"checkpoint.save {c.save} already holds checkpoints ({latest}) and this run starts fresh; "
+                f"resume it with --set load={c.save} or --set auto_resume=true, or save elsewhere with --set save=DIR")
+        if c.auto_resume:
+            self.log(f"no checkpoint in {c.save or '(checkpoint.save unset)'}: starting fresh")
+        return None
+
+    def _load_weights(self, path: str):
+        """GPT-NeoX's finetune / no_load_optim: the weights of an HF folder or of one of our
+        checkpoints, a fresh optimizer; the step is 0 except for no_load_optim without finetune."""
+        c = self.cfg.checkpoint
+        if is_hf_folder(path):
+            load_hf_into_engine(self.engine, path)
+            self.log(f"fine-tuning from the HuggingFace model {path} (step 0, fresh optimizer)")
+            return
+        st = load_weights_only(self.engine, path)
+        keep = c.no_load_optim and not c.finetune and not c.finetune_from
+        if keep:
+            self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
+                                    consumed_valid=st.get("consumed_valid", 0))
+        self.log(f"loaded the weights of {ckpt.resolve(path)} (step {self.state.step}, fresh optimizer)")
+
+    def _load(self, path: str):
+        st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg)  # refuses another architecture
+        self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
+                                consumed_valid=st.get("consumed_valid", 0))
+        if "python_rng" in st:
+            random.seed(st["python_rng"])
+        self.log(f"resumed from {ckpt.resolve(path)} at step {self.state.step}")
+
+    def save(self) -> Optional[str]:
+        c = self.cfg.checkpoint
+        if not c.save:
+            return None
+        s = self.state
+        trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
+                         "consumed_valid": s.consumed_valid}
+        path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rt.rank,
+                         self.rt.barrier, keep_last=c.keep_last)
+        if self.lifecycle is not None:
+            self.lifecycle.saved()  # the time-based interval restarts
+        return path

@@ -1,0 +1,79 @@
+"""The process's place in the job: rank, world, device, topology, the process group and the
+heartbeat that names a vanished rank."""
+from __future__ import annotations
+
+import datetime
+import os
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .. import faults
+from ..config import Config, ConfigError
+from ..topology import Topology, launcher_env, topology_from_config
+
+
+@dataclass
+class Runtime:
+    rank: int
+    world_size: int
+    local_rank: int
+    topo: Topology
+    device: torch.device
+    distributed: bool
+    heartbeat: Optional[object] = None  # faults.Heartbeat: names a vanished rank when a collective fails
+    strict: bool = False  # Comm checks that every collective's tensors live on ``device``
+
+    def barrier(self):
+        """All ranks wait for each other: a one-element all-reduce on the runtime device read
+        back on the host (``dist.barrier`` needs a CPU backend or a bound device; this works
+        on gloo, NCCL/RCCL and the fake process group alike)."""
+        if self.distributed:
+            t = torch.zeros(1, device=self.device)
+            dist.all_reduce(t)
+            if t.device.type != "meta":
+                t.cpu()
+
+
+def setup_runtime(cfg: Config) -> Runtime:
+    try:
+        env = launcher_env()
+    except ValueError as e:
+        raise ConfigError(f"launcher environment: {e} (WORLD_SIZE, RANK, LOCAL_RANK must be integers)") from None
+    world, rank = env["world_size"], env["rank"]
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"launcher environment: RANK={rank} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}")
+    dcfg = cfg.distributed
+    use_cuda = dcfg.device == "cuda" or (dcfg.device == "auto" and torch.cuda.is_available())
+    if dcfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("distributed.device=cuda but no GPU is visible; use cpu or auto")
+    if use_cuda:
+        # under srun --gpus-per-task=1 each task sees one device; otherwise pick by local rank
+        torch.cuda.set_device(env["local_rank"] % max(1, torch.cuda.device_count()))
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    distributed = world > 1
+    if distributed and not dist.is_initialized():
+        backend = dcfg.backend if dcfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
+        for var in ("MASTER_ADDR", "MASTER_PORT"):
+            if not os.environ.get(var):
+                raise ConfigError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
+        if not str(os.environ["MASTER_PORT"]).isdigit():
+            raise ConfigError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number")
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
+                                device_id=device if use_cuda else None)
+    topo = topology_from_config(cfg.topology, world, env["local_world_size"])
+    heartbeat = faults.Heartbeat.start(rank, world) if distributed else None
+    return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)
+
+
+def seed_everything(seed: int):
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
