@@ -37,6 +37,7 @@ from megatron_topo import metrics as M  # noqa: E402
 from megatron_topo.config import ConfigError, load_config  # noqa: E402
 from megatron_topo.model import build_model  # noqa: E402
 from megatron_topo.topology import Topology, launcher_env, topology_from_config  # noqa: E402
+from megatron_topo.zero_topo.volumes import ring_bytes  # noqa: E402
 from megatron_topo.training import Batches, learning_rate, loss_fn, seed_everything  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,7 +45,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class CommCounter:
     """Wraps torch.distributed's collectives (FSDP2 calls them through the module) and charges
-    the bytes this rank sends to the widest link level of the group (DESIGN §4 ring formulas)."""
+    the bytes this rank sends to the widest link level of the group (``zero_topo.volumes.ring_bytes``, DESIGN §4)."""
 
     def __init__(self, topo: Topology):
         self.topo = topo
@@ -71,24 +72,24 @@ class CommCounter:
 
         def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
             d = c.level(group)[1]
-            c._charge(group, input_tensor.numel() * input_tensor.element_size() * (d - 1))
+            c._charge(group, ring_bytes("all_gather", input_tensor.numel() * input_tensor.element_size() * d, d))
             return o["all_gather_single"](output_tensor, input_tensor, group=group, async_op=async_op)
 
         def reduce_scatter_single(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
             d = c.level(group)[1]
-            c._charge(group, input.numel() * input.element_size() * (d - 1) // d)
+            c._charge(group, ring_bytes("reduce_scatter", input.numel() * input.element_size(), d))
             return o["reduce_scatter_single"](output, input, op=op, group=group, async_op=async_op)
 
         def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
             d = c.level(group)[1]
             nb = tensor.numel() * tensor.element_size()
-            c._charge(group, 2 * nb * (d - 1) // d if nb > 64 else nb)
+            c._charge(group, ring_bytes("all_reduce", nb, d) if nb > 64 else nb)
             return o["all_reduce"](tensor, op=op, group=group, async_op=async_op)
 
         def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                               async_op=False):
             d = c.level(group)[1]
-            c._charge(group, input.numel() * input.element_size() * (d - 1) // d)
+            c._charge(group, ring_bytes("all_to_all", input.numel() * input.element_size(), d))
             return o["all_to_all_single"](output, input, output_split_sizes, input_split_sizes, group=group,
                                           async_op=async_op)
 

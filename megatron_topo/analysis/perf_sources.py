@@ -19,6 +19,7 @@ import statistics
 
 from ..config import SystemConfig
 from ..topology import Topology
+from ..zero_topo.volumes import ring_bytes
 from . import perf_model as pm
 
 MIB = 2 ** 20
@@ -53,8 +54,8 @@ def pccl_time(mib: float, gcds: int, system: SystemConfig, ranks_per_node: int =
     to its NIC, seed 004 §6.2.1), the intra-node ring moves (P-1)/P of it, plus a local shuffle."""
     S, P = mib * MIB, ranks_per_node
     N = max(1, gcds // P)
-    inter = (S / P) * (N - 1) / N / (system.nics_per_node * system.bw_inter_node_gbs * 1e9 / P)
-    intra = S * (P - 1) / P / (system.bw_intra_node_gbs * 1e9)
+    inter = ring_bytes("all_gather", S / P, N) / (system.nics_per_node * system.bw_inter_node_gbs * 1e9 / P)
+    intra = ring_bytes("all_gather", float(S), P) / (system.bw_intra_node_gbs * 1e9)
     return inter + intra + 2 * S / (system.hbm_bw_gbs * 1e9)
 
 
@@ -67,7 +68,7 @@ def derive_rccl_ring(system: SystemConfig, ranks_per_node: int = 8) -> dict:
 
     alphas, betas = {}, {}
     for op in ("all_gather", "reduce_scatter"):
-        pts = [(p, mib * MIB * (p - 1) / p, rccl(op, p, mib)) for p, mib in ((32, 1024), (2048, 1024))]
+        pts = [(p, ring_bytes(op, float(mib * MIB), p), rccl(op, p, mib)) for p, mib in ((32, 1024), (2048, 1024))]
         (p1, b1, t1), (p2, b2, t2) = pts
         det = b1 * (p2 - 1) - b2 * (p1 - 1)
         inv_beta = (t1 * (p2 - 1) - t2 * (p1 - 1)) / det
@@ -75,7 +76,7 @@ def derive_rccl_ring(system: SystemConfig, ranks_per_node: int = 8) -> dict:
         betas[op] = 1 / inv_beta / 1e9
         alphas[f"{op} 1024MB"] = alpha * 1e6
         t512 = rccl(op, 2048, 512)
-        alphas[f"{op} 512MB"] = (t512 - 512 * MIB * 2047 / 2048 * inv_beta) / 2047 * 1e6
+        alphas[f"{op} 512MB"] = (t512 - ring_bytes(op, float(512 * MIB), 2048) * inv_beta) / 2047 * 1e6
     return {"beta_gbs": betas, "alpha_us": alphas, "alpha_us_median": statistics.median(alphas.values())}
 
 
@@ -109,7 +110,7 @@ def fit_ring(points) -> dict:
     """Least-squares ``T = S(p-1)/p / beta + (p-1) * alpha`` over ``(p, S_bytes, seconds)``
     points (tools/measure_collectives.py): ``alpha_us`` per ring step and ``beta_gbs`` per rank,
     the two numbers a system YAML needs (``latency_*_us``; a bandwidth)."""
-    rows = [((S * (p - 1) / p), float(p - 1), float(t)) for p, S, t in points if p > 1]
+    rows = [(ring_bytes("all_gather", float(S), p), float(p - 1), float(t)) for p, S, t in points if p > 1]
     if len(rows) < 2 or len({round(r[0] / r[1]) for r in rows}) < 2:
         raise ValueError("fit_ring needs at least two different message sizes")
     sxx = sum(b * b for b, _, _ in rows)

@@ -1,7 +1,7 @@
 """Collectives over explicit groups, with bytes sent counted per link level.
 
 Every collective a rank issues goes through :class:`Comm`, which knows the topology and charges
-the bytes this rank sends (ring algorithm of record, DESIGN §4) to the widest level its group
+the bytes this rank sends (``volumes.ring_bytes``, DESIGN §4) to the widest level its group
 spans: ``intra_gpu``, ``intra_node`` or ``inter_node``. Scalar control traffic (overflow flags,
 norms) is charged to ``control`` so the volume counters match the formulas exactly.
 """
@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..topology import LEVELS, Topology
+from .volumes import ring_bytes
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -187,7 +188,7 @@ class Comm:
         if d == 1:
             out.copy_(inp.view_as(out))
             return None
-        self._charge(group, inp.numel() * inp.element_size() * (d - 1), False, out, inp)
+        self._charge(group, ring_bytes("all_gather", inp.numel() * inp.element_size() * d, d), False, out, inp)
         return _all_gather(out, inp, group=group.handle, async_op=async_op)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
@@ -196,7 +197,7 @@ class Comm:
         if d == 1:
             out.copy_(inp.view_as(out))
             return None
-        self._charge(group, inp.numel() * inp.element_size() * (d - 1) // d, False, out, inp)
+        self._charge(group, ring_bytes("reduce_scatter", inp.numel() * inp.element_size(), d), False, out, inp)
         return _reduce_scatter(out, inp, group=group.handle, async_op=async_op)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
@@ -205,7 +206,7 @@ class Comm:
         if d == 1:
             out.copy_(inp)
             return None
-        self._charge(group, inp.numel() * inp.element_size() * (d - 1) // d, False, out, inp)
+        self._charge(group, ring_bytes("all_to_all", inp.numel() * inp.element_size(), d), False, out, inp)
         return dist.all_to_all_single(out, inp, group=group.handle, async_op=async_op)
 
     def all_reduce(self, t: torch.Tensor, group: Group, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
@@ -213,5 +214,5 @@ class Comm:
         d = group.size
         if d == 1:
             return None
-        self._charge(group, 2 * t.numel() * t.element_size() * (d - 1) // d if account else 0, control, t)
+        self._charge(group, ring_bytes("all_reduce", t.numel() * t.element_size(), d) if account else 0, control, t)
         return dist.all_reduce(t, op=op, group=group.handle, async_op=async_op)

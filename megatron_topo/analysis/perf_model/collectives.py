@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ...config import SystemConfig
 from ...topology import LEVELS, Topology
 from ...zero_topo.plan import Plan
+from ...zero_topo.volumes import ring_bytes, ring_steps
 
 NIC_SHARING = ("ring", "rank")
 
@@ -16,12 +17,13 @@ class Collective:
     name: str  # forward_all_gather | backward_all_gather | grad_reduce | grad_reduce_inter | combine | post_step_all_gather
     op: str  # all_gather | reduce_scatter | all_reduce | all_to_all
     phase: str  # forward | backward | step
-    wire_bytes: float  # S: the whole buffer on the wire
+    wire_bytes: float  # S: the whole buffer on the wire (the payload)
     group_size: int
     level: str
     ranks_per_node: int  # members of one group on one node
     groups_per_node: int  # groups with members on one node (all run at once)
     launches: int = 1  # collectives per unit (2 when quantized: payload + scales)
+    scale_bytes: float = 0.0  # the scales' buffer (second launch); counted only where asked for
 
     @property
     def per_micro_batch(self) -> bool:
@@ -29,21 +31,19 @@ class Collective:
 
     @property
     def steps(self) -> int:
-        d = self.group_size
-        return 2 * (d - 1) if self.op == "all_reduce" else d - 1
+        return ring_steps(self.op, self.group_size)
 
     @property
     def bytes_sent(self) -> float:
-        """Bytes one rank sends (DESIGN §4)."""
+        """Bytes one rank sends: payload and scales (``zero_topo.volumes.ring_bytes``)."""
         d = self.group_size
-        f = 2.0 if self.op == "all_reduce" else 1.0
-        return f * self.wire_bytes * (d - 1) / d
+        return ring_bytes(self.op, self.wire_bytes, d) + ring_bytes(self.op, self.scale_bytes, d)
 
 
-def _collective(name, op, phase, S, group, topo: Topology, launches=1) -> Collective:
+def _collective(name, op, phase, S, group, topo: Topology, launches=1, scales=0.0) -> Collective:
     size, level, rpn = _group_info(group if isinstance(group, range) else tuple(group), topo)
     return Collective(name, op, phase, float(S), size, level, rpn,
-                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), launches)
+                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), launches, scales)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -75,46 +75,56 @@ def _two_hop0(g: int, P: int) -> range:
     return range(0, g, P)  # layout.two_hop_peer_groups(W, g, P)[0]
 
 
-def plan_collectives(psi: float, plan: Plan, topo: Topology) -> list[Collective]:
-    """The collectives of one step of ``plan`` (rank 0's groups; every rank's are alike)."""
+def unit_collectives(numel: float, plan: Plan, topo: Topology, elem_bytes: int = 2,
+                     scales: bool = False) -> list[Collective]:
+    """The collectives of one step for a unit of ``numel`` elements (docs/design.md §4.8), rank 0's
+    groups (every rank's are alike). Payloads are ``elem_bytes`` per element at 16 bits, 1 or 1/2
+    at 8 or 4 bits; with ``scales`` each quantized collective also carries one fp32 scale per block.
+    The backward all-gather is listed for every unit (the engine skips it for the last one)."""
     W, P = topo.world_size, topo.ranks_per_node
     w, g, o = plan.factors
     s = plan.secondary_degree
-    M = 2.0 * psi
+    L = numel
     out: list[Collective] = []
-    q = lambda bits: 2 if bits < 16 else 1  # noqa: E731  (payload + scales)
-    if w > 1:
-        wb = plan.weight_bits
-        out.append(_collective("forward_all_gather", "all_gather", "forward", M * wb / 16, _block0(w), topo, q(wb)))
-        if s:
-            sb = plan.secondary_bits
-            out.append(_collective("backward_all_gather", "all_gather", "backward", M * sb / 16, _block0(s),
-                                   topo, q(sb)))
+
+    def add(name, op, phase, n, bits, group, block=plan.quant_block_size):
+        """``n`` elements at ``bits`` over ``group``: payload, scales and launches."""
+        if bits >= 16:
+            out.append(_collective(name, op, phase, float(elem_bytes * n), group, topo))
         else:
-            out.append(_collective("backward_all_gather", "all_gather", "backward", M * wb / 16, _block0(w),
-                                   topo, q(wb)))
+            out.append(_collective(name, op, phase, n * bits / 8, group, topo, 2, 4 * n / block if scales else 0.0))
+
+    if w > 1:
+        add("forward_all_gather", "all_gather", "forward", L, plan.weight_bits, _block0(w))
+        if s:
+            add("backward_all_gather", "all_gather", "backward", L, plan.secondary_bits, _block0(s))
+        else:
+            add("backward_all_gather", "all_gather", "backward", L, plan.weight_bits, _block0(w))
+    gqb = plan.grad_quant_block_size
     if g > 1:
         b = plan.grad_bits
         if b == 16:
-            out.append(_collective("grad_reduce", "reduce_scatter", "backward", M, _block0(g), topo))
+            add("grad_reduce", "reduce_scatter", "backward", L, 16, _block0(g))
         elif g <= P:
-            out.append(_collective("grad_reduce", "all_to_all", "backward", M * b / 16, _block0(g), topo, 2))
+            add("grad_reduce", "all_to_all", "backward", L, b, _block0(g), gqb)
         else:  # ZeRO++ 2-hop: inside the node, then 1/P of it among the peers across nodes
-            out.append(_collective("grad_reduce", "all_to_all", "backward", M * b / 16, _block0(P), topo, 2))
-            out.append(_collective("grad_reduce_inter", "all_to_all", "backward", M * b / 16 / P,
-                                   _two_hop0(g, P), topo, 2))
-    cb, pb = getattr(plan, "combine_bits", 16), getattr(plan, "publish_bits", 16)
-    if g < W and cb < 16:  # INT8 all-to-all reduce-scatter (+ INT8 all-gather of the sums unless o = W)
-        out.append(_collective("combine", "reduce_scatter" if o == W else "all_reduce", "step", M / g * cb / 16,
-                               _replicas0(W, g), topo, 2))
+            add("grad_reduce", "all_to_all", "backward", L, b, _block0(P), gqb)
+            add("grad_reduce_inter", "all_to_all", "backward", L / P, b, _two_hop0(g, P), gqb)
+    if g < W and plan.combine_bits < 16:  # INT8 all-to-all reduce-scatter (+ INT8 all-gather of the sums unless o = W)
+        add("combine", "reduce_scatter" if o == W else "all_reduce", "step", L / g, plan.combine_bits,
+            _replicas0(W, g), gqb)
     elif g < W:
         rs = plan.inter_node_reduce == "reduce_scatter" and o == W
-        out.append(_collective("combine", "reduce_scatter" if rs else "all_reduce", "step", M / g,
-                               _replicas0(W, g), topo))
+        add("combine", "reduce_scatter" if rs else "all_reduce", "step", L / g, 16, _replicas0(W, g))
     if o > w:
-        out.append(_collective("post_step_all_gather", "all_gather", "step", M / w * pb / 16, _post_gather0(w, o),
-                               topo, q(pb)))
+        add("post_step_all_gather", "all_gather", "step", L / w, plan.publish_bits, _post_gather0(w, o))
     return out
+
+
+def plan_collectives(psi: float, plan: Plan, topo: Topology) -> list[Collective]:
+    """The collectives of one step of ``plan`` for the whole model as one unit of ``psi`` 16-bit
+    parameters (scales left out: a few KB)."""
+    return unit_collectives(psi, plan, topo)
 
 
 def bytes_per_level(psi: float, plan: Plan, topo: Topology, micro_batches: int) -> dict:
