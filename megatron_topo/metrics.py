@@ -43,8 +43,9 @@ _NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 # ------------------------------------------------------------------------------------ FLOPs
-def flops_per_iteration(model_cfg: ModelConfig, global_batch_size: int, checkpoint_activations: bool) -> float:
-    """Model FLOPs of one optimizer step, computed the way GPT-NeoX does.
+def gpt_flops(passes: float, sequences: int, seq_length: int, num_layers: int, hidden_size: int,
+              vocab_size: int) -> float:
+    """Model FLOPs of ``passes`` passes over ``sequences`` sequences, counted the way GPT-NeoX does.
 
     Source: GPT-NeoX ``megatron/logging.py::get_flops`` as corrected by EleutherAI/gpt-neox PR #1094
     (issue #1093), itself taken from Megatron-DeepSpeed ``megatron/utils.py`` and Narayanan et al.
@@ -53,8 +54,8 @@ def flops_per_iteration(model_cfg: ModelConfig, global_batch_size: int, checkpoi
 
         F = 24 * f * B * s * L * h^2 * (1 + s / (6 h) + V / (16 L h))
 
-    with ``f = 3`` (forward + backward = 1 + 2 passes) or ``f = 4`` when activations are
-    recomputed (one more forward), ``B`` the global batch in sequences (micro batch x
+    with ``f = passes``: 3 (forward + backward = 1 + 2 passes) or ``f = 4`` when activations are
+    recomputed (one more forward), ``B`` the sequences (for a step: micro batch x
     accumulation x data-parallel size), ``s`` the sequence length, ``L`` layers, ``h`` the hidden
     size and ``V`` the (padded) vocabulary. The ``V/(16Lh)`` logit term carries the same prefactor;
     the GPT-NeoX version between PR #1044 and #1094 added it as a bare constant, which is a bug.
@@ -62,13 +63,16 @@ def flops_per_iteration(model_cfg: ModelConfig, global_batch_size: int, checkpoi
     it fixed at 96 -- i.e. it is exact for ``f = 4`` and counts the head 4.5 B s h V instead of
     6 B s h V for ``f = 3``); we keep GPT-NeoX's number so TFLOPS are comparable with its logs.
     """
-    f = 4.0 if checkpoint_activations else 3.0
-    B = float(global_batch_size)
-    s = float(model_cfg.seq_length)
-    L = float(model_cfg.num_layers)
-    h = float(model_cfg.hidden_size)
-    V = float(model_cfg.vocab_size)
-    return 24.0 * f * B * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
+    B, s, L = float(sequences), float(seq_length), float(num_layers)
+    h, V = float(hidden_size), float(vocab_size)
+    return 24.0 * passes * B * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
+
+
+def flops_per_iteration(model_cfg: ModelConfig, global_batch_size: int, checkpoint_activations: bool) -> float:
+    """Model FLOPs of one optimizer step (:func:`gpt_flops`; 4 passes with activation recompute, else 3)."""
+    m = model_cfg
+    return gpt_flops(4.0 if checkpoint_activations else 3.0, global_batch_size, m.seq_length, m.num_layers,
+                     m.hidden_size, m.vocab_size)
 
 
 def tflops_per_gpu(flops_per_iter: float, iter_time_s: float, world_size: int) -> float:

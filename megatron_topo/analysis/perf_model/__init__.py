@@ -17,7 +17,7 @@ legal plan, ranked). The emulated cluster's model builds on this one
 from ...zero_topo.plan import Plan  # re-exported: callers build plans next to the model
 from .collectives import (NIC_SHARING, Collective, _block0, _collective, _group_info, _post_gather0,
                           _replicas0, _two_hop0, bandwidth, bytes_per_level, collective_time, latency,
-                          plan_collectives)
+                          plan_collectives, unit_collectives)
 from .search import _legal, legal_plans, search_plans
 from .shape import (ADAM_BYTES_PER_PARAM, GIB, OPTIMIZER_TRAFFIC_BYTES_PER_PARAM, PAPER_20B_384,
                     PAPER_MAX_PARAMS_16_GCDS, PAPER_TOPO_SCALING_EFFICIENCY, Memory, Shape, max_params,
@@ -30,4 +30,4 @@ __all__ = ["ADAM_BYTES_PER_PARAM", "GIB", "NIC_SHARING", "OPTIMIZER_TRAFFIC_BYTE
            "Collective", "Memory", "Plan", "Shape", "StepEstimate", "bandwidth", "bytes_per_level", "collective_time",
            "compose_passes", "estimate_step", "latency", "legal_plans", "max_params", "model_state_memory",
            "plan_collectives", "predict", "preset_plan", "ratios", "scaling_efficiency", "search_plans",
-           "state_bytes_per_param", "topology_for"]
+           "state_bytes_per_param", "topology_for", "unit_collectives"]

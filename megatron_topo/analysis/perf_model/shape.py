@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...config import ModelConfig, TopologyConfig, ZeroTopoConfig
+from ...metrics import gpt_flops
 from ...topology import Topology
 from ...zero_topo.plan import Plan, resolve_plan
 
@@ -44,8 +45,8 @@ class Shape:
         return self.num_layers + 2
 
     def forward_flops(self, micro_batch: int) -> float:
-        B, s, l, h, V = micro_batch, self.seq_length, self.num_layers, self.hidden_size, self.vocab_size
-        return 24.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
+        """One forward pass of a micro-batch (``metrics.gpt_flops``, the formula GPT-NeoX logs)."""
+        return gpt_flops(1.0, micro_batch, self.seq_length, self.num_layers, self.hidden_size, self.vocab_size)
 
     def microbatch_flops(self, micro_batch: int, recompute: bool) -> float:
         """FLOPs per micro-batch as GPT-NeoX counts them (4F with recompute, else 3F)."""
