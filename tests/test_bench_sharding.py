@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from megatron_topo.analysis.emulation import cluster as C
-from megatron_topo.analysis import formulas as F
+from megatron_topo.analysis import formulas
 from megatron_topo.topology import Topology
 
 from . import test_engine_volumes as V
@@ -32,10 +32,10 @@ def test_formulas_equal_the_engine_volume_tests(kind):
     every preset (which that test checks against the engine's counters)."""
     topo = Topology(V.W, V.G, V.P // V.G)
     kw = dict(V.CASES[kind])
-    plan = F.plan_for(kw.pop("preset"), topo, kw, quant_block_size=V.BW, grad_quant_block_size=V.BG)
+    plan = formulas.plan_for(kw.pop("preset"), topo, kw, quant_block_size=V.BW, grad_quant_block_size=V.BG)
     Ls = [4096, 8192 * 3, 2048 * 5]
-    got = F.expected_bytes_per_rank(plan, topo, Ls, V.MICRO)
-    assert F.check(got, V.expected(kind, Ls), abs_tol=1e-6)[0] == "OK"
+    got = formulas.expected_bytes_per_rank(plan, topo, Ls, V.MICRO)
+    assert formulas.check(got, V.expected(kind, Ls), abs_tol=1e-6)[0] == "OK"
 
 
 def test_formulas_scale_like_the_design_table():
@@ -45,14 +45,14 @@ def test_formulas_scale_like_the_design_table():
     topo = Topology(8, 2, 1)
     L = 8 * 256 * 100
     M = 2 * L
-    z3 = F.expected_bytes_per_rank(F.plan_for("zero3", topo), topo, [L, L], 4)
+    z3 = formulas.expected_bytes_per_rank(formulas.plan_for("zero3", topo), topo, [L, L], 4)
     assert z3["inter_node"] == pytest.approx(4 * (3 * M + 2 * M) * 7 / 8)  # last unit not re-gathered
-    topo_plan = F.plan_for("topo", topo, quant_block_size=256, grad_quant_block_size=256)
-    t1 = F.expected_bytes_per_rank(topo_plan, topo, [L], 1)["inter_node"]
-    t8 = F.expected_bytes_per_rank(topo_plan, topo, [L], 8)["inter_node"]
+    topo_plan = formulas.plan_for("topo", topo, quant_block_size=256, grad_quant_block_size=256)
+    t1 = formulas.expected_bytes_per_rank(topo_plan, topo, [L], 1)["inter_node"]
+    t8 = formulas.expected_bytes_per_rank(topo_plan, topo, [L], 8)["inter_node"]
     assert t1 == t8 > 0
-    zpp = F.expected_bytes_per_rank(F.plan_for("zeropp", topo, quant_block_size=256, grad_quant_block_size=256),
-                                    topo, [L], 1)
+    zpp_plan = formulas.plan_for("zeropp", topo, quant_block_size=256, grad_quant_block_size=256)
+    zpp = formulas.expected_bytes_per_rank(zpp_plan, topo, [L], 1)
     fwd = L * 7 / 8 + 4 * L / 256 * 7 / 8
     hop2 = (L / 2 / 2) * 3 / 4 + 4 * (L / 2) / 256 * 3 / 4
     assert zpp["inter_node"] == pytest.approx(fwd + hop2)
@@ -63,9 +63,9 @@ def test_unit_lengths_pad_to_whole_blocks_per_shard():
 
     mc = ModelConfig(num_layers=2, hidden_size=64, seq_length=32)
     topo = Topology(8, 2, 2)
-    plan = F.plan_for("topo", topo, quant_block_size=256, grad_quant_block_size=256)
-    Ls = F.unit_lengths(mc, plan, 8)
-    raw = F.raw_unit_lengths(mc)
+    plan = formulas.plan_for("topo", topo, quant_block_size=256, grad_quant_block_size=256)
+    Ls = formulas.unit_lengths(mc, plan, 8)
+    raw = formulas.raw_unit_lengths(mc)
     assert len(Ls) == len(raw) == 4
     assert all(L % (8 * 256) == 0 and 0 <= L - n < 8 * 256 for L, n in zip(Ls, raw))
 

@@ -58,7 +58,7 @@ from megatron_topo.analysis.emulation import (  # noqa: E402
     Cluster, ClusterSpec, EmulationError, Interrupted, check_privileges, format_rate, launch, parse_rate,
     summarize,
 )
-from megatron_topo.analysis import formulas as F  # noqa: E402
+from megatron_topo.analysis import formulas  # noqa: E402
 from megatron_topo.analysis.emulation import rates as R  # noqa: E402
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers  # noqa: E402
 
@@ -160,7 +160,7 @@ def run_plan(rd: RunDef):
     topo = topology_from_config(cfg.topology, W, rd.gpus_per_node * rd.gcds_per_gpu)
     if rd.kind == "train":
         return cfg, topo, autoplan.resolve(cfg, topo)[0]
-    return cfg, topo, F.plan_for("zero3" if rd.strategy == "fsdp2_full" else "mics",
+    return cfg, topo, formulas.plan_for("zero3" if rd.strategy == "fsdp2_full" else "mics",
                                  Topology(W, topo.gcds_per_gpu, topo.gpus_per_node))
 
 
@@ -171,14 +171,14 @@ def formula_bytes(rd: RunDef) -> tuple[dict, str]:
     e = {"bf16": 2, "fp16": 2, "fp32": 4}[cfg.precision]
     micro = cfg.train.gradient_accumulation_steps
     if rd.kind == "train":
-        Ls = F.unit_lengths(cfg.model, plan, W)
+        Ls = formulas.unit_lengths(cfg.model, plan, W)
         exact = "exact"
     else:  # FSDP2 pads per parameter: unpadded units
-        Ls = F.raw_unit_lengths(cfg.model)
+        Ls = formulas.raw_unit_lengths(cfg.model)
         exact = "approx"
-    per_rank = F.expected_bytes_per_rank(plan, topo, Ls, micro, elem_bytes=e)
+    per_rank = formulas.expected_bytes_per_rank(plan, topo, Ls, micro, elem_bytes=e)
     rd.extra["plan"] = {k: v for k, v in vars(plan).items()}
-    return F.total_over_ranks(per_rank, W), exact
+    return formulas.total_over_ranks(per_rank, W), exact
 
 
 # ------------------------------------------------------------------------------ one run
@@ -298,9 +298,9 @@ def measure(rd: RunDef, a, series: str, out: str, round_: int = 0, tag: Optional
         if row.get("ok"):
             got = {lvl: row[f"comm_bytes_{lvl}"] for lvl in LEVELS}
             if exact == "exact":
-                verdict, diffs = F.check(got, want, abs_tol=row["world_size"])
+                verdict, diffs = formulas.check(got, want, abs_tol=row["world_size"])
             else:
-                verdict, diffs = F.check(got, want, rel=0.02, abs_tol=4096)
+                verdict, diffs = formulas.check(got, want, rel=0.02, abs_tol=4096)
                 verdict = verdict if verdict == "MISMATCH" else "OK (±2%, FSDP2 pads per parameter)"
             row["formula_check"] = verdict
             row["formula_rel_diff"] = diffs
