@@ -8,22 +8,16 @@ A resharded load (another world size or plan) is *not* an error and is not in th
 """
 import os
 import shutil
-import sys
 
 import numpy as np
 import pytest
 
 from megatron_topo import fault_injection
+from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate
+from megatron_topo.commands import train as train_cli
 from megatron_topo.data import MMapIndexedDatasetBuilder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, ROOT)
-
-import consolidate_checkpoint  # noqa: E402
-import convert_to_hf  # noqa: E402
-import generate  # noqa: E402
-import train as train_cli  # noqa: E402
 
 BASE_CFG = """\
 num_layers: 2

@@ -13,6 +13,7 @@ from megatron_topo.analysis import formulas
 from megatron_topo.topology import Topology
 
 from . import test_engine_volumes as V
+from .tool_loader import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "bench_sharding.py")
@@ -20,10 +21,7 @@ PY = sys.executable
 _WHY = C.check_privileges()
 needs_netns = pytest.mark.skipif(_WHY is not None, reason=f"cannot create network namespaces: {_WHY}")
 
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import bench_sharding as B  # noqa: E402
-
-sys.path.pop(0)
+B = load_tool("bench_sharding")
 
 
 @pytest.mark.parametrize("kind", list(V.CASES))

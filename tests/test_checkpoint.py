@@ -8,6 +8,8 @@ import sys
 import pytest
 import torch
 
+from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate
+from megatron_topo.commands import train as train_cli
 from megatron_topo.training import Trainer
 from megatron_topo.zero_topo import checkpoint as ckpt
 
@@ -15,13 +17,6 @@ from .dist_utils import run_distributed
 from .train_utils import datasets, local_runtime, small_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, ROOT)
-
-import consolidate_checkpoint  # noqa: E402
-import convert_to_hf  # noqa: E402
-import generate  # noqa: E402
-import train as train_cli  # noqa: E402
 
 # the first AdamW imports torch._dynamo (seconds of CPU): do it once here, not in 8 forked ranks
 torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)

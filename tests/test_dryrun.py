@@ -28,11 +28,7 @@ def _dry(model, gcds, rank):
 
 
 def _plan_tool_states(model, nodes):
-    sys.path.insert(0, os.path.join(REPO, "tools"))
-    try:
-        import plan as tool
-    finally:
-        sys.path.pop(0)
+    from megatron_topo.commands import plan as tool
     r = tool.run(tool.parse_args(["--model", CFG[model][0], "--system", CFG[model][2], "--nodes", str(nodes)]))
     return {p["preset"]: p for p in r["presets"]}["topo"]
 

@@ -13,17 +13,13 @@ import time
 import pytest
 import torch
 
+from megatron_topo.commands import convert_to_hf
 from megatron_topo.config import ModelConfig, ZeroTopoConfig
 from megatron_topo.model.hf import SafetensorsWriter, ShardedSafetensorsWriter, parse_size, shard_names, to_hf_key
 from megatron_topo.zero_topo import checkpoint as ckpt
 
 from .engine_cases import make_engine
 from .train_utils import small_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-
-import convert_to_hf  # noqa: E402
 
 safetensors = pytest.importorskip("safetensors")
 MB = 2**20
@@ -54,11 +50,10 @@ def _big_cfg():
 # is the peak of this process's own memory; writing 5 to clear_refs resets it to the current RSS,
 # so after the imports the peak counts the export alone.
 PROBE = textwrap.dedent("""
-    import json, sys
-    sys.path.insert(0, {tools!r})
+    import json
     import torch, transformers, safetensors.torch  # every import before the baseline
     transformers.GPTNeoXConfig
-    import convert_to_hf
+    from megatron_topo.commands import convert_to_hf
     def status(key):
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
@@ -74,8 +69,8 @@ PROBE = textwrap.dedent("""
 
 
 def _peak_rss(ck, out) -> dict:
-    code = PROBE.format(tools=os.path.join(ROOT, "tools"), ck=str(ck), out=str(out))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    code = PROBE.format(ck=str(ck), out=str(out))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])

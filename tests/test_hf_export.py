@@ -4,11 +4,11 @@ For every tokenizer type the exported tokenizer gives our ids and our text; bos/
 EOD (not transformers' default 2); greedy generation equals tools/generate.py's."""
 import json
 import os
-import sys
 
 import pytest
 import torch
 
+from megatron_topo.commands import convert_to_hf, generate, train_tokenizer
 from megatron_topo.data import build_tokenizer
 from megatron_topo.training import Trainer
 
@@ -17,11 +17,6 @@ from .test_data_tokenizers import SAMPLES, _corpus
 from .train_utils import datasets, local_runtime, small_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-
-import convert_to_hf  # noqa: E402
-import generate  # noqa: E402
-import train_tokenizer  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 VOCAB = 720  # >= every tokenizer below (600/700 BPE/SPM, 257 ByteLevel, 512 CharLevel, 501 HFGPT2)

@@ -22,22 +22,17 @@ import numpy as np
 import pytest
 
 from megatron_topo import fault_injection
+from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate, inspect_data, plot_metrics
+from megatron_topo.commands import plan as plan_tool
+from megatron_topo.commands import train as train_cli
 from megatron_topo.config import ConfigError, describe_keys, load_config
 from megatron_topo.data import MMapIndexedDatasetBuilder
 from megatron_topo.data.gpt_dataset import data_fingerprint
 from megatron_topo.data.indexed_dataset import MMapIndexedDataset
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-sys.path.insert(0, ROOT)
+from .tool_loader import load_tool
 
-import consolidate_checkpoint  # noqa: E402
-import convert_to_hf  # noqa: E402
-import generate  # noqa: E402
-import inspect_data  # noqa: E402
-import plan as plan_tool  # noqa: E402
-import plot_metrics  # noqa: E402
-import train as train_cli  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BASE_CFG = """\
 num_layers: 2
@@ -374,10 +369,8 @@ TOOLS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "tools")) if f.ends
 
 @pytest.mark.parametrize("tool", TOOLS)
 def test_every_tool_refuses_an_unknown_option_in_one_line(tool, tmp_path, monkeypatch, capfd):
-    import importlib
-
     monkeypatch.chdir(tmp_path)
-    mod = importlib.import_module(tool)
+    mod = load_tool(tool)
     capfd.readouterr()
     rc = _call(mod.main, ["--no-such-option-xyz"])
     line = _one_error_line(capfd)

@@ -3,7 +3,6 @@
 model states alone allow about 68.7 B parameters under ZeRO-3 and about 55 B under ZeRO++)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ import sys
 import pytest
 
 from megatron_topo.analysis import perf_model as pm
+from megatron_topo.commands import plan as tool
 from megatron_topo.config import SystemConfig, TopologyConfig, load_config
 from megatron_topo.topology import Topology
 from megatron_topo.zero_topo import layout as L
@@ -23,15 +23,7 @@ GIB = 2 ** 30
 PSI_20B = 20_554_567_680  # GPT-NeoX-20B
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location("plan_tool", PLAN_PY)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _plan_json(nodes, *extra):
-    tool = _tool()
     args = tool.parse_args(["--model", os.path.join(REPO, "configs/20B.yml"),
                             "--system", os.path.join(REPO, "configs/frontier.yml"), "--nodes", str(nodes), *extra])
     return tool.run(args)

@@ -8,13 +8,11 @@ import sys
 
 import pytest
 
+from megatron_topo.commands import plot_metrics
+from megatron_topo.metrics import MetricsWriter
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "plot_metrics.py")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-
-import plot_metrics  # noqa: E402
-
-from megatron_topo.metrics import MetricsWriter  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

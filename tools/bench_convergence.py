@@ -21,9 +21,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from megatron_topo.cli import OneLineParser  # noqa: E402
+from megatron_topo.cli import OneLineParser
 
 EXACT = ["zero_topo.weight_bits=16", "zero_topo.secondary_bits=16", "zero_topo.grad_bits=16"]
 Q = ["zero_topo.combine_bits=8", "zero_topo.publish_bits=8"]

@@ -17,13 +17,11 @@ import platform
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
-
-from megatron_topo.data import DataError  # noqa: E402
-from megatron_topo.data.errors import error_line  # noqa: E402
-from megatron_topo.data.builtin import stdlib_files  # noqa: E402
-from megatron_topo.data.preprocess import preprocess  # noqa: E402
+from megatron_topo.cli import OneLineParser
+from megatron_topo.data import DataError
+from megatron_topo.data.errors import error_line
+from megatron_topo.data.builtin import stdlib_files
+from megatron_topo.data.preprocess import preprocess
 
 
 def make_corpus(directory: str, megabytes: float) -> str:
@@ -40,7 +38,7 @@ def make_corpus(directory: str, megabytes: float) -> str:
 
 
 def train_bpe_for_bench(inputs, directory: str, vocab_size: int) -> str:
-    from train_tokenizer import train_bpe
+    from megatron_topo.commands.train_tokenizer import train_bpe
 
     from megatron_topo.data.corpus import expand_sources, iter_source_documents
 

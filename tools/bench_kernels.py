@@ -30,10 +30,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron_topo.atomic import write_text  # noqa: E402
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
-from megatron_topo.zero_topo import kernels  # noqa: E402
+from megatron_topo.atomic import write_text
+from megatron_topo.cli import OneLineParser
+from megatron_topo.zero_topo import kernels
 
 K = 8  # stacked inputs for the fused sum kernels (ranks per node)
 

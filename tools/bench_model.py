@@ -32,16 +32,14 @@ import sys
 import time
 from contextlib import nullcontext
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron_topo.atomic import write_text  # noqa: E402
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from megatron_topo.config import ConfigError, ModelConfig, ZeroTopoConfig, load_config  # noqa: E402
-from megatron_topo.metrics import flops_per_iteration  # noqa: E402
+from megatron_topo.atomic import write_text
+from megatron_topo.cli import OneLineParser
+from megatron_topo.config import ConfigError, ModelConfig, ZeroTopoConfig, load_config
+from megatron_topo.metrics import flops_per_iteration
 
 TARGET = 0.95
 

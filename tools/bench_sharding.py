@@ -51,16 +51,15 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
+from megatron_topo.cli import OneLineParser
 
-from megatron_topo.analysis.emulation import (  # noqa: E402
+from megatron_topo.analysis.emulation import (
     Cluster, ClusterSpec, EmulationError, Interrupted, check_privileges, format_rate, launch, parse_rate,
     summarize,
 )
-from megatron_topo.analysis import formulas  # noqa: E402
-from megatron_topo.analysis.emulation import rates as R  # noqa: E402
-from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers  # noqa: E402
+from megatron_topo.analysis import formulas
+from megatron_topo.analysis.emulation import rates as R
+from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
 
 LEVELS = ("intra_gpu", "intra_node", "inter_node")
 ALL_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "topo_sec8", "paro_iig", "fsdp2_full", "fsdp2_hsdp")

@@ -27,18 +27,16 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from megatron_topo import metrics as M  # noqa: E402
-from megatron_topo.config import ConfigError, load_config  # noqa: E402
-from megatron_topo.model import build_model  # noqa: E402
-from megatron_topo.topology import Topology, launcher_env, topology_from_config  # noqa: E402
-from megatron_topo.zero_topo.volumes import ring_bytes  # noqa: E402
-from megatron_topo.training import Batches, learning_rate, loss_fn, seed_everything  # noqa: E402
+from megatron_topo import metrics as M
+from megatron_topo.cli import OneLineParser
+from megatron_topo.config import ConfigError, load_config
+from megatron_topo.model import build_model
+from megatron_topo.topology import Topology, launcher_env, topology_from_config
+from megatron_topo.zero_topo.volumes import ring_bytes
+from megatron_topo.training import Batches, learning_rate, loss_fn, seed_everything
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -1,68 +1,9 @@
 #!/usr/bin/env python
 """Look inside a GPT-NeoX/Megatron mmap dataset (PREFIX.bin + PREFIX.idx).
 
-    python tools/inspect_data.py data/pile_text_document --stats     # {"documents": ..., "tokens": ...}
-    python tools/inspect_data.py data/pile_text_document --doc 3     # [token ids of document 3]
-    python tools/inspect_data.py PREFIX --doc 3 --tokenizer-type ByteLevel   # ... and its text
-    python tools/inspect_data.py PREFIX --vocab-size 50432   # every token id < the model's vocabulary?
-
-The index is checked first; a bad dataset prints one line on stderr and exits 1.
+Launcher for :mod:`megatron_topo.commands.inspect_data` (``--help`` lists the options).
 """
-from __future__ import annotations
-
-import argparse
-import json
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
-
-from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer  # noqa: E402
-from megatron_topo.data.build import check_token_range  # noqa: E402
-from megatron_topo.data.errors import error_line  # noqa: E402
-
-
-def stats(ds: MMapIndexedDataset) -> dict:
-    sizes = ds.sizes
-    return {"prefix": ds.prefix, "documents": ds.num_documents, "sequences": len(ds), "tokens": ds.num_tokens,
-            "dtype": ds.dtype.name, "bin_bytes": ds.bin_size,
-            "min_sequence_tokens": int(sizes.min()) if len(sizes) else 0,
-            "max_sequence_tokens": int(sizes.max()) if len(sizes) else 0}
-
-
-def main(argv=None) -> int:
-    p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("prefix", help="dataset prefix (PREFIX.bin/.idx; a .bin or .idx path also works)")
-    p.add_argument("--doc", type=int, default=None, help="print document N's token ids as a JSON list")
-    p.add_argument("--stats", action="store_true", help="print counts as JSON (the default without --doc)")
-    p.add_argument("--tokenizer-type", default=None, help="with --doc: also print the detokenized text")
-    p.add_argument("--vocab-file", default=None)
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="scan the .bin and fail unless every token id is in [0, VOCAB_SIZE)")
-    args = p.parse_args(argv)
-    if args.vocab_size is not None and args.vocab_size < 1:
-        print(f"error: --vocab-size {args.vocab_size}: must be >= 1", file=sys.stderr)
-        return 1
-    try:
-        ds = MMapIndexedDataset(args.prefix)
-        if args.vocab_size is not None:
-            check_token_range(ds, args.vocab_size, cache=None)
-        if args.stats or args.doc is None:
-            print(json.dumps(stats(ds)))
-        if args.doc is not None:
-            if not 0 <= args.doc < ds.num_documents:
-                valid = f"0..{ds.num_documents - 1}" if ds.num_documents else "none, the dataset has no documents"
-                raise DataError(f"{ds.prefix}: --doc {args.doc} is out of range; valid: {valid}")
-            ids = ds.document(args.doc).tolist()
-            print(json.dumps(ids))
-            if args.tokenizer_type:
-                print(build_tokenizer(args.tokenizer_type, args.vocab_file).detokenize(ids))
-    except (DataError, OSError) as e:
-        print(f"error: {error_line(e)}", file=sys.stderr)
-        return 1
-    return 0
-
+from megatron_topo.commands.inspect_data import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

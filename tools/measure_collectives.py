@@ -22,16 +22,14 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron_topo.atomic import write_text  # noqa: E402
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from megatron_topo.config import ConfigError, load_config  # noqa: E402
-from megatron_topo.analysis.perf_sources import fit_ring  # noqa: E402
-from megatron_topo.training import setup_runtime  # noqa: E402
+from megatron_topo.atomic import write_text
+from megatron_topo.cli import OneLineParser
+from megatron_topo.config import ConfigError, load_config
+from megatron_topo.analysis.perf_sources import fit_ring
+from megatron_topo.training import setup_runtime
 
 OPS = ("all_gather", "reduce_scatter")
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # as zero_topo.comm

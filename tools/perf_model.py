@@ -35,15 +35,14 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
+from megatron_topo.cli import OneLineParser
 
-from megatron_topo.analysis import perf_model as pm  # noqa: E402
-from megatron_topo.analysis import perf_sources as sources  # noqa: E402
-from megatron_topo.analysis.emulation import predict as emu  # noqa: E402
-from megatron_topo.config import ConfigError, load_config  # noqa: E402
-from megatron_topo.topology import Topology  # noqa: E402
-from megatron_topo.zero_topo.plan import PRESETS  # noqa: E402
+from megatron_topo.analysis import perf_model as pm
+from megatron_topo.analysis import perf_sources as sources
+from megatron_topo.analysis.emulation import predict as emu
+from megatron_topo.config import ConfigError, load_config
+from megatron_topo.topology import Topology
+from megatron_topo.zero_topo.plan import PRESETS
 
 GB = 1e9
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

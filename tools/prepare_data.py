@@ -18,9 +18,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
+from megatron_topo.cli import OneLineParser
 
 
 def main(argv=None) -> int:

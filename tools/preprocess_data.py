@@ -21,15 +21,13 @@ existing output is never overwritten by a failed run.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron_topo.cli import OneLineParser  # noqa: E402  (bad arguments: one line)
-from megatron_topo.data import DataError, TOKENIZERS  # noqa: E402
-from megatron_topo.data.errors import error_line  # noqa: E402
-from megatron_topo.data.preprocess import preprocess  # noqa: E402
+from megatron_topo.cli import OneLineParser
+from megatron_topo.data import DataError, TOKENIZERS
+from megatron_topo.data.errors import error_line
+from megatron_topo.data.preprocess import preprocess
 
 # Megatron-LM flags we refuse (with why) when given a value other than their no-op default.
 REFUSED = {

@@ -1,0 +1,132 @@
+"""Merge a sharded zero_topo checkpoint into one full-state file (any plan, any world size).
+
+    python tools/consolidate_checkpoint.py --checkpoint runs/tiny/checkpoints --output full.pt
+    python tools/consolidate_checkpoint.py --checkpoint runs/tiny/checkpoints/global_step50 \\
+        --output model.safetensors            # weights + model.optim.pt next to it
+
+``--checkpoint`` is a ``save`` directory (its ``latest`` step) or one ``global_stepN`` directory.
+
+* ``FILE.pt`` (any name not ending in ``.safetensors``): one torch file that loads with
+  ``torch.load(FILE, weights_only=True)``: ``{"format", "step", "model": {name: fp32 tensor},
+  "optimizer": {"exp_avg": {name: t}, "exp_avg_sq": {name: t}, "step": {name: float}},
+  "trainer": {...}, "meta_json": str, "config_yaml": str}``.
+* ``FILE.safetensors``: the fp32 weights (GPT-NeoX names as in our model) with the step in the
+  safetensors metadata, plus ``FILE-stem.optim.pt`` holding everything else as above.
+
+The checkpoint is read one unit at a time (memory-mapped rank files); the weights of a
+``.safetensors`` output are written as they are read, so that output needs memory for the
+moments only, a ``.pt`` output for master + moments (the file is one pickle).
+
+Nothing in the checkpoint can run code (torch.load(weights_only=True), JSON, safe YAML). An
+existing output is never overwritten without ``--force``; files are written under a temporary
+name and renamed. Bad input prints one line on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from megatron_topo.cli import OneLineParser
+
+FORMAT = "megatron_topo.consolidated/1"
+
+
+def parse_args(argv=None):
+    p = OneLineParser(prog="consolidate_checkpoint.py", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
+    p.add_argument("--output", required=True, metavar="FILE", help="FILE.pt, or FILE.safetensors (+ FILE.optim.pt)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
+    return p.parse_args(argv)
+
+
+def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
+    """Reads the checkpoint one unit at a time: the weights of a ``.safetensors`` output stream
+    into their file, so only the moments are gathered in memory (a ``.pt`` output holds the whole
+    state, as the file it writes does); never a second copy of the model."""
+    import torch
+
+    from megatron_topo.atomic import atomic_path, commit, remove_quietly, temp_name
+    from megatron_topo.model.hf import SafetensorsWriter, iter_checkpoint_units, verify_checkpoint_files
+    from megatron_topo.zero_topo.checkpoint import (STATE_KEYS, CheckpointError, read_config_yaml, read_meta,
+                                                    resolve)
+
+    safet = output.endswith(".safetensors")
+    optim_path = output[: -len(".safetensors")] + ".optim.pt" if safet else None
+    outs = [output] + ([optim_path] if optim_path else [])
+    for o in outs:
+        if os.path.isdir(o):
+            raise CheckpointError(f"--output {o} is a directory; give a file name")
+        if os.path.exists(o) and not force:
+            raise CheckpointError(f"--output {o} already exists; pass --force to replace it")
+        parent = os.path.dirname(os.path.abspath(o))
+        if not os.path.isdir(parent):
+            raise CheckpointError(f"--output {o}: directory {parent} does not exist")
+    sp = resolve(checkpoint)
+    meta = read_meta(sp)
+    config_yaml = read_config_yaml(sp, meta)  # an edited config.yml fails before any shard is read
+    verify_checkpoint_files(sp, meta)
+    model, exp_avg, exp_avg_sq, adam_step = {}, {}, {}, {}
+    tmp = temp_name(output)
+    writer = None
+    try:
+        if safet:
+            table = {name: (tuple(shape), torch.float32) for u in meta["units"] for name, _, _, shape in u["params"]}
+            writer = SafetensorsWriter(tmp, table, {"format": FORMAT, "step": str(meta["step"])})
+        for _, state, params in iter_checkpoint_units(sp, meta, keys=STATE_KEYS, verify=False):
+            step = None if state["step"] is None else float(state["step"])
+            for name, off, numel, shape in params:
+                sl = slice(int(off), int(off) + int(numel))
+                if writer is not None:
+                    writer.put(name, state["master"][sl].view(*shape))
+                else:
+                    model[name] = state["master"][sl].view(*shape).clone()
+                if step is not None:
+                    exp_avg[name] = state["exp_avg"][sl].view(*shape).clone()
+                    exp_avg_sq[name] = state["exp_avg_sq"][sl].view(*shape).clone()
+                    adam_step[name] = step
+            del state
+        rest = {
+            "format": FORMAT,
+            "step": int(meta["step"]),
+            "optimizer": {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "step": adam_step},
+            "trainer": meta.get("trainer", {}),
+            "meta_json": json.dumps(meta),
+            "config_yaml": config_yaml or "",
+        }
+        if writer is not None:
+            writer.close()
+            writer = None
+            commit(tmp, output)  # the writer fsynced the file
+            with atomic_path(optim_path) as p:
+                torch.save(rest, p)
+        else:
+            with atomic_path(output) as p:
+                torch.save({**rest, "model": model}, p)
+    finally:
+        if writer is not None:
+            writer.abort()
+        remove_quietly(tmp)
+    return outs
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside
+
+    try:
+        check_output_outside(args.checkpoint, args.output)  # never a file of the checkpoint it reads
+        outs = consolidate(args.checkpoint, args.output, args.force)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    for o in outs:
+        print(f"wrote {o}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

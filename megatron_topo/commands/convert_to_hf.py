@@ -1,0 +1,191 @@
+"""Convert a zero_topo checkpoint into a HuggingFace ``GPTNeoXForCausalLM`` directory.
+
+    python tools/convert_to_hf.py --checkpoint runs/tiny/checkpoints --output hf/tiny
+    python -c "import transformers as t; t.GPTNeoXForCausalLM.from_pretrained('hf/tiny')"
+
+``--checkpoint`` is a ``save`` directory (its ``latest`` step) or one ``global_stepN`` directory,
+saved under any plan and world size. The output directory gets ``config.json`` (from the
+checkpoint's own config.yml) and ``model.safetensors`` with the published GPT-NeoX tensor names
+(``gpt_neox.*`` and ``embed_out.weight``, which transformers >= 5 maps onto ``lm_head``).
+``--dtype`` picks the stored precision (default fp32: the master weights, bit for bit). A model
+larger than ``--max-shard-size`` (default 5GB) is written as ``model-0000K-of-0000N.safetensors``
+files + ``model.safetensors.index.json``, the layout ``save_pretrained`` writes.
+
+The export streams: it reads one unit (layer) of master weights at a time from the memory-mapped
+rank files (never the Adam moments) and writes each tensor straight into its file, so its memory
+is about one unit, not the model (read_full_state would hold master + moments: ~250 GB for 20B).
+
+The checkpoint's tokenizer (``data.tokenizer_type``/``vocab_file``/``merge_file``; override them with
+``--tokenizer-type``/``--vocab-file``/``--merge-file`` if the files moved) is written too:
+``tokenizer.json`` + ``tokenizer_config.json`` (and vocab.json + merges.txt or tokenizer.model),
+``generation_config.json``, and bos/eos/pad ids (our EOD) in config.json, so that
+``AutoTokenizer``, ``AutoModelForCausalLM`` and ``pipeline("text-generation")`` take the folder
+as it is. A config tokenizer that cannot be built or has more ids than the model is left out
+with a warning; an override that fails is an error.
+
+The directory is written under a temporary name and renamed; an existing non-empty output is
+never touched without ``--force``. Bad input prints one line on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+from megatron_topo.cli import OneLineParser
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def parse_args(argv=None):
+    p = OneLineParser(prog="convert_to_hf.py", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
+    p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")
+    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--tokenizer-type", default=None, help="override the checkpoint's data.tokenizer_type")
+    p.add_argument("--vocab-file", default=None, help="override data.vocab_file (e.g. the file moved)")
+    p.add_argument("--merge-file", default=None, help="override data.merge_file (GPT2BPETokenizer merges.txt)")
+    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
+                   help="largest safetensors file (default 5GB; e.g. 500MB, 2GiB); a larger model is split "
+                        "into model-0000K-of-0000N.safetensors + model.safetensors.index.json")
+    return p.parse_args(argv)
+
+
+def hf_config_dict(model_cfg, dtype: str, special_ids=None) -> dict:
+    from megatron_topo.model.hf import hf_config_kwargs
+
+    kw = hf_config_kwargs(model_cfg)
+    try:
+        import transformers
+
+        d = transformers.GPTNeoXConfig(**kw).to_dict()
+    except ImportError:
+        d = {"model_type": "gpt_neox", **kw}
+    d["architectures"] = ["GPTNeoXForCausalLM"]
+    d["torch_dtype"] = DTYPES[dtype]
+    d.pop("dtype", None)
+    d["dtype"] = DTYPES[dtype]
+    d.update(special_ids or {})  # our EOD as bos/eos (not transformers' default 2), pad
+    return d
+
+
+def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = False, tokenizer=None,
+            warn=None, max_shard_size="5GB") -> str:
+    """``tokenizer``: overrides {tokenizer_type, vocab_file, merge_file} of the checkpoint's data
+    config. The tokenizer files are written when the tokenizer can be built and fits the model;
+    otherwise ``warn`` says why (an error if ``tokenizer`` overrides were given).
+
+    The weights stream: one unit's master weights are read at a time (never the Adam moments) and
+    written into their safetensors shard, so the peak memory is about one unit, not the model."""
+    import torch
+
+    from megatron_topo.model.hf import (ShardedSafetensorsWriter, iter_checkpoint_units, parse_size, to_hf_key,
+                                        verify_checkpoint_files)
+    from megatron_topo.zero_topo.checkpoint import (CheckpointError, check_output_outside, load_model_config,
+                                                    read_config_yaml, read_meta, resolve)
+
+    try:
+        max_bytes = parse_size(max_shard_size)
+    except ValueError as e:
+        raise CheckpointError(f"--max-shard-size: {e}") from None
+    check_output_outside(checkpoint, output)  # never the checkpoint, its run folder or a folder above it
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise CheckpointError(f"--output {output} exists and is not a directory")
+    if os.path.isdir(output) and os.listdir(output) and not force:
+        raise CheckpointError(f"--output {output} exists and is not empty; pass --force to replace it")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise CheckpointError(f"--output {output}: directory {parent} does not exist")
+    sp = resolve(checkpoint)
+    meta = read_meta(sp)
+    st = {"step_dir": sp, "meta": meta, "config_yaml": read_config_yaml(sp, meta)}  # edited config.yml fails here
+    mcfg = load_model_config(st)
+    verify_checkpoint_files(sp, meta)  # a bad rank file fails before anything is written
+    tdt = getattr(torch, DTYPES[dtype])
+    entries = [(to_hf_key(name, "embed_out"), tuple(shape), tdt) for u in meta["units"]
+               for name, _, _, shape in u["params"]]
+    tok, special, why = _tokenizer(st, mcfg, tokenizer or {})
+    if why and tokenizer and any(tokenizer.values()):
+        raise CheckpointError(f"tokenizer: {why}")
+    if why and warn is not None:
+        warn(f"no tokenizer written ({why}); pass --tokenizer-type/--vocab-file/--merge-file to add one")
+    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(output))}.tmp.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    writer = None
+    try:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(hf_config_dict(mcfg, dtype, special), f, indent=2, sort_keys=True)
+        if tok is not None:
+            from megatron_topo.model.hf import write_hf_tokenizer
+
+            write_hf_tokenizer(tok, tmp, mcfg.vocab_size, mcfg.seq_length)
+        writer = ShardedSafetensorsWriter(tmp, entries, max_bytes,
+                                          metadata={"format": "pt", "source": "megatron_topo",
+                                                    "step": str(meta["step"])})
+        for _, state, params in iter_checkpoint_units(sp, meta, keys=("master",), verify=False):
+            flat = state["master"]
+            for name, off, numel, shape in params:
+                writer.put(to_hf_key(name, "embed_out"), flat[int(off):int(off) + int(numel)].view(*shape))
+            del state, flat  # before the next unit is read: one unit in memory at a time
+        writer.close()
+        writer = None
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        if os.path.isdir(output):
+            old = f"{tmp}.old"
+            os.replace(output, old)
+            os.replace(tmp, output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, output)
+    finally:
+        if writer is not None:
+            writer.abort()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return output
+
+
+def _tokenizer(st, mcfg, overrides: dict):
+    """(our tokenizer, special ids, None) or (None, None, why not)."""
+    from megatron_topo.config import ConfigError, load_config
+    from megatron_topo.data import DataError
+    from megatron_topo.model.hf import hf_special_ids, tokenizer_from_config
+
+    try:
+        cfg = load_config([os.path.join(st["step_dir"], "config.yml")])
+        tok = tokenizer_from_config(cfg, **overrides)
+        if tok.vocab_size > mcfg.vocab_size:
+            return None, None, f"{tok.name} has {tok.vocab_size} ids, more than the model's {mcfg.vocab_size}"
+        return tok, hf_special_ids(tok), None
+    except (ConfigError, DataError, ImportError, OSError) as e:
+        return None, None, str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from megatron_topo.zero_topo.checkpoint import CheckpointError
+
+    try:
+        out = convert(args.checkpoint, args.output, args.dtype, args.force,
+                      tokenizer={"tokenizer_type": args.tokenizer_type, "vocab_file": args.vocab_file,
+                                 "merge_file": args.merge_file},
+                      max_shard_size=args.max_shard_size,
+                      warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

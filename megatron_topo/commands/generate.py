@@ -1,0 +1,183 @@
+"""Generate tokens from a zero_topo checkpoint (one process, CPU or one GPU).
+
+    python tools/generate.py --checkpoint runs/tiny/checkpoints --prompt "def main(" --max-new-tokens 40 --greedy
+    python tools/generate.py --checkpoint runs/tiny/checkpoints/global_step150 --prompt-ids 100,101,58 \\
+        --max-new-tokens 8 --temperature 0.8 --top-k 40 --seed 1
+
+Prints ``ids: ...`` (the generated token ids, space separated) and, when the checkpoint's config
+names a tokenizer that can be built (``tokenizer_type``/``vocab_file``), ``text: "..."`` (JSON
+quoted: one line). ``--prompt`` needs that tokenizer; ``--prompt-ids`` never does. The context is
+the last ``seq_length`` tokens. Bad input prints one line on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from megatron_topo.cli import OneLineParser
+
+
+def parse_args(argv=None):
+    p = OneLineParser(prog="generate.py", description=__doc__.splitlines()[0])
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the config's tokenizer)")
+    src.add_argument("--prompt-ids", metavar="I,J,K", help="prompt as comma-separated token ids")
+    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    return p.parse_args(argv)
+
+
+class GenerateError(ValueError):
+    pass
+
+
+def parse_ids(text: str, vocab: int) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise GenerateError(f"--prompt-ids {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
+    if not ids:
+        raise GenerateError("--prompt-ids is empty; give at least one token id")
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise GenerateError(f"--prompt-ids: token id {bad[0]} is outside the model's vocabulary 0..{vocab - 1}")
+    return ids
+
+
+def build_tokenizer_or_none(cfg):
+    from megatron_topo.data import DataError, build_tokenizer
+
+    try:
+        return build_tokenizer(cfg.data.tokenizer_type, cfg.data.vocab_file, cfg.model.vocab_size), None
+    except (DataError, ImportError, OSError) as e:
+        return None, str(e)
+
+
+def load_model(checkpoint: str, device: str = "cpu"):
+    """(model in eval mode, full Config) from any checkpoint."""
+    import torch
+
+    from megatron_topo.config import ConfigError, load_config
+    from megatron_topo.model import GPTNeoX
+    from megatron_topo.zero_topo.checkpoint import CheckpointError, read_full_state
+
+    st = read_full_state(checkpoint)
+    path = os.path.join(st["step_dir"], "config.yml")
+    if st["config_yaml"] is None:
+        raise CheckpointError(f"{st['step_dir']} has no config.yml; cannot tell the model's shape")
+    try:
+        cfg = load_config([path])
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    with torch.device(device):
+        model = GPTNeoX(cfg.model)  # rotary buffers built here; weights replaced below
+    try:
+        missing, unexpected = model.load_state_dict(st["params"], strict=False)
+    except RuntimeError as e:
+        raise CheckpointError(f"{st['step_dir']}: weights do not fit config.yml's model: "
+                              f"{str(e).strip().splitlines()[-1].strip()}") from None
+    if not cfg.model.no_weight_tying:  # tied: the head's weight is the embedding's (stored once)
+        missing = [m for m in missing if m != "head.embed_out.weight"]
+    if missing or unexpected:
+        raise CheckpointError(f"{st['step_dir']}: parameters do not match config.yml "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model.eval(), cfg
+
+
+def generate(model, ids: list[int], n: int, greedy: bool, temperature: float, top_k: int, seed: int,
+             context: int) -> list[int]:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dev = next(model.parameters()).device
+    out = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            x = torch.tensor([out[-context:]], dtype=torch.long, device=dev)
+            logits = model(x)[0, -1].float().cpu()
+            if greedy:
+                nxt = int(torch.argmax(logits))
+            else:
+                logits = logits / max(temperature, 1e-6)
+                if top_k > 0:
+                    kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
+            out.append(nxt)
+    return out[len(ids):]
+
+
+def check_device(name: str) -> str:
+    """'cpu', 'cuda' or 'cuda:N' that exists here; anything else is one line."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise GenerateError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return name
+    if dev.type != "cuda":
+        raise GenerateError(f"--device {name!r}: only cpu and cuda are supported")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        raise GenerateError(f"--device {name}: no GPU is visible; use --device cpu")
+    if dev.index is not None and not 0 <= dev.index < n:
+        raise GenerateError(f"--device {name}: this machine has {n} GPU(s), cuda:0..cuda:{n - 1}")
+    return name
+
+
+def check_args(args) -> None:
+    import math
+
+    if args.max_new_tokens < 0:
+        raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must be >= 0")
+    if not math.isfinite(args.temperature) or args.temperature <= 0:
+        raise GenerateError(f"--temperature {args.temperature}: must be a finite number > 0")
+    if args.top_k < 0:
+        raise GenerateError(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
+    if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
+        raise GenerateError(f"--seed {args.seed}: must lie in [-2**63, 2**64)")
+    check_device(args.device)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from megatron_topo.zero_topo.checkpoint import CheckpointError
+
+    try:
+        check_args(args)
+        model, cfg = load_model(args.checkpoint, args.device)
+        tok, why = build_tokenizer_or_none(cfg)
+        if args.prompt is not None:
+            if tok is None:
+                raise GenerateError(f"--prompt needs the checkpoint's tokenizer, which cannot be built ({why}); "
+                                    f"use --prompt-ids")
+            ids = tok.tokenize(args.prompt)
+            if not ids:
+                raise GenerateError("--prompt is empty after tokenization")
+            bad = [i for i in ids if not 0 <= i < cfg.model.vocab_size]
+            if bad:
+                raise GenerateError(f"--prompt: token {bad[0]} ({tok.name}) is outside the model's vocabulary "
+                                    f"0..{cfg.model.vocab_size - 1}")
+        else:
+            ids = parse_ids(args.prompt_ids, cfg.model.vocab_size)
+        new = generate(model, ids, args.max_new_tokens, args.greedy, args.temperature, args.top_k, args.seed,
+                       cfg.model.seq_length)
+    except (CheckpointError, GenerateError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("ids: " + " ".join(map(str, new)))
+    if tok is not None:
+        print("text: " + json.dumps(tok.detokenize(new), ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

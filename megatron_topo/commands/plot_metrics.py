@@ -1,0 +1,188 @@
+"""Plot loss, TFLOPS/GPU and tokens/s against step for one or more runs, side by side.
+
+    python tools/plot_metrics.py runs/zero3 runs/topo --out compare.png --labels ZeRO-3 topo --smooth 10
+
+Each RUN_DIR must hold the ``metrics.jsonl`` written by ``megatron_topo.metrics.MetricsWriter``
+(a path to the .jsonl file itself works too). One subplot per metric, one line per run; the
+legend shows ``--labels`` or the run directory's name. ``--smooth N`` draws an N-point trailing
+moving average over the faint raw curve; ``eval_loss`` is drawn dashed in the loss panel. A
+resumed run's repeated steps count once (the last record of each step wins). Bad input prints one line on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+
+from megatron_topo.cli import OneLineParser
+from megatron_topo.atomic import atomic_path
+from megatron_topo.metrics import metrics_path, read_metrics
+
+# panel -> (title, keys tried in order: the canonical key first, then common spellings)
+PANELS = {
+    "loss": ("loss", ("loss", "lm_loss", "train/loss", "train_loss", "train/lm_loss")),
+    "tflops": ("TFLOPS / GPU", ("tflops_per_gpu", "tflops", "runtime/tflops_per_gpu", "TFLOPS/GPU")),
+    "tokens": ("tokens / s", ("tokens_per_sec", "tokens_per_s", "tokens/s", "runtime/tokens_per_s")),
+}
+ALWAYS = ("loss", "tflops")  # drawn even when no run has them ("no data"); tokens/s when present
+
+
+class PlotError(Exception):
+    pass
+
+
+def parse_args(argv=None):
+    p = OneLineParser(prog="plot_metrics.py", description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with metrics.jsonl)")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="output image (PNG)")
+    p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per RUN_DIR")
+    p.add_argument("--smooth", type=int, default=1, metavar="N", help="trailing moving average over N points")
+    p.add_argument("--metrics", nargs="+", default=None, metavar="KEY",
+                   help="plot these metrics.jsonl keys instead of loss / TFLOPS / tokens/s")
+    p.add_argument("--title", default=None, help="figure title")
+    return p.parse_args(argv)
+
+
+def _num(v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return math.nan
+    return float(v)
+
+
+def series(records: list[dict], keys) -> tuple[list[int], list[float], str | None]:
+    """Steps and values of the first of ``keys`` any record has (NaN where a record lacks it)."""
+    for k in keys:
+        if any(k in r for r in records):
+            pts = [(r["step"], _num(r[k])) for r in records if k in r]
+            return [s for s, _ in pts], [v for _, v in pts], k
+    return [], [], None
+
+
+def smooth(values: list[float], n: int) -> list[float]:
+    """Trailing mean over the last ``n`` finite values (non-finite points stay gaps)."""
+    if n <= 1:
+        return list(values)
+    out, window = [], []
+    for v in values:
+        if math.isfinite(v):
+            window.append(v)
+            if len(window) > n:
+                window.pop(0)
+            out.append(sum(window) / len(window))
+        else:
+            out.append(math.nan)
+    return out
+
+
+def load_runs(run_dirs: list[str]) -> list[list[dict]]:
+    runs = []
+    for d in run_dirs:
+        path = metrics_path(d)
+        if not os.path.exists(d):
+            raise PlotError(f"{d}: no such run directory")
+        if not os.path.isfile(path):
+            raise PlotError(f"{d}: no metrics.jsonl in this run directory (expected {path})")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                recs = read_metrics(path)
+            except UnicodeDecodeError as e:
+                raise PlotError(f"{path}: not UTF-8 text (byte {e.start}); is it a metrics.jsonl?") from None
+            except OSError as e:
+                raise PlotError(f"{path}: cannot read it ({e.strerror or e})") from None
+        for w in caught:
+            print(f"plot_metrics: warning: {w.message}", file=sys.stderr)
+        for r in recs:
+            s = r["step"]
+            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s != int(s):
+                shown = repr(s) if len(repr(s)) <= 40 else repr(s)[:40] + "..."
+                raise PlotError(f"{path}: a record has step {shown}; steps must be integers (a metrics.jsonl "
+                                f"written by megatron_topo.metrics.MetricsWriter)")
+        by_step: dict = {}
+        for r in recs:  # a resumed run repeats steps: the last record of each step wins
+            by_step.setdefault(int(r["step"]), {}).update(r)
+        recs = [by_step[s] for s in sorted(by_step)]
+        if not recs:
+            raise PlotError(f"{path}: no records (the file is empty)")
+        runs.append(recs)
+    return runs
+
+
+def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None) -> str:
+    if labels is not None and len(labels) != len(run_dirs):
+        raise PlotError(f"--labels: got {len(labels)} labels for {len(run_dirs)} run directories; give one per run")
+    if smooth_n < 1:
+        raise PlotError(f"--smooth: must be >= 1, got {smooth_n}")
+    if not out.lower().endswith(".png"):
+        raise PlotError(f"--out {out}: the output must be a .png file")
+    runs = load_runs(run_dirs)
+    labels = labels or [os.path.basename(os.path.normpath(d)) or d for d in run_dirs]
+
+    if metrics:
+        panels = [(k, (k,)) for k in metrics]
+    else:
+        panels = []
+        for name, (ttl, keys) in PANELS.items():
+            present = any(series(r, keys)[2] for r in runs)
+            if present or name in ALWAYS:
+                panels.append((ttl, keys))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.0), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (ttl, keys) in zip(axes[0], panels):
+        drew = False
+        for i, (recs, label) in enumerate(zip(runs, labels)):
+            steps, vals, _ = series(recs, keys)
+            if not steps:
+                continue
+            c = colors[i % len(colors)]
+            if smooth_n > 1:
+                ax.plot(steps, vals, color=c, alpha=0.25, linewidth=1)
+                ax.plot(steps, smooth(vals, smooth_n), color=c, linewidth=1.8, label=label)
+            else:
+                ax.plot(steps, vals, color=c, linewidth=1.5, label=label, marker="." if len(steps) < 30 else None)
+            drew = True
+            if keys is PANELS["loss"][1]:  # held-out loss of the same run, dashed
+                es, ev, _ = series(recs, ("eval_loss",))
+                if es:
+                    ax.plot(es, ev, color=c, linestyle="--", linewidth=1.2, marker="o", markersize=3,
+                            label=f"{label} (eval)")
+        ax.set_title(ttl)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+        if drew:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    d = os.path.dirname(os.path.abspath(out))
+    try:
+        with atomic_path(out, tmp=os.path.join(d, f".{os.path.basename(out)}.tmp.{os.getpid()}.png")) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        out = plot(args.runs, args.out, args.labels, args.smooth, args.metrics, args.title)
+    except PlotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

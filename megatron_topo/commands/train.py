@@ -1,0 +1,146 @@
+"""Train a GPT-NeoX model with the zero_topo engine.
+
+    python train.py CONFIG.yml [MORE.yml ...] [--set dotted.key=value ...]
+    python train.py --list-keys        # every config key: type, default, valid values, doc
+
+Launched directly (one process), by torchrun, or by srun (see slurm/).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from megatron_topo.cli import OneLineParser
+
+
+def main(argv=None) -> int:
+    if "--list-keys" in (sys.argv[1:] if argv is None else argv):
+        from megatron_topo.config import describe_keys
+
+        print(describe_keys())
+        return 0
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                       usage_line="python train.py CONFIG.yml [MORE.yml ...] [--set KEY=VALUE ...]")
+    ap.add_argument("configs", nargs="+", help="YAML files merged in order")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key, e.g. --set train_iters=10 --set zero_topo.preset=zero3")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="run one step's real engine code as one rank on meta tensors and the fake process "
+                         "group (no data, no GPU): prints the config, plan, traffic and memory; last line JSON")
+    ap.add_argument("--world-size", type=int, default=None,
+                    help="with --dry-run: the world to emulate (default: the launcher's)")
+    ap.add_argument("--rank", type=int, default=None, help="with --dry-run: the rank to be (default: the launcher's)")
+    args = ap.parse_args(argv)
+    if (args.world_size is not None or args.rank is not None) and not args.dry_run:
+        ap.error("--world-size and --rank go with --dry-run")
+    if args.dry_run:
+        return dry_run(args)
+
+    from megatron_topo.config import ConfigError, load_config
+    from megatron_topo.data import DataError
+    from megatron_topo.fault_injection import active as active_faults
+    from megatron_topo.faults import describe_failure
+    from megatron_topo.training import Trainer, TrainingError, setup_runtime
+    from megatron_topo.zero_topo.checkpoint import CheckpointError
+
+    rt = None
+    try:
+        cfg = load_config(args.configs, args.overrides)
+        active_faults()  # a malformed MEGATRON_TOPO_FAULT fails here, not mid-run
+        rt = setup_runtime(cfg)
+        trainer = Trainer(cfg, rt)
+        last = trainer.train()
+    except KeyboardInterrupt:  # Ctrl-C before training started (in it, SIGINT stops after the step and saves)
+        print("error: interrupted before training started; nothing saved", file=sys.stderr)
+        return 130
+    except (ConfigError, DataError, CheckpointError, TrainingError) as e:
+        if rt is not None and rt.heartbeat is not None:
+            rt.heartbeat.stop()  # leaving on purpose: the other ranks must not report this rank as lost
+        print_errors(e)
+        return 2 if not isinstance(e, TrainingError) else 1
+    except Exception as e:
+        # a vanished peer or a collective time-out: one line naming the lost rank, then exit at
+        # once (tearing down a broken process group can hang)
+        line = describe_failure(e, rt.rank, rt.world_size, rt.heartbeat, cfg.distributed.collective_timeout_s) \
+            if rt is not None and rt.distributed else None
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
+        if isinstance(e, OSError) and e.filename is not None:
+            print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        oom = _out_of_memory(e)
+        if oom is not None:  # a model too large for this machine: one line, not a C++ traceback
+            if rt is not None and rt.heartbeat is not None:
+                rt.heartbeat.stop()
+            print(f"error: rank {rt.rank if rt is not None else 0}: out of memory ({oom}); use a smaller model or "
+                  f"micro-batch, shard more (zero_topo.preset: zero3 or topo) or add ranks", file=sys.stderr)
+            return 1
+        raise
+    if rt.heartbeat is not None:
+        rt.heartbeat.stop()
+    if rt.rank == 0 and last.get("stopped_by"):  # SIGTERM/SIGUSR1/SIGINT: saved, exit 0
+        where = f"checkpoint {last['checkpoint']}" if last.get("checkpoint") else "no checkpoint (checkpoint.save is unset)"
+        print(f"stopped by {last['stopped_by']} at step {trainer.state.step}; {where}", flush=True)
+    elif rt.rank == 0:
+        lg = cfg.logging
+        if "loss" in last:
+            print(f"done: step {trainer.state.step}, loss {last['loss']:.4f}")
+        else:
+            print(f"done: step {trainer.state.step} (train_iters reached before this run: nothing to train)")
+        print(f"metrics:     {os.path.join(lg.log_dir, 'metrics.jsonl')}")
+        print(f"tensorboard: {lg.tensorboard_dir or os.path.join(lg.log_dir, 'tensorboard')}")
+        if last.get("checkpoint"):
+            print(f"checkpoint:  {last['checkpoint']}")
+    return 0
+
+
+def dry_run(args) -> int:
+    # the fake process group warns once per group that it has no hooks: not for the user
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    from megatron_topo import dryrun
+    from megatron_topo.config import ConfigError, load_config
+    from megatron_topo.topology import launcher_env
+
+    try:
+        cfg = load_config(args.configs, args.overrides)
+        env = launcher_env()
+        world = args.world_size if args.world_size is not None else env["world_size"]
+        rank = args.rank if args.rank is not None else (env["rank"] if args.world_size is None else 0)
+        if world < 1:
+            raise ConfigError(f"--world-size must be >= 1, got {world}")
+        if not 0 <= rank < world:
+            raise ConfigError(f"--rank {rank} is outside the world of {world} ranks; valid 0..{world - 1}")
+        local = env["local_world_size"] if args.world_size is None else None
+        return dryrun.main(cfg, world, rank, local, sys.stdout)
+    except (ConfigError, ValueError) as e:
+        print_errors(e)
+        return 2
+
+
+def print_errors(e) -> None:
+    """One ``error:`` line per problem (a config file's problems are all reported at once)."""
+    for line in getattr(e, "problems", None) or [str(e)]:
+        print(f"error: {line}", file=sys.stderr)
+
+
+def _out_of_memory(e: BaseException):
+    """A short description when ``e`` is an allocation failure (host or device), else None."""
+    import re
+
+    import torch
+
+    text = str(e)
+    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                                  getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    if not (isinstance(e, MemoryError) or isinstance(e, oom_types) or "can't allocate memory" in text
+            or "out of memory" in text.lower()):
+        return None
+    m = re.search(r"(?:tried to allocate|allocate) ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)", text)
+    return f"an allocation of {m.group(1)} failed" if m else (text.splitlines()[0][:120] if text else type(e).__name__)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

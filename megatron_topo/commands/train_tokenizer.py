@@ -1,0 +1,131 @@
+"""Train a tokenizer on a corpus: byte-level BPE (HuggingFace ``tokenizers`` JSON, GPT-NeoX-20B
+style, for --tokenizer-type HFTokenizer) or sentencepiece (.model, for SPMTokenizer).
+
+    python tools/train_tokenizer.py --input data/pile/00.jsonl.zst --model-type bpe \\
+        --vocab-size 50000 --output data/tokenizer.json
+
+Inputs as for preprocess_data.py (.jsonl[.zst|.gz|.xz], .parquet, .arrow, datasets save_to_disk
+folders, text files, directories; comma-separated lists too). Both models get
+an ``<|endoftext|>`` token (the EOD id) and reproduce any text exactly (byte-level alphabet for
+BPE; byte fallback, identity normalization and no dummy prefix for sentencepiece). The output is
+written atomically; bad input prints one line on stderr and exits 1.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+
+from megatron_topo.atomic import atomic_path
+from megatron_topo.cli import OneLineParser
+
+from megatron_topo.data import DataError
+from megatron_topo.data.errors import error_line
+from megatron_topo.data.preprocess import expand_sources, iter_source_documents
+
+SPECIAL = ["<|endoftext|>", "<|padding|>"]
+SPM_PIECE_CHARS = 2048  # documents are cut at line ends into pieces below sentencepiece's limit
+
+
+def train_bpe(texts, vocab_size: int, output: str, min_frequency: int = 2) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.save(output)
+
+
+def _spm_pieces(texts):
+    for text in texts:
+        piece = ""
+        for line in text.splitlines(keepends=True):
+            if piece and len(piece) + len(line) > SPM_PIECE_CHARS:
+                yield piece
+                piece = ""
+            piece += line[: SPM_PIECE_CHARS]
+        if piece:
+            yield piece
+
+
+def train_sentencepiece(texts, vocab_size: int, output: str, model_type: str = "unigram") -> None:
+    import sentencepiece as spm
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "spm")
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=_spm_pieces(texts), model_prefix=prefix, vocab_size=vocab_size,
+                model_type=model_type, character_coverage=1.0, byte_fallback=True,
+                normalization_rule_name="identity", add_dummy_prefix=False, remove_extra_whitespaces=False,
+                split_digits=True, allow_whitespace_only_pieces=True, user_defined_symbols=SPECIAL[:1],
+                max_sentence_length=4 * SPM_PIECE_CHARS + 16, input_sentence_size=2_000_000,
+                shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2)
+        except (RuntimeError, OSError) as e:
+            raise DataError(f"sentencepiece training failed: {str(e).splitlines()[0] if str(e) else e}") from None
+        shutil.copyfile(prefix + ".model", output)
+
+
+def parse_args(argv=None):
+    p = OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument("--input", nargs="+", required=True,
+                   help=".jsonl[.zst|.gz|.xz], .parquet, .arrow, datasets folders, text files or directories")
+    p.add_argument("--model-type", required=True, choices=["bpe", "sentencepiece"])
+    p.add_argument("--vocab-size", type=int, required=True)
+    p.add_argument("--output", required=True, help="tokenizer.json (bpe) or NAME.model (sentencepiece)")
+    p.add_argument("--spm-model-type", default="unigram", choices=["unigram", "bpe"])
+    p.add_argument("--min-frequency", type=int, default=2, help="bpe: minimum pair frequency")
+    p.add_argument("--jsonl-keys", nargs=1, default=["text"], help="JSON key holding the text")
+    p.add_argument("--skip-bad-lines", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        smallest = 256 + len(SPECIAL) + 1 if args.model_type == "bpe" else 256 + 4 + 1
+        if args.vocab_size < smallest:
+            raise DataError(f"--vocab-size {args.vocab_size}: must be >= {smallest} (the byte alphabet "
+                            f"plus special tokens)")
+        files = expand_sources(args.input)
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
+        count, failure = [0], []
+
+        def texts():  # a reading error stops training cleanly and is raised afterwards
+            try:
+                for text in iter_source_documents(files, tuple(args.jsonl_keys), args.skip_bad_lines, warn):
+                    count[0] += 1
+                    yield text
+            except DataError as e:
+                failure.append(e)
+
+        with atomic_path(args.output) as tmp:  # fsynced and renamed; removed on any error
+            trained = None
+            try:
+                if args.model_type == "bpe":
+                    train_bpe(texts(), args.vocab_size, tmp, args.min_frequency)
+                else:
+                    train_sentencepiece(texts(), args.vocab_size, tmp, args.spm_model_type)
+            except DataError as e:
+                trained = e
+            if failure:  # the input's fault comes first, then an empty corpus, then training errors
+                raise failure[0]
+            if count[0] == 0:
+                raise DataError(f"no documents found in {', '.join(args.input)} (empty input)")
+            if trained is not None:
+                raise trained
+    except (DataError, OSError) as e:
+        print(f"error: {error_line(e)}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output} ({args.model_type}, vocab {args.vocab_size}, {count[0]} documents)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
