@@ -41,19 +41,19 @@ def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional
     shape = Shape.from_config(cfg.model)
     topo = Topology(r0["world_size"], r0["gcds_per_gpu"], r0["gpus_per_node"])
     mb, rc = cfg.train.train_micro_batch_size_per_gpu, cfg.model.checkpoint_activations
-    plans = {r["strategy"]: Plan(**r["plan"]) for r in ok}
+    plan = lambda r: Plan(**r["plan"])  # noqa: E731  (per row: auto's plan differs between counts)
     fit = meta.get("cpu_fit")
     if fit:  # the constants the auto runs used (bench_sharding.calibrate)
         cpu = emu.CpuRates(fit["flops_per_rank"], emu.EMULATED_TRANSPORT_GBS, fit["quant_ns_per_element"] * 1e-9,
                            fit["call_us"] * 1e-6, fit["optimizer_ns_per_param"] * 1e-9)
     else:  # fitted over the unshaped rows of our own trainer (FSDP2 and auto are not in the fit)
-        cpu = emu.fit_cpu(shape, topo, mb, [(plans[r["strategy"]], r["accum"], r["unshaped_step_time_s"]) for r in ok
+        cpu = emu.fit_cpu(shape, topo, mb, [(plan(r), r["accum"], r["unshaped_step_time_s"]) for r in ok
                                             if r["kind"] == "train" and r["strategy"] != "auto"], rc)
     out = {}
     for r in ok:
         system = emu.emulated_system(cfg.system, r["inter_node_rate_bps"], r["intra_node_rate_bps"])
         out[(r["cluster"], r["strategy"], r["accum"])] = emu.estimate_emulated(
-            shape, plans[r["strategy"]], topo, system, mb, r["accum"], cpu, rc)["step_s"]
+            shape, plan(r), topo, system, mb, r["accum"], cpu, rc)["step_s"]
     return out, {"flops": cpu.flops, "quant_ns_per_element": cpu.quant_s_per_element * 1e9,
                  "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9}
 
