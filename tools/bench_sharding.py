@@ -585,6 +585,9 @@ def build_parser():
                     choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is stopped")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="DIR",
+                    help="run nothing: pool the rows of earlier runs' DIR/results.json (rounds of the same "
+                         "series; step times are pooled per row, unshaped times kept) and write the reports to --out")
     return ap
 
 
@@ -604,6 +607,8 @@ def main(argv=None) -> int:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     out = os.path.abspath(a.out)
+    if a.pool:
+        return pool(a, out)
     plan = []
     if "main" in a.series:
         for s in a.strategies:
@@ -679,6 +684,41 @@ def main(argv=None) -> int:
     with open(os.path.join(out, "results.md")) as f:
         print(f.read())
     return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def pool(a, out: str) -> int:
+    """Rows of several runs pooled as rounds of one (``merge``); meta from the first run, with the
+    pooled runs listed. A run without unshaped rows (``--no-unshaped``) adds step times only."""
+    runs = []
+    for d in a.pool:
+        try:
+            with open(os.path.join(d, "results.json")) as f:
+                rows = json.load(f)
+            with open(os.path.join(d, "meta.json")) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"bench_sharding: --pool {d}: cannot read results.json/meta.json ({e})", file=sys.stderr)
+            return 2
+        runs.append((d, rows, meta))
+    groups: dict = {}
+    for _, rows, _ in runs:
+        for r in rows:
+            key = (r.get("series"), r.get("strategy"), r.get("nodes"), r.get("cluster", ""), r.get("accum", 0))
+            groups.setdefault(key, []).append(r)
+    merged = []
+    for rows in groups.values():
+        m = merge(rows, a)
+        m["rounds"] = sum(r.get("rounds", 1) for r in rows if r.get("ok"))
+        if "auto" == m.get("strategy"):
+            m["auto_choices"] = sorted({r.get("auto_choice") or "?" for r in rows})
+        merged.append(m)
+    meta = dict(runs[0][2], pooled=[d for d, _, _ in runs], repeats=sum(x[2].get("repeats", 1) for x in runs))
+    if any(x[2].get("cpu_fit") != meta.get("cpu_fit") and x[2].get("cpu_fit") for x in runs[1:]):
+        meta["cpu_fit_note"] = "the pooled runs fitted different CPU constants; the first run's are shown"
+    os.makedirs(out, exist_ok=True)
+    write_reports(out, merged, meta)
+    print(f"bench_sharding: pooled {len(runs)} runs into {out}/results.json, results.md")
+    return 0 if all(r.get("ok") for r in merged) else 1
 
 
 def accum_defs(a) -> list:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from typing import Optional
 
 from ...config import load_config
@@ -75,6 +76,16 @@ def crossings(series: dict, counts: list[int]) -> list[str]:
     return out
 
 
+PLAN_FIELDS = ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree", "weight_bits",
+               "secondary_bits", "grad_bits", "combine_bits", "publish_bits", "inter_node_reduce", "error_feedback")
+
+
+def same_plan(a: dict, b: dict) -> bool:
+    """Two rows ran the same plan (our trainer; FSDP2 rows run other code)."""
+    return (a.get("kind") == b.get("kind") == "train" and bool(a.get("plan")) and bool(b.get("plan"))
+            and all(a["plan"].get(f) == b["plan"].get(f) for f in PLAN_FIELDS))
+
+
 def _best(by: dict, names, k: int) -> Optional[tuple[str, float]]:
     got = [(s, by[s][k]["step_time_s"]) for s in names if k in by.get(s, {})]
     return min(got, key=lambda x: x[1]) if got else None
@@ -122,9 +133,17 @@ def render(rows: list[dict], meta: dict, root: str) -> str:
             ratios = [f"{by[x][k]['step_time_s'] / bt[1]:.2f}x" if k in by.get(x, {}) else "—" for x in RIVALS]
             fastest = _best(by, PRESET_ROWS, k)
             auto = by.get("auto", {}).get(k)
+            cell = "— | — |"
+            if auto:
+                choice = (auto.get("auto_choice") or "?").split(" (")[0].split("chose ")[-1]
+                twin = next((x for x in PRESET_ROWS if k in by.get(x, {}) and same_plan(by[x][k], auto)), None)
+                cell = f"{choice}{f' (= {twin})' if twin else ''} | {auto['step_time_s'] / fastest[1]:.2f}x"
+                if twin:  # the same configuration measured twice: both samples of it
+                    both = statistics.median(auto["timed_s"] + by[twin][k]["timed_s"])
+                    cell += f" (pooled with {twin}: {both / fastest[1]:.2f}x)"
+                cell += " |"
             md.append(f"| {k} | {bt[0]} {bt[1]:.2f} s | " + " | ".join(ratios) + f" | {fastest[0]} {fastest[1]:.2f} s | "
-                      + (f"{(auto.get('auto_choice') or '?').split(' (')[0].split('chose ')[-1]} | "
-                         f"{auto['step_time_s'] / fastest[1]:.2f}x |" if auto else "— | — |"))
+                      + cell)
         meas = {s: {k: r["step_time_s"] for k, r in per.items()} for s, per in by.items() if s != "auto"}
         prd = {s: {k: pred[(cluster, s, k)] for k in per if (cluster, s, k) in pred} for s, per in by.items()
                if s != "auto"}
