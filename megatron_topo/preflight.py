@@ -14,7 +14,7 @@ from .config import Config, ConfigError
 from .model import unit_numels
 from .topology import Topology
 from .zero_topo import memory
-from .zero_topo.plan import PRESETS, Plan, resolve_plan
+from .zero_topo.sharding import PRESETS, Plan, resolve_plan
 
 GIB = memory.GIB
 

@@ -9,7 +9,7 @@ from megatron_topo.model import build_model
 from megatron_topo.topology import Topology
 from megatron_topo.zero_topo.comm import Comm
 from megatron_topo.zero_topo.engine import ZeroTopoEngine
-from megatron_topo.zero_topo.plan import resolve_plan
+from megatron_topo.zero_topo.sharding import resolve_plan
 
 # the architecture stated explicitly (the defaults follow GPT-NeoX's since issue 15)
 TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64, rotary_pct=0.25,

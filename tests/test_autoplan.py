@@ -14,7 +14,7 @@ from megatron_topo.analysis import perf_model as pm
 from megatron_topo.config import ConfigError, SystemConfig, load_config
 from megatron_topo.analysis.emulation import predict as emu
 from megatron_topo.training import Trainer
-from megatron_topo.zero_topo.plan import resolve_plan
+from megatron_topo.zero_topo.sharding import resolve_plan
 
 from .dist_utils import run_distributed
 from .train_utils import datasets, local_runtime, small_config

@@ -16,7 +16,7 @@ from megatron_topo.topology import Topology
 from megatron_topo.zero_topo import checkpoint as ckpt
 from megatron_topo.zero_topo.comm import Comm
 from megatron_topo.zero_topo.engine import ZeroTopoEngine
-from megatron_topo.zero_topo.plan import resolve_plan
+from megatron_topo.zero_topo.sharding import resolve_plan
 
 from .dist_utils import run_distributed
 from .engine_cases import BETAS, CLIP, EPS, LR, WD, batch, tiny_cfg, train_steps

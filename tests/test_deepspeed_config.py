@@ -11,7 +11,7 @@ import yaml
 from megatron_topo.config import ConfigError, check_batch_size, load_config
 from megatron_topo.topology import Topology
 from megatron_topo.training import learning_rate
-from megatron_topo.zero_topo.plan import effective_config, resolve_plan
+from megatron_topo.zero_topo.sharding import effective_config, resolve_plan
 
 NODE16 = Topology(32, 2, 8)  # 2 nodes of 8 GPUs x 2 GCDs: 16 ranks per node
 

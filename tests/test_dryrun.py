@@ -40,7 +40,7 @@ def test_dry_run_memory_and_traffic_equal_the_formulas(model, gcds, rank):
     assert r["world_size"] == gcds and r["rank"] == rank
     st = r["model_state_bytes_per_rank"]
     numels = [int(n) for n in formulas.raw_unit_lengths(cfg.model)]
-    from megatron_topo.zero_topo.plan import Plan
+    from megatron_topo.zero_topo.sharding import Plan
     plan = Plan(**r["plan"])
     assert st == memory.state_bytes(numels, plan, gcds, cfg.precision)  # exact, padding and scales included
     # tools/plan.py (engine convention, its default) shows the same numbers

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from megatron_topo.config import ZeroTopoConfig
-from megatron_topo.zero_topo.plan import PRESETS
+from megatron_topo.zero_topo.sharding import PRESETS
 
 from .dist_utils import run_distributed
 from .engine_cases import make_engine, reference, train_steps

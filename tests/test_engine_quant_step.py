@@ -8,7 +8,7 @@ import torch
 from megatron_topo.config import ConfigError, ZeroTopoConfig
 from megatron_topo.topology import Topology
 from megatron_topo.zero_topo import layout as L
-from megatron_topo.zero_topo.plan import resolve_plan
+from megatron_topo.zero_topo.sharding import resolve_plan
 
 from .dist_utils import run_distributed
 from .engine_cases import make_engine, reference, train_steps

@@ -4,7 +4,7 @@ import pytest
 from megatron_topo.config import ConfigError, TopologyConfig, ZeroOptimizationBlock, ZeroTopoConfig
 from megatron_topo.topology import Topology, topology_from_config
 from megatron_topo.zero_topo import layout as L
-from megatron_topo.zero_topo.plan import resolve_plan
+from megatron_topo.zero_topo.sharding import resolve_plan
 
 FRONTIER2 = Topology(16, 2, 4)  # 2 nodes x 4 GPUs x 2 GCDs
 

@@ -15,7 +15,7 @@ from megatron_topo.commands import plan as tool
 from megatron_topo.config import SystemConfig, TopologyConfig, load_config
 from megatron_topo.topology import Topology
 from megatron_topo.zero_topo import layout as L
-from megatron_topo.zero_topo.plan import PRESETS, validate_plan
+from megatron_topo.zero_topo.sharding import PRESETS, validate_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_PY = os.path.join(REPO, "tools", "plan.py")

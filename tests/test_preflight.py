@@ -11,7 +11,7 @@ import torch
 from megatron_topo import preflight
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.topology import Topology
-from megatron_topo.zero_topo.plan import resolve_plan
+from megatron_topo.zero_topo.sharding import resolve_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = [os.path.join(REPO, f"configs/{f}.yml") for f in ("20B", "topo", "frontier")]

@@ -43,7 +43,7 @@ def _sharded_init(rank, world):
     from megatron_topo.topology import Topology
     from megatron_topo.zero_topo.comm import Comm
     from megatron_topo.zero_topo.engine import ZeroTopoEngine
-    from megatron_topo.zero_topo.plan import resolve_plan
+    from megatron_topo.zero_topo.sharding import resolve_plan
 
     cfg = ModelConfig(**{**tiny_cfg().__dict__, "no_weight_tying": False})
     model = build_model(cfg, device="meta")
@@ -121,7 +121,7 @@ def test_memory_formula_counts_the_tied_weight_once():
     from megatron_topo.dryrun import dry_run
     from megatron_topo.model import build_model, num_params, unit_numels
     from megatron_topo.zero_topo import memory
-    from megatron_topo.zero_topo.plan import Plan
+    from megatron_topo.zero_topo.sharding import Plan
 
     cfg = tiny_cfg(no_weight_tying=False)
     assert sum(unit_numels(cfg)) == num_params(build_model(cfg, device="meta"))

@@ -131,7 +131,7 @@ class Ours:
         from megatron_topo.topology import Topology
         from megatron_topo.zero_topo.comm import Comm
         from megatron_topo.zero_topo.engine import ZeroTopoEngine
-        from megatron_topo.zero_topo.plan import resolve_plan
+        from megatron_topo.zero_topo.sharding import resolve_plan
 
         topo = Topology(world_size=1, gcds_per_gpu=1, gpus_per_node=1)
         plan = resolve_plan(ZeroTopoConfig(preset="ddp"), topo)

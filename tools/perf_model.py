@@ -42,7 +42,7 @@ from megatron_topo.analysis import perf_sources as sources
 from megatron_topo.analysis.emulation import predict as emu
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.topology import Topology
-from megatron_topo.zero_topo.plan import PRESETS
+from megatron_topo.zero_topo.sharding import PRESETS
 
 GB = 1e9
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -29,7 +29,7 @@ from .. import preflight
 from ..config import Config, ConfigError, SystemConfig, ZeroTopoConfig
 from ..model import unit_numels
 from ..topology import Topology
-from ..zero_topo.plan import PRESETS, Plan, resolve_plan
+from ..zero_topo.sharding import PRESETS, Plan, resolve_plan
 
 GIB = 2 ** 30
 # plan fields a user may pin under ``preset: auto`` (None in the block = searched)

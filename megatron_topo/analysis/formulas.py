@@ -61,7 +61,7 @@ def total_over_ranks(per_rank: dict, world_size: int) -> dict:
 def plan_for(preset: str, topo: Topology, overrides: Optional[dict] = None, **zt) -> object:
     """The Plan a preset resolves to on ``topo`` (with zero_topo overrides)."""
     from ..config import ZeroTopoConfig
-    from ..zero_topo.plan import resolve_plan
+    from ..zero_topo.sharding import resolve_plan
 
     kw = dict(zt)
     kw.update(overrides or {})

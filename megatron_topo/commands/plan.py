@@ -26,7 +26,7 @@ from megatron_topo.analysis import perf_model as pm
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo import preflight
 from megatron_topo.model import unit_numels
-from megatron_topo.zero_topo.plan import PRESETS
+from megatron_topo.zero_topo.sharding import PRESETS
 
 GB = 1e9
 MAX_NODES = 100_000  # larger than any machine; the legal-plan search walks the divisors of nodes x ranks

@@ -1,5 +1,5 @@
 """DeepSpeed config blocks: ``scheduler`` (mapped onto the learning-rate keys), ``zero_optimization``
-and its offload blocks (mapped onto presets by zero_topo.plan)."""
+and its offload blocks (mapped onto presets by zero_topo.sharding)."""
 from __future__ import annotations
 
 import dataclasses
@@ -66,7 +66,7 @@ class OffloadBlock:
 
 @dataclass
 class ZeroOptimizationBlock:
-    """DeepSpeed's ``zero_optimization`` keys, mapped onto presets (see zero_topo.plan)."""
+    """DeepSpeed's ``zero_optimization`` keys, mapped onto presets (see zero_topo.sharding)."""
 
     stage: int = option(0, "ZeRO stage", choices=(0, 1, 2, 3), neox="implemented")
     zero_hpz_partition_size: int = option(1, "ZeRO++ hpZ secondary partition size", ge=1, neox="implemented")

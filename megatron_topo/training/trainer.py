@@ -19,7 +19,7 @@ from ..model import build_model
 from ..zero_topo import checkpoint as ckpt
 from ..zero_topo.comm import Comm
 from ..zero_topo.engine import ZeroTopoEngine
-from ..zero_topo.plan import Plan, effective_config
+from ..zero_topo.sharding import Plan, effective_config
 from .batches import Batches, build_data, learning_rate, loss_fn
 from .checkpoints import TrainerCheckpoints, TrainState
 from .runtime import Runtime, seed_everything

@@ -29,7 +29,7 @@ from . import layout as L
 from . import memory
 from .comm import Comm
 from .optimizer import ShardedAdamW
-from .plan import Plan
+from .sharding import Plan
 from .scaler import LossScaler
 from .unit import ShardedUnit, UnitGroups
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from . import layout as L
-from .plan import Plan
+from .sharding import Plan
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SCALE_BYTES = 4  # one fp32 scale per quantization block

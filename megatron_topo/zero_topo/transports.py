@@ -20,7 +20,7 @@ import torch.distributed as dist
 from . import kernels
 from . import layout as L
 from .comm import Group, Handle, TwoStageHandle
-from .plan import Plan
+from .sharding import Plan
 
 if TYPE_CHECKING:
     from .unit import ShardedUnit

@@ -18,7 +18,7 @@ from . import kernels
 from . import layout as L
 from . import transports
 from .comm import Comm, Group, Handle
-from .plan import Plan
+from .sharding import Plan
 
 # the secondary copy: (INT payload, fp32 scales) or a 16-bit tensor
 Secondary = Union[tuple[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -12,7 +12,7 @@ from typing import Optional
 
 from ...config import load_config
 from ...topology import Topology
-from ...zero_topo.plan import Plan
+from ...zero_topo.sharding import Plan
 from ..perf_model import Shape
 from . import predict as emu
 

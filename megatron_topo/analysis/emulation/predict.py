@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 from ...config import SystemConfig
 from ...topology import Topology
 from ...zero_topo import layout as L
-from ...zero_topo.plan import Plan
+from ...zero_topo.sharding import Plan
 from ..perf_model import Collective, Shape, compose_passes, plan_collectives, preset_plan
 
 

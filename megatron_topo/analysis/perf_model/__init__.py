@@ -14,7 +14,7 @@ the time of one collective), ``step`` (composition into a step, predictions), ``
 legal plan, ranked). The emulated cluster's model builds on this one
 (:mod:`megatron_topo.analysis.emulation.predict`).
 """
-from ...zero_topo.plan import Plan  # re-exported: callers build plans next to the model
+from ...zero_topo.sharding import Plan  # re-exported: callers build plans next to the model
 from .collectives import (NIC_SHARING, Collective, _block0, _collective, _group_info, _post_gather0,
                           _replicas0, _two_hop0, bandwidth, bytes_per_level, collective_time, latency,
                           plan_collectives, unit_collectives)

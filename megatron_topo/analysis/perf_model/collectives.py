@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ...config import SystemConfig
 from ...topology import LEVELS, Topology
-from ...zero_topo.plan import Plan
+from ...zero_topo.sharding import Plan
 from ...zero_topo.volumes import ring_bytes, ring_steps
 
 NIC_SHARING = ("ring", "rank")

@@ -7,7 +7,7 @@ from typing import Optional, Sequence
 
 from ...config import ConfigError, SystemConfig
 from ...topology import Topology
-from ...zero_topo.plan import Plan, validate_plan
+from ...zero_topo.sharding import Plan, validate_plan
 from .shape import GIB, Shape, model_state_memory
 from .step import StepEstimate, estimate_step
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from ...config import ModelConfig, TopologyConfig, ZeroTopoConfig
 from ...metrics import gpt_flops
 from ...topology import Topology
-from ...zero_topo.plan import Plan, resolve_plan
+from ...zero_topo.sharding import Plan, resolve_plan
 
 GIB = 2 ** 30
 ADAM_BYTES_PER_PARAM = 12  # fp32 master + two fp32 moments (ZeRO-topo §III, K = 12)

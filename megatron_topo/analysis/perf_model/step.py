@@ -8,7 +8,7 @@ from typing import Iterable, Optional, Sequence
 
 from ...config import Config, SystemConfig
 from ...topology import Topology
-from ...zero_topo.plan import Plan
+from ...zero_topo.sharding import Plan
 from .collectives import Collective, bytes_per_level, collective_time, plan_collectives
 from .shape import GIB, OPTIMIZER_TRAFFIC_BYTES_PER_PARAM, Shape, model_state_memory, preset_plan, topology_for
 
