@@ -2,7 +2,7 @@
 # RCCL's all-gather and reduce-scatter on Frontier, timed at the sizes ZeRO moves, fitted to the
 # performance model's ring constants (alpha per step, beta per GCD). The one measurement that
 # settles the model's paper comparison (docs/frontier.md §4): run it on the paper's 48 nodes and
-# pass the printed --set system.latency_inter_node_us=... to tools/perf_model.py.
+# pass the printed --set system.latency_inter_node_us=... to tools/predict_perf.py.
 #   sbatch slurm/frontier_collectives.sh                   # from any folder
 #   sbatch --nodes=4 slurm/frontier_collectives.sh         # any other scale
 #   sbatch slurm/frontier_collectives.sh --sizes-mb 1,2 --iters 5   # arguments replace the defaults below

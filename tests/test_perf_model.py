@@ -18,7 +18,7 @@ from megatron_topo.config import SystemConfig, load_config
 from megatron_topo.topology import Topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PERF_PY = os.path.join(REPO, "tools", "perf_model.py")
+PERF_PY = os.path.join(REPO, "tools", "predict_perf.py")
 PSI = 20_554_567_680.0
 M = 2 * PSI
 

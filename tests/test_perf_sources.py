@@ -17,7 +17,7 @@ from megatron_topo.config import load_config
 from megatron_topo.topology import Topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PERF_PY = os.path.join(REPO, "tools", "perf_model.py")
+PERF_PY = os.path.join(REPO, "tools", "predict_perf.py")
 
 
 def system(name):

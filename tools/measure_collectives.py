@@ -10,7 +10,7 @@ ones; a call's time is the slowest rank's, the reported time the median over cal
 prints time, algorithm and bus bandwidth per size, the least-squares fit of
 ``T = S(p-1)/p / beta + (p-1) * alpha`` per collective (megatron_topo.analysis.perf_sources.fit_ring) and,
 when the ranks span several nodes, the ``--set system.latency_inter_node_us=...`` that feeds the
-measured step cost to tools/perf_model.py (docs/frontier.md §4). It writes
+measured step cost to tools/predict_perf.py (docs/frontier.md §4). It writes
 ``OUT/collectives.json`` atomically. Bad arguments print one line on stderr and exit 2.
 """
 from __future__ import annotations
@@ -145,7 +145,7 @@ def render(r: dict) -> str:
                         else ""))
     alphas = [f["alpha_us"] for f in r["fit"].values() if f and f["alpha_us"] > 0]
     if alphas and r["nodes"] > 1:
-        lines.append(f"for tools/perf_model.py: --set system.latency_inter_node_us={statistics.median(alphas):.1f}")
+        lines.append(f"for tools/predict_perf.py: --set system.latency_inter_node_us={statistics.median(alphas):.1f}")
     return "\n".join(lines)
 
 

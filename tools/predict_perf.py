@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Predicted TFLOPS/GCD of sharding presets across scales (megatron_topo.analysis.perf_model).
 
-    python tools/perf_model.py --model configs/20B.yml --system configs/frontier.yml \\
+    python tools/predict_perf.py --model configs/20B.yml --system configs/frontier.yml \\
         --gcds 8,16,32,64,128,256,384 [--presets zero3,zeropp,topo] [--stack engine|deepspeed] [--json] [--plot out.png]
 
 ``--stack engine`` (default) predicts megatron_topo's engine; ``--stack deepspeed`` the software the
@@ -12,7 +12,7 @@ TFLOPS/GCD per preset and GCD count, the ratios between zero3, zeropp and topo a
 count next to the ZeRO-topo paper's 20B numbers, and each preset's weak-scaling efficiency from
 the smallest to the largest count. Bad input prints one line on stderr and exits 2.
 
-    python tools/perf_model.py --emulated runs/bench_sharding_overlap/results.json \\
+    python tools/predict_perf.py --emulated runs/bench_sharding_overlap/results.json \\
         [--system configs/emulated_cpu.yml] [--overlap engine|store_forward|serial] [--engine-before-3af3320]
 
 predicts the emulated cluster's step times for a tools/bench_sharding.py results.json and prints
@@ -20,7 +20,7 @@ them next to the measured ones with the error (docs/frontier.md §4.1): link rat
 YAML, scaled to the run's shaped rates; the CPU's FLOP rate from the run's unshaped ddp row and its
 cost per quantized element from the unshaped topo and zeropp rows (megatron_topo.analysis.emulation.predict).
 
-    python tools/perf_model.py --validate-zeropp [--system configs/dgx2_v100.yml] [--stack ...] [--nic-sharing ...]
+    python tools/predict_perf.py --validate-zeropp [--system configs/dgx2_v100.yml] [--stack ...] [--nic-sharing ...]
 
 predicts ZeRO++'s own measurements (seed 003 Table 1(a), 384 V100s, 1 and 8 IB per node) and
 prints them next to the measured TFLOPS; ``--derive-alpha`` prints RCCL's ring-step latency derived
@@ -262,7 +262,7 @@ def main(argv=None) -> int:
         if args.plot and "estimates" in r:
             plot(r, args.plot)
     except (ConfigError, ValueError, OSError, KeyError) as e:
-        print(f"perf_model.py: {e}", file=sys.stderr)
+        print(f"predict_perf.py: {e}", file=sys.stderr)
         return 2
     text = (render_emulated(r) if args.emulated else render(r) if "estimates" in r else render_sources(r))
     print(json.dumps(r, indent=1) if args.json else text)
