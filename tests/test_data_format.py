@@ -11,7 +11,7 @@ import pytest
 from megatron_topo.data import DataError, MMapIndexedDataset, MMapIndexedDatasetBuilder
 from megatron_topo.data.indexed_dataset import best_fitting_dtype
 
-from .test_data_common import CODES, error_line, pack_index, read_pair, run_tool, vm_rss_kb, write_pair
+from .data_cases import CODES, error_line, pack_index, read_pair, run_tool, vm_rss_kb, write_pair
 
 
 @pytest.mark.parametrize("code", sorted(CODES))

@@ -11,7 +11,7 @@ from megatron_topo.data import BlendedDataset, DataError, GPTDataset, MMapIndexe
 from megatron_topo.data import gpt_dataset as G
 from megatron_topo.data.blending import build_blending_indices
 
-from .test_data_common import write_pair
+from .data_cases import write_pair
 
 
 # ------------------------------------------------------------------ Megatron-LM reference (ported)

@@ -9,7 +9,7 @@ import pytest
 from megatron_topo.data import MMapIndexedDataset
 from megatron_topo.data.preprocess import preprocess
 
-from .test_data_common import error_line, read_pair, run_tool, write_jsonl
+from .data_cases import error_line, read_pair, run_tool, write_jsonl
 
 
 def _docs(ds):

@@ -8,28 +8,12 @@ from hypothesis import strategies as st
 
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer
 
-from .test_data_common import error_line, run_tool, write_jsonl
-
-SAMPLES = ["", "hello world", " leading space", "trailing  \n", "tabs\tand\nnewlines\n\n  indented",
-           "héllo wörld — naïve café", "日本語のテキスト", "emoji 🙂👍 mixed", "def f(x):\n    return x ** 2\n",
-           "   ", "a" * 300, "numbers 1234567890 3.14159"]
-
-
-def _corpus(directory):
-    import sysconfig
-
-    docs = [{"text": s} for s in SAMPLES if s]
-    stdlib = sysconfig.get_paths()["stdlib"]
-    for name in ("textwrap.py", "string.py", "glob.py", "fnmatch.py", "bisect.py", "shlex.py"):
-        with open(os.path.join(stdlib, name), encoding="utf-8") as f:
-            docs.append({"text": f.read(), "meta": {"pile_set_name": "stdlib"}})
-    return write_jsonl(os.path.join(directory, "corpus.jsonl"), docs)
-
+from .data_cases import SAMPLES, error_line, run_tool, write_corpus, write_jsonl
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     d = tmp_path_factory.mktemp("tok")
-    corpus = _corpus(str(d))
+    corpus = write_corpus(str(d))
     bpe, spm = str(d / "bpe.json"), str(d / "spm.model")
     run_tool("train_tokenizer", "--input", corpus, "--model-type", "bpe", "--vocab-size", 600, "--output", bpe,
              check=True)

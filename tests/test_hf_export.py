@@ -12,8 +12,7 @@ from megatron_topo.commands import convert_to_hf, generate, train_tokenizer
 from megatron_topo.data import build_tokenizer
 from megatron_topo.training import Trainer
 
-from .test_data_common import write_jsonl
-from .test_data_tokenizers import SAMPLES, _corpus
+from .data_cases import SAMPLES, write_corpus, write_jsonl
 from .train_utils import datasets, local_runtime, small_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,7 +42,7 @@ def setup(tmp_path_factory):
     """One tiny model (vocab 640, ByteLevel in its config) trained 2 steps and saved, and tiny
     tokenizer files of every kind."""
     tmp = tmp_path_factory.mktemp("hfexport")
-    corpus = _corpus(str(tmp))
+    corpus = write_corpus(str(tmp))
     texts = [json.loads(line)["text"] for line in open(corpus, encoding="utf-8")]
     files = {"corpus_texts": texts}
     files["bpe"] = str(tmp / "bpe.json")

@@ -20,7 +20,7 @@ import pytest
 from megatron_topo.data import MMapIndexedDataset, build_tokenizer
 from megatron_topo.data.preprocess import preprocess
 
-from .test_data_common import error_line, run_tool, write_jsonl
+from .data_cases import SAMPLES, error_line, run_tool, write_corpus, write_jsonl
 
 datasets = pytest.importorskip("datasets")
 pa = pytest.importorskip("pyarrow")
@@ -194,10 +194,8 @@ def gpt2_files(tmp_path_factory):
     """vocab.json + merges.txt (and the same model as tokenizer.json) of a tiny BPE trained here."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from .test_data_tokenizers import SAMPLES, _corpus
-
     d = tmp_path_factory.mktemp("gpt2")
-    texts = [json.loads(line)["text"] for line in open(_corpus(str(d)), encoding="utf-8")]
+    texts = [json.loads(line)["text"] for line in open(write_corpus(str(d)), encoding="utf-8")]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

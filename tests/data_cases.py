@@ -1,5 +1,5 @@
 """Helpers shared by the data tests (no tests here): an independent MMIDIDX writer/reader written
-from the format description (struct, not our code), and a CLI runner."""
+from the format description (struct, not our code), a CLI runner, and a small tokenizer corpus."""
 from __future__ import annotations
 
 import json
@@ -100,3 +100,21 @@ def vm_rss_kb() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+# texts every tokenizer must round-trip exactly
+SAMPLES = ["", "hello world", " leading space", "trailing  \n", "tabs\tand\nnewlines\n\n  indented",
+           "héllo wörld — naïve café", "日本語のテキスト", "emoji 🙂👍 mixed", "def f(x):\n    return x ** 2\n",
+           "   ", "a" * 300, "numbers 1234567890 3.14159"]
+
+
+def write_corpus(directory) -> str:
+    """The SAMPLES plus six standard-library sources as a JSONL corpus; returns its path."""
+    import sysconfig
+
+    docs = [{"text": s} for s in SAMPLES if s]
+    stdlib = sysconfig.get_paths()["stdlib"]
+    for name in ("textwrap.py", "string.py", "glob.py", "fnmatch.py", "bisect.py", "shlex.py"):
+        with open(os.path.join(stdlib, name), encoding="utf-8") as f:
+            docs.append({"text": f.read(), "meta": {"pile_set_name": "stdlib"}})
+    return write_jsonl(os.path.join(directory, "corpus.jsonl"), docs)
