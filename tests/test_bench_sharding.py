@@ -26,7 +26,7 @@ B = load_tool("bench_sharding")
 
 @pytest.mark.parametrize("kind", list(V.CASES))
 def test_formulas_equal_the_engine_volume_tests(kind):
-    """The bench's generic DESIGN §4 formula reproduces tests/test_engine_volumes.py's table for
+    """The bench's generic docs/design.md §4.8 formula reproduces tests/test_engine_volumes.py's table for
     every preset (which that test checks against the engine's counters)."""
     topo = Topology(V.W, V.G, V.P // V.G)
     kw = dict(V.CASES[kind])

@@ -1,6 +1,6 @@
 """Frontier-scale dry run on one CPU: the real engine as one rank of 8..384 on meta tensors and the
 fake process group. Its memory equals the exact formula (zero_topo/memory.py), tools/plan.py's
-engine convention and DESIGN §4's per-parameter formulas up to padding; its traffic equals the
+engine convention and docs/design.md §4.10's per-parameter formulas up to padding; its traffic equals the
 per-level volume formulas; the CLI prints one JSON line last."""
 import functools
 import json
@@ -47,7 +47,7 @@ def test_dry_run_memory_and_traffic_equal_the_formulas(model, gcds, rank):
     tool = _plan_tool_states(model, gcds // 8)
     for k in ("weights", "secondary", "gradients", "optimizer", "total"):
         assert tool["memory_gib"][k] == pytest.approx(st[k] / GIB, rel=1e-12), k
-    # DESIGN §4 per parameter (fp16 weights 2psi/w, INT8 secondary psi/s, fp32 gradients 4psi/g,
+    # docs/design.md §4.10 per parameter (fp16 weights 2psi/w, INT8 secondary psi/s, fp32 gradients 4psi/g,
     # Adam 12psi/os) up to the padding of each unit to whole blocks on every shard
     psi, (w, g, o), s = r["parameters"], (plan.weight_factor, plan.grad_factor, plan.optimizer_factor), \
         plan.secondary_degree
@@ -55,7 +55,7 @@ def test_dry_run_memory_and_traffic_equal_the_formulas(model, gcds, rank):
     assert st["secondary"] == pytest.approx(psi / s, rel=5e-3)  # + one fp32 scale per 2048 values
     assert st["gradients"] == pytest.approx(4 * psi / g, rel=2e-3)
     assert st["optimizer"] == pytest.approx(12 * psi / o, rel=2e-3)
-    # one step's bytes per level equal DESIGN §4's volume table for this rank
+    # one step's bytes per level equal docs/design.md §4.8's volume table for this rank
     topo = formulas.Topology(gcds, 2, 4)
     want = formulas.expected_bytes_per_rank(plan, topo, formulas.unit_lengths(cfg.model, plan, gcds),
                                             cfg.train.gradient_accumulation_steps, elem_bytes=2)

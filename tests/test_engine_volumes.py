@@ -1,4 +1,4 @@
-"""Bytes sent per link level and model-state bytes per rank equal DESIGN §4's formulas.
+"""Bytes sent per link level and model-state bytes per rank equal the formulas of docs/design.md §4.8 and §4.10.
 
 Expectations are derived from the volume table (not from the engine): M = 2L bytes per unit at
 16 bits (L = the unit's padded length), INT8 halves it, INT4 quarters it, plus one fp32 scale
@@ -124,7 +124,7 @@ def test_bytes_per_level_equal_formulas(results, kind):
 
 
 def memory_formula(kind, L):
-    """DESIGN §4 memory per device (bf16 weights, fp32 gradient shards, Adam 12 bytes)."""
+    """docs/design.md §4.10 memory per device (bf16 weights, fp32 gradient shards, Adam 12 bytes)."""
     w, g, os_, s = {
         "ddp": (1, 1, 1, None), "zero1": (1, 1, W, None), "zero2": (1, W, W, None),
         "zero3": (W, W, W, None), "zeropp": (W, W, W, P), "mics": (P, P, P, None),

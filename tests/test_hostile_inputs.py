@@ -152,7 +152,7 @@ def S(*sets):  # train.py cfg.yml --set a --set b ...
 
 # (id, entry point, argv, mutation, exit code, text the one stderr line contains)
 CASES = [
-    # ---- config: numbers out of their declared range (issue 14 §3, §9)
+    # ---- config: numbers out of their declared range (issue 14, found items 3 and 9)
     ("cfg-negative-gradient-clipping", T, S("gradient_clipping=-1"), None, 2, "gradient_clipping must be >= 0, got -1"),
     ("cfg-negative-lr", T, S("optimizer.params.lr=-1e-3"), None, 2, "optimizer.params.lr must be >= 0"),
     ("cfg-nan-lr", T, S("optimizer.params.lr=.nan"), None, 2, "optimizer.params.lr must be a finite number"),
@@ -227,7 +227,7 @@ CASES = [
     ("yaml-config-is-a-directory", T, ["data"], None, 2, "config file data is a directory"),
     ("yaml-merge-key-repeats-a-key", T, ["cfg.yml", "m.yml"],
      _write("m.yml", "base: &b {seed: 3}\n<<: *b\n"), 2, "m.yml: unknown key 'base'"),
-    # ---- data (issue 14 §4, §5, §9)
+    # ---- data (issue 14, found items 4, 5 and 9)
     ("data-larger-bin-from-other-dataset", T, ["cfg.yml"], _swap_bin, 2,
      "data/toy.bin: .bin is 6400 bytes but the index describes exactly 5120 bytes"),
     ("data-inspect-stats-larger-bin", I, ["data/toy", "--stats"], _swap_bin, 1, "come from different datasets"),
@@ -236,7 +236,7 @@ CASES = [
     ("data-train-iters-1e10", T, S("train_iters=10000000000"), None, 2, "whose index arrays take"),
     ("data-train-iters-1e10-exponent", T, S("train_iters=1e10"), None, 2, "whose index arrays take"),
     ("data-inspect-vocab-zero", I, ["data/toy", "--vocab-size", "0"], None, 1, "--vocab-size 0: must be >= 1"),
-    # ---- checkpoints (issue 14 §8)
+    # ---- checkpoints (issue 14, found item 8)
     ("ckpt-resume-other-heads", T, LOAD + ["--set", "num_attention_heads=8"], None, 2,
      "the model config differs from the checkpoint's (num_attention_heads 4 -> 8)"),
     ("ckpt-resume-other-rotary", T, LOAD + ["--set", "rotary_pct=0.5"], None, 2, "(rotary_pct 0.25 -> 0.5)"),
@@ -255,7 +255,7 @@ CASES = [
      "checkpoint format '2' is not supported"),
     ("ckpt-fresh-run-into-another-runs-folder", T, S("save=ck"), None, 2,
      "checkpoint.save ck already holds checkpoints (latest step 2) and this run starts fresh"),  # issue 13's rule
-    # ---- tools that write: never over their input (issue 14 §1)
+    # ---- tools that write: never over their input (issue 14, found item 1)
     ("convert-force-output-is-checkpoint", H, ["--checkpoint", "ck", "--output", "ck", "--force"], None, 2,
      "--output ck is the checkpoint it reads"),
     ("convert-force-output-contains-checkpoint", H, ["--checkpoint", "ck/global_step2", "--output", ".", "--force"],
@@ -268,7 +268,7 @@ CASES = [
      lambda d: shutil.copytree(d / "ck", d / "runs" / "old" / "ck"), 2, "--output runs holds a checkpoint"),
     ("consolidate-force-output-is-a-shard", C, ["--checkpoint", "ck", "--output", f"{STEP}/rank_00000.pt", "--force"],
      None, 2, "lies inside the checkpoint it reads"),
-    # ---- generate (issue 14 §9)
+    # ---- generate (issue 14, found item 9)
     ("generate-temperature-nan", G, GEN + ["--temperature", "nan"], None, 2, "--temperature nan: must be a finite number > 0"),
     ("generate-temperature-inf", G, GEN + ["--temperature", "inf"], None, 2, "--temperature inf: must be a finite number > 0"),
     ("generate-temperature-negative", G, GEN + ["--temperature", "-1"], None, 2, "--temperature -1.0: must be"),
@@ -277,13 +277,13 @@ CASES = [
     ("generate-device-unknown", G, GEN + ["--device", "banana"], None, 2, "--device 'banana' is not a device"),
     ("generate-device-mps", G, GEN + ["--device", "mps"], None, 2, "--device 'mps': only cpu and cuda are supported"),
     ("generate-device-cuda-without-gpu", G, GEN + ["--device", "cuda"], None, 2, "--device cuda: no GPU is visible"),
-    # ---- plot_metrics (issue 14 §9)
+    # ---- plot_metrics (issue 14, found item 9)
     ("plot-step-not-a-number", PM, ["pm_str", "--out", "o.png"], None, 2, "a record has step 'ten'; steps must be integers"),
     ("plot-step-a-list", PM, ["pm_list", "--out", "o.png"], None, 2, "a record has step [1, 2]"),
     ("plot-step-fractional", PM, ["pm_frac", "--out", "o.png"], None, 2, "a record has step 1.5"),
     ("plot-not-utf8", PM, ["pm_latin1", "--out", "o.png"], None, 2, "metrics.jsonl: not UTF-8 text"),
     ("plot-unknown-option", PM, ["pm_str", "--out", "o.png", "--smoth", "3"], None, 2, "unrecognized arguments: --smoth"),
-    # ---- plan.py (issue 14 §9)
+    # ---- plan.py (issue 14, found item 9)
     ("plan-zero-inter-node-bandwidth", PL, ["--model", os.path.join(ROOT, "configs", "20B.yml"), "--system", "sys0.yml",
                                             "--nodes", "2"], None, 2, "system.bw_inter_node_gbs must be > 0, got 0"),
     ("plan-nodes-1e9", PL, PLAN + ["--nodes", "1000000000"], None, 2, "--nodes must lie in [1, 100,000]"),

@@ -1,4 +1,4 @@
-"""tools/plan.py and the memory side of megatron_topo.analysis.perf_model, against DESIGN §4's formulas
+"""tools/plan.py and the memory side of megatron_topo.analysis.perf_model, against docs/design.md §4.10's formulas
 (written out here by hand) and the ZeRO-topo paper's worked example (§II-A: on 16 GCDs of 64 GiB,
 model states alone allow about 68.7 B parameters under ZeRO-3 and about 55 B under ZeRO++)."""
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_paper_example_16_gcds():
 
 @pytest.mark.parametrize("nodes", [1, 2, 48])
 def test_memory_matches_design_formulas(nodes):
-    """DESIGN §4 (ZeRO-topo Tables V-VI), N nodes x P=8 GCDs, paper dtypes."""
+    """docs/design.md §4.10 (ZeRO-topo Tables V-VI), N nodes x P=8 GCDs, paper dtypes."""
     psi, P, N = float(PSI_20B), 8, nodes
     NP = N * P
     topo = frontier(nodes)

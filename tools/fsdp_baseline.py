@@ -43,7 +43,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class CommCounter:
     """Wraps torch.distributed's collectives (FSDP2 calls them through the module) and charges
-    the bytes this rank sends to the widest link level of the group (``zero_topo.volumes.ring_bytes``, DESIGN §4)."""
+    the bytes this rank sends to the widest link level of the group (``zero_topo.volumes.ring_bytes``,
+    docs/design.md §4.8)."""
 
     def __init__(self, topo: Topology):
         self.topo = topo

@@ -8,7 +8,7 @@ Memory, by default (``--convention engine``), is what megatron_topo allocates pe
 byte as ``train.py --dry-run`` measures it (fp32 gradient shards, every secondary at its bits,
 padding and quantization scales; zero_topo/memory.py), and a plan fits when those model states
 plus the activation and gathered-unit estimate the trainer's preflight uses fit the device.
-``--convention paper`` is the ZeRO-topo paper's accounting (DESIGN §4: weights 2psi/w + secondary,
+``--convention paper`` is the ZeRO-topo paper's accounting (docs/design.md §4.10: weights 2psi/w + secondary,
 16-bit gradients 2psi/g, Adam 12psi/o, model states only), for comparing with its tables.
 ``--reserve-gib`` replaces the activation estimate by a fixed reserve.
 Times come from megatron_topo.analysis.perf_model with the model YAML's micro-batch and accumulation. The last

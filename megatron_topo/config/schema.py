@@ -208,8 +208,9 @@ PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig
 
 @dataclass
 class ZeroTopoConfig:
-    preset: str = option("ddp", "sharding preset (DESIGN §4); auto: the fastest legal plan that fits, from the "
-                         "performance and memory models (needs a system: block)", choices=PRESETS + ("auto",))
+    preset: str = option("ddp", "sharding preset (docs/design.md §4.2); auto: the fastest legal plan that "
+                         "fits, from the performance and memory models (needs a system: block)",
+                         choices=PRESETS + ("auto",))
     weight_factor: Optional[int] = option(None, "ranks the 16-bit weights are split over", ge=1)
     grad_factor: Optional[int] = option(None, "ranks the gradients are split over", ge=1)
     optimizer_factor: Optional[int] = option(None, "ranks the fp32 master + Adam moments are split over", ge=1)

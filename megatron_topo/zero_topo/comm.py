@@ -1,7 +1,7 @@
 """Collectives over explicit groups, with bytes sent counted per link level.
 
 Every collective a rank issues goes through :class:`Comm`, which knows the topology and charges
-the bytes this rank sends (``volumes.ring_bytes``, DESIGN §4) to the widest level its group
+the bytes this rank sends (``volumes.ring_bytes``, docs/design.md §4.8) to the widest level its group
 spans: ``intra_gpu``, ``intra_node`` or ``inter_node``. Scalar control traffic (overflow flags,
 norms) is charged to ``control`` so the volume counters match the formulas exactly.
 """

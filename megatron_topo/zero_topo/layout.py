@@ -1,4 +1,4 @@
-"""Nested layout math (DESIGN §4): pure functions, no process groups.
+"""Nested layout math (docs/design.md §4.5): pure functions, no process groups.
 
 A unit's flat buffer of L elements is split into ``w`` primary shards, each primary shard into
 ``g/w`` gradient shards and each gradient shard into ``os/g`` optimizer shards. Groups are blocks

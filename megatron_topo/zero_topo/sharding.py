@@ -1,4 +1,4 @@
-"""Sharding plans: the presets of DESIGN §4 as sharding factors, validated against a topology.
+"""Sharding plans: the presets of docs/design.md §4.2 as sharding factors, validated against a topology.
 
 A plan gives the number of ranks each model state is split over: ``weight_factor`` (primary fp16/
 bf16 weight shards), ``grad_factor`` (fp32 gradient shards), ``optimizer_factor`` (fp32 master +

@@ -5,7 +5,7 @@ Rates are bits per second internally (what ``tc`` takes). Accepted spellings: ``
 (no shaping on that level). Note that ``tc`` itself reads ``mbps`` as *megabytes* per second; to
 avoid that trap the ``*bps`` spellings are refused here.
 
-Default rates keep Frontier's per-device ratios (DESIGN §3: GCD pair 200 GB/s, GPU-GPU in a node
+Default rates keep Frontier's per-device ratios (docs/design.md §3.5: GCD pair 200 GB/s, GPU-GPU in a node
 50 GB/s, one 25 GB/s NIC per MI250X) scaled by 1/1000, which puts the inter-node link at
 200 Mbit/s: a scale at which 8 ranks on 2 CPU cores spend more time waiting for ZeRO-3's
 inter-node traffic than computing (see docs/benchmark.md for the measurements behind it).

@@ -84,7 +84,7 @@ class Memory:
 def state_bytes_per_param(plan: Plan, convention: str = "paper") -> dict:
     """Bytes per parameter per device of each model state (multiply by psi).
 
-    ``paper`` is DESIGN §4 / ZeRO-topo Tables V-VI: 16-bit gradient shards, ZeRO++ keeps its
+    ``paper`` is docs/design.md §4.10 / ZeRO-topo Tables V-VI: 16-bit gradient shards, ZeRO++ keeps its
     secondary in 16 bits (DeepSpeed hpZ), other secondaries at ``secondary_bits``. ``engine`` is
     what megatron_topo keeps: fp32 gradient shards, every secondary at ``secondary_bits``."""
     if convention not in ("paper", "engine"):

@@ -1,4 +1,4 @@
-"""Block INT8/INT4 quantization kernels (DESIGN.md §5) — the API the ZeRO engine calls.
+"""Block INT8/INT4 quantization kernels (docs/design.md §5) — the API the ZeRO engine calls.
 
 The format is defined by :mod:`zero_topo.kernels.reference` (pure PyTorch);
 :mod:`zero_topo.kernels.triton_kernels` matches it bit for bit on GPUs (NVIDIA and AMD) and under

@@ -1,4 +1,4 @@
-"""Pure-PyTorch block quantization: this module is the DEFINITION of the format (DESIGN.md §5).
+"""Pure-PyTorch block quantization: this module is the DEFINITION of the format (docs/design.md §5).
 
 Format
 ------
