@@ -12,7 +12,7 @@ from megatron_topo.analysis.emulation import cluster as C
 from megatron_topo.analysis import formulas
 from megatron_topo.topology import Topology
 
-from . import test_engine_volumes as V
+from . import volume_cases as V
 from .tool_loader import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
