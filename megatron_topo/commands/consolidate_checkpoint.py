@@ -47,9 +47,8 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
     import torch
 
     from megatron_topo.atomic import atomic_path, commit, remove_quietly, temp_name
-    from megatron_topo.model.hf import SafetensorsWriter, iter_checkpoint_units, verify_checkpoint_files
-    from megatron_topo.zero_topo.checkpoint import (STATE_KEYS, CheckpointError, read_config_yaml, read_meta,
-                                                    resolve)
+    from megatron_topo.model.hf import SafetensorsWriter, check_output_parent, iter_checkpoint_units, open_checkpoint
+    from megatron_topo.zero_topo.checkpoint import STATE_KEYS, CheckpointError
 
     safet = output.endswith(".safetensors")
     optim_path = output[: -len(".safetensors")] + ".optim.pt" if safet else None
@@ -59,13 +58,8 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
             raise CheckpointError(f"--output {o} is a directory; give a file name")
         if os.path.exists(o) and not force:
             raise CheckpointError(f"--output {o} already exists; pass --force to replace it")
-        parent = os.path.dirname(os.path.abspath(o))
-        if not os.path.isdir(parent):
-            raise CheckpointError(f"--output {o}: directory {parent} does not exist")
-    sp = resolve(checkpoint)
-    meta = read_meta(sp)
-    config_yaml = read_config_yaml(sp, meta)  # an edited config.yml fails before any shard is read
-    verify_checkpoint_files(sp, meta)
+        check_output_parent(o)
+    sp, meta, config_yaml = open_checkpoint(checkpoint)  # fails before any shard is read
     model, exp_avg, exp_avg_sq, adam_step = {}, {}, {}, {}
     tmp = temp_name(output)
     writer = None

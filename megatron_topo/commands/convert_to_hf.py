@@ -81,10 +81,9 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     written into their safetensors shard, so the peak memory is about one unit, not the model."""
     import torch
 
-    from megatron_topo.model.hf import (ShardedSafetensorsWriter, iter_checkpoint_units, parse_size, to_hf_key,
-                                        verify_checkpoint_files)
-    from megatron_topo.zero_topo.checkpoint import (CheckpointError, check_output_outside, load_model_config,
-                                                    read_config_yaml, read_meta, resolve)
+    from megatron_topo.model.hf import (ShardedSafetensorsWriter, check_output_parent, iter_checkpoint_units,
+                                        open_checkpoint, parse_size, to_hf_key)
+    from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside, load_model_config
 
     try:
         max_bytes = parse_size(max_shard_size)
@@ -95,14 +94,10 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
         raise CheckpointError(f"--output {output} exists and is not a directory")
     if os.path.isdir(output) and os.listdir(output) and not force:
         raise CheckpointError(f"--output {output} exists and is not empty; pass --force to replace it")
-    parent = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(parent):
-        raise CheckpointError(f"--output {output}: directory {parent} does not exist")
-    sp = resolve(checkpoint)
-    meta = read_meta(sp)
-    st = {"step_dir": sp, "meta": meta, "config_yaml": read_config_yaml(sp, meta)}  # edited config.yml fails here
+    check_output_parent(output)
+    sp, meta, config_yaml = open_checkpoint(checkpoint)  # fails before anything is written
+    st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
     mcfg = load_model_config(st)
-    verify_checkpoint_files(sp, meta)  # a bad rank file fails before anything is written
     tdt = getattr(torch, DTYPES[dtype])
     entries = [(to_hf_key(name, "embed_out"), tuple(shape), tdt) for u in meta["units"]
                for name, _, _, shape in u["params"]]
@@ -111,6 +106,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
         raise CheckpointError(f"tokenizer: {why}")
     if why and warn is not None:
         warn(f"no tokenizer written ({why}); pass --tokenizer-type/--vocab-file/--merge-file to add one")
+    parent = os.path.dirname(os.path.abspath(output))
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(output))}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

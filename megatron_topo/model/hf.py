@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 from ..config import ModelConfig
 
@@ -150,6 +151,27 @@ def verify_checkpoint_files(step_path: str, meta: dict) -> None:
     holders = int(meta.get("shard_holders") or meta["world_size"])  # only holders store tensors
     for r in range(holders):
         ckpt.load_rank_file(step_path, r, meta)  # memory-mapped: hashed by reading, not loaded
+
+
+def open_checkpoint(checkpoint: str) -> tuple[str, dict, Optional[str]]:
+    """(step folder, meta.json, config.yml text) of a checkpoint to export, with every rank file
+    verified: an edited config.yml or a bad rank file fails here, before anything is written."""
+    from ..zero_topo.checkpoint import read_config_yaml, read_meta, resolve
+
+    sp = resolve(checkpoint)
+    meta = read_meta(sp)
+    config_yaml = read_config_yaml(sp, meta)
+    verify_checkpoint_files(sp, meta)
+    return sp, meta, config_yaml
+
+
+def check_output_parent(path: str, flag: str = "--output") -> None:
+    """The folder an output goes into must exist (CheckpointError)."""
+    from ..zero_topo.checkpoint import CheckpointError
+
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise CheckpointError(f"{flag} {path}: directory {parent} does not exist")
 
 
 def iter_checkpoint_units(step_path: str, meta: dict, keys=("master",), verify: bool = True):
