@@ -7,42 +7,14 @@ directory set to a scratch copy of a small world: a config, a token dataset and 
 A resharded load (another world size or plan) is *not* an error and is not in this table.
 """
 import os
-import shutil
 
-import numpy as np
 import pytest
 
 from megatron_topo import fault_injection
 from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate
 from megatron_topo.commands import train as train_cli
-from megatron_topo.data import MMapIndexedDatasetBuilder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-BASE_CFG = """\
-num_layers: 2
-hidden_size: 32
-num_attention_heads: 4
-seq_length: 16
-vocab_size: 64
-rotary_pct: 0.25            # the architecture stated (the defaults follow GPT-NeoX's since issue 15)
-gpt_j_residual: true
-no_weight_tying: true
-train_micro_batch_size_per_gpu: 2
-train_iters: 2
-precision: fp32
-optimizer: {type: AdamW, params: {lr: 1.0e-3}}
-data_path: data/toy
-data_cache_dir: cache
-split: "100,0,0"
-log_dir: log
-log_interval: 1
-eval_interval: 0
-progress_bar: false
-distributed: {backend: gloo, device: cpu}
-"""
-ENV_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "SLURM_NTASKS", "SLURM_PROCID", "SLURM_NPROCS", fault_injection.ENV)
+from .cli_cases import BASE_CFG, ROOT, call, one_error_line, scratch, snapshot, train_checkpoint, write_dataset
 
 
 @pytest.fixture(scope="module")
@@ -50,21 +22,8 @@ def world(tmp_path_factory):
     """cfg.yml + data/toy.{bin,idx} + ck/ (a real checkpoint at step 2), built once."""
     d = tmp_path_factory.mktemp("world")
     (d / "cfg.yml").write_text(BASE_CFG)
-    rng = np.random.default_rng(0)
-    with MMapIndexedDatasetBuilder(str(d / "data" / "toy")) as b:
-        for _ in range(64):
-            b.add_document(rng.integers(0, 64, 40))
-        b.finalize()
-    cwd = os.getcwd()
-    saved = {k: os.environ.pop(k) for k in ENV_VARS if k in os.environ}
-    os.chdir(d)
-    try:
-        assert train_cli.main(["cfg.yml", "--set", "save=ck"]) == 0
-    finally:
-        os.chdir(cwd)
-        os.environ.update(saved)
-    shutil.rmtree(d / "log")
-    assert (d / "ck" / "latest").read_text() == "global_step2\n"
+    write_dataset(d / "data" / "toy", 64, 0)
+    train_checkpoint(d)
     return d
 
 
@@ -210,16 +169,6 @@ CASES = [
 ]
 
 
-def _snapshot(root):
-    out = {}
-    for dp, _, fs in os.walk(root):
-        for f in fs:
-            p = os.path.join(dp, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = fh.read()
-    return out
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input(case, world, tmp_path, monkeypatch, capfd):
     cid, _, entry, argv, env, mutate, code, needle = case
@@ -228,28 +177,19 @@ def test_bad_input(case, world, tmp_path, monkeypatch, capfd):
 
         if torch.cuda.is_available():
             pytest.skip("a GPU is visible here")
-    d = tmp_path / "w"
-    shutil.copytree(world, d)
+    d = scratch(world, tmp_path, monkeypatch)
     if mutate:
         mutate(d)
-    monkeypatch.chdir(d)
-    for k in ENV_VARS:
-        monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    before = _snapshot(d)
+    before = snapshot(d)
     capfd.readouterr()
-    try:
-        rc = entry(argv)
-    except SystemExit as e:  # argparse
-        rc = e.code
-    out = capfd.readouterr()
-    lines = [line for line in out.err.splitlines() if line.strip()]
-    assert rc == code, (rc, out.err[-3000:])
-    assert len(lines) == 1, out.err[-3000:]
-    assert lines[0].startswith("error: ") and needle in lines[0], lines[0]
-    print(f"{cid}: {lines[0]}")
-    after = _snapshot(d)
+    rc = call(entry, argv)
+    line = one_error_line(capfd)
+    assert rc == code, (rc, line)
+    assert needle in line, line
+    print(f"{cid}: {line}")
+    after = snapshot(d)
     lost = [p for p in before if p not in after]
     changed = [p for p in before if p in after and after[p] != before[p]]
     assert not lost and not changed, (lost, changed)

@@ -1,104 +1,34 @@
-"""Hostile and careless inputs (issue 14): each case either gives its exit code and exactly one
-``error:`` line naming the problem, with every file on disk unchanged, or behaves correctly.
+"""Hostile and careless inputs (issue 14), the table: each case gives its exit code and exactly one
+``error:`` line naming the problem, with every file on disk unchanged.
 
 Families: config values out of range or of the wrong kind (declared bounds), YAML that tries to
-turn strings into numbers, hang the loader or is not UTF-8, keys that would do nothing, data whose
-.idx/.bin disagree or whose contents changed in place, checkpoints resumed with another
-architecture or too few steps, checkpoints whose config.yml was edited or whose format is
-unknown, a full disk during a save, tool outputs that would clobber their input, and every
-tool's arguments. Entry points run in this process (``main(argv)``) in a scratch copy of a small
-world (a config, two token datasets, a step-2 checkpoint) so the module stays fast on 2 cores.
+hang the loader or is not UTF-8, keys that would do nothing, data whose .idx/.bin disagree,
+checkpoints resumed with another architecture or too few steps, checkpoints whose config.yml was
+edited or whose format is unknown, tool outputs that would clobber their input. Entry points run
+in this process (``main(argv)``) in a scratch copy of a small world (a config, two token datasets,
+a step-2 checkpoint) so the module stays fast on 2 cores. The behaviour tests are in
+tests/test_hostile_config.py, tests/test_hostile_files.py and tests/test_hostile_tool_args.py.
 """
-import errno
-import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 
-from megatron_topo import fault_injection
 from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate, inspect_data, plot_metrics
 from megatron_topo.commands import plan as plan_tool
 from megatron_topo.commands import train as train_cli
-from megatron_topo.config import ConfigError, describe_keys, load_config
-from megatron_topo.data import MMapIndexedDatasetBuilder
-from megatron_topo.data.gpt_dataset import data_fingerprint
-from megatron_topo.data.indexed_dataset import MMapIndexedDataset
 
-from .tool_loader import load_tool
+from .cli_cases import ROOT, build_hostile_world, call, one_error_line, scratch, snapshot
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-BASE_CFG = """\
-num_layers: 2
-hidden_size: 32
-num_attention_heads: 4
-seq_length: 16
-vocab_size: 64
-rotary_pct: 0.25            # the architecture stated (the defaults follow GPT-NeoX's since issue 15)
-gpt_j_residual: true
-no_weight_tying: true
-train_micro_batch_size_per_gpu: 2
-train_iters: 2
-precision: fp32
-optimizer: {type: AdamW, params: {lr: 1.0e-3}}
-data_path: data/toy
-data_cache_dir: cache
-split: "100,0,0"
-log_dir: log
-log_interval: 1
-eval_interval: 0
-progress_bar: false
-distributed: {backend: gloo, device: cpu}
-"""
-ENV_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "SLURM_NTASKS", "SLURM_PROCID", "SLURM_NPROCS", fault_injection.ENV)
 STEP = "ck/global_step2"
-
-
-def _dataset(prefix, docs, seed, high=64):
-    rng = np.random.default_rng(seed)
-    with MMapIndexedDatasetBuilder(str(prefix)) as b:
-        for _ in range(docs):
-            b.add_document(rng.integers(0, high, 40))
-        b.finalize()
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """cfg.yml, data/toy (64 docs), data/other (80 docs), ck/ (a checkpoint at step 2), a system
-    file with zero inter-node bandwidth and three metrics files; built once."""
-    d = tmp_path_factory.mktemp("hostile")
-    (d / "cfg.yml").write_text(BASE_CFG)
-    _dataset(d / "data" / "toy", 64, 0)
-    _dataset(d / "data" / "other", 80, 1)
-    frontier = open(os.path.join(ROOT, "configs", "frontier.yml")).read()
-    assert "bw_inter_node_gbs:" in frontier
-    (d / "sys0.yml").write_text("\n".join(
-        "  bw_inter_node_gbs: 0" if line.strip().startswith("bw_inter_node_gbs:") else line
-        for line in frontier.splitlines()) + "\n")
-    for name, text in (("pm_str", '{"step": "ten", "loss": 1.0}\n'), ("pm_list", '{"step": [1, 2], "loss": 1.0}\n'),
-                       ("pm_frac", '{"step": 1.5, "loss": 1.0}\n')):
-        (d / name).mkdir()
-        (d / name / "metrics.jsonl").write_text(text)
-    (d / "pm_latin1").mkdir()
-    (d / "pm_latin1" / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 1.0, "note": "caf\xe9"}\n')
-    cwd = os.getcwd()
-    saved = {k: os.environ.pop(k) for k in ENV_VARS if k in os.environ}
-    os.chdir(d)
-    try:
-        assert train_cli.main(["cfg.yml", "--set", "save=ck"]) == 0
-    finally:
-        os.chdir(cwd)
-        os.environ.update(saved)
-    shutil.rmtree(d / "log")
-    assert (d / "ck" / "latest").read_text() == "global_step2\n"
-    return d
+    """The hostile-input world (tests/cli_cases.py), built once."""
+    return build_hostile_world(tmp_path_factory.mktemp("hostile"))
 
 
 # ------------------------------------------------------------------------------ mutations
@@ -294,44 +224,6 @@ CASES = [
 ]
 
 
-def _snapshot(root):
-    """SHA-256 of every file under ``root`` except the derived caches (cache/: index arrays and
-    token-range records a run may build or refresh before it fails)."""
-    out = {}
-    for dp, dirs, fs in os.walk(root):
-        if dp == str(root):
-            dirs[:] = [x for x in dirs if x != "cache"]
-        for f in fs:
-            p = os.path.join(dp, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
-
-
-def _scratch(world, tmp_path, monkeypatch):
-    d = tmp_path / "w"
-    shutil.copytree(world, d)
-    monkeypatch.chdir(d)
-    for k in ENV_VARS:
-        monkeypatch.delenv(k, raising=False)
-    return d
-
-
-def _call(entry, argv):
-    try:
-        return entry(argv)
-    except SystemExit as e:  # argparse
-        return e.code
-
-
-def _one_error_line(capfd):
-    err = capfd.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err[-3000:]
-    assert lines[0].startswith("error: "), lines[0]
-    return lines[0]
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_hostile_input(case, world, tmp_path, monkeypatch, capfd):
     cid, entry, argv, mutate, code, needle = case
@@ -340,20 +232,20 @@ def test_hostile_input(case, world, tmp_path, monkeypatch, capfd):
 
         if torch.cuda.is_available():
             pytest.skip("a GPU is visible here")
-    d = _scratch(world, tmp_path, monkeypatch)
+    d = scratch(world, tmp_path, monkeypatch)
     if mutate:
         mutate(d)
-    before = _snapshot(d)
+    before = snapshot(d, skip=("cache",))
     capfd.readouterr()
     t0 = time.perf_counter()
-    rc = _call(entry, argv)
+    rc = call(entry, argv)
     took = time.perf_counter() - t0
-    line = _one_error_line(capfd)
+    line = one_error_line(capfd)
     assert rc == code, (rc, line)
     assert needle in line, line
     assert took < 20, f"{cid} took {took:.1f} s"  # no hang, no 56-s MemoryError
     print(f"{cid}: exit {rc}: {line}")
-    after = _snapshot(d)
+    after = snapshot(d, skip=("cache",))
     assert after == before, ({p for p in before if before[p] != after.get(p)}, set(after) - set(before))
 
 
@@ -361,215 +253,3 @@ def test_cases_are_documented():
     doc = open(os.path.join(ROOT, "docs", "reliability.md")).read()
     missing = [c[0] for c in CASES if f"`{c[0]}`" not in doc]
     assert not missing, missing
-
-
-# ------------------------------------------------------------------------------ every tool's arguments
-TOOLS = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "tools")) if f.endswith(".py"))
-
-
-@pytest.mark.parametrize("tool", TOOLS)
-def test_every_tool_refuses_an_unknown_option_in_one_line(tool, tmp_path, monkeypatch, capfd):
-    monkeypatch.chdir(tmp_path)
-    mod = load_tool(tool)
-    capfd.readouterr()
-    rc = _call(mod.main, ["--no-such-option-xyz"])
-    line = _one_error_line(capfd)
-    assert rc in (1, 2) and ("--no-such-option-xyz" in line or "required" in line), line
-    assert os.listdir(tmp_path) == []
-
-
-# ------------------------------------------------------------------------------ correct behaviour
-def test_yaml_strings_stay_strings(tmp_path):
-    """YAML 1.1 would read these as octal 493, sexagesimal 5400, true and 1000.0."""
-    p = tmp_path / "s.yml"
-    p.write_text("save: 0755\nlog_dir: 1:30\ndata_cache_dir: on\nvocab_file: 1e3\nload: no\ndata_path: 2024-01-01\n")
-    cfg = load_config([str(p)], ["tensorboard_dir=0x1F"])
-    assert (cfg.checkpoint.save, cfg.logging.log_dir, cfg.data.data_cache_dir, cfg.data.vocab_file,
-            cfg.checkpoint.load, cfg.logging.tensorboard_dir, cfg.data.data_path) == \
-        ("0755", "1:30", "on", "1e3", "no", "0x1F", "2024-01-01")
-    again = tmp_path / "eff.yml"
-    again.write_text(cfg.to_flat_yaml())
-    assert load_config([str(again)]) == cfg
-    # numbers still read as numbers where a number is declared
-    q = tmp_path / "n.yml"
-    q.write_text("optimizer: {params: {lr: 6e-4}}\ntrain_iters: 1_000\nhidden_size: 0x40\nnum_attention_heads: 0o4\n")
-    c = load_config([str(q)])
-    assert (c.train.optimizer.params.lr, c.train.train_iters, c.model.hidden_size, c.model.num_attention_heads) == \
-        (6e-4, 1000, 64, 4)
-
-
-def test_yaml_merge_keys_and_utf16_and_bom(tmp_path):
-    m = tmp_path / "m.yml"
-    m.write_text("zero_topo:\n  <<: {preset: topo, prefetch: false}\n  prefetch: true\nnum_layers: 3\n")
-    cfg = load_config([str(m)])
-    assert cfg.zero_topo.preset == "topo" and cfg.zero_topo.prefetch is True and cfg.model.num_layers == 3
-    for enc in ("utf-16", "utf-8-sig"):
-        u = tmp_path / f"{enc}.yml"
-        u.write_bytes("num_layers: 3\nlog_dir: runs/café\n".encode(enc))
-        c = load_config([str(u)])
-        assert c.model.num_layers == 3 and c.logging.log_dir == "runs/café"
-
-
-def test_alias_bomb_is_refused_fast(tmp_path):
-    """9**12 values through aliases, in a file and in a --set value: refused in well under a second
-    (was: the loader hung rendering the value for its type error)."""
-    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"] + [
-        f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 12)]
-    p = tmp_path / "bomb.yml"
-    p.write_text("\n".join(lines) + "\nnum_layers: *a11\n")
-    flow = "[&b0 [x, x, x, x, x, x, x, x, x], " + ", ".join(
-        f"&b{i} [" + ", ".join([f"*b{i - 1}"] * 9) + "]" for i in range(1, 12)) + "]"
-    t0 = time.perf_counter()
-    with pytest.raises(ConfigError, match="expands to more than 100,000 values"):
-        load_config([str(p)])
-    with pytest.raises(ConfigError, match="expands to more than 100,000 values"):
-        load_config([], [f"num_layers={flow}"])
-    assert time.perf_counter() - t0 < 2
-
-
-def test_every_key_is_declared_and_listed():
-    """The listing comes from the declarations: every key, its type, default and bounds."""
-    import dataclasses
-
-    from megatron_topo import config as C
-
-    text = describe_keys()
-    keys = [line.split()[0] for line in text.splitlines()]
-    flat = C.flat_dict(C.Config(zero_optimization=C.ZeroOptimizationBlock(), system=C.SystemConfig()))
-
-    def paths(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                yield from paths(v, f"{prefix}{k}.")
-            else:
-                yield f"{prefix}{k}"
-    assert sorted(keys) == sorted(paths(flat))
-    row = {line.split()[0]: line for line in text.splitlines()}
-    assert "in [0, 1)" in row["optimizer.params.betas"] and "2 values" in row["optimizer.params.betas"]
-    assert ">= 0" in row["gradient_clipping"] and "one of 0" in row["zero_topo.bucket_size"]
-    for sec in (C.ModelConfig, C.TrainConfig, C.OptimizerParams, C.ZeroTopoConfig, C.ZeroOptimizationBlock):
-        undocumented = [f.name for f in dataclasses.fields(sec)
-                        if not dataclasses.is_dataclass(f.type) and not f.metadata.get("doc")
-                        and f.name not in ("optimizer", "params", "fp16", "bf16")]
-        assert not undocumented, (sec.__name__, undocumented)
-    r = subprocess.run([sys.executable, "-m", "megatron_topo.config"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == text
-
-
-def test_train_py_list_keys(capsys):
-    assert train_cli.main(["--list-keys"]) == 0
-    assert capsys.readouterr().out.strip() == describe_keys()
-
-
-def test_fingerprint_sees_an_in_place_rewrite_with_the_same_size_and_mtime(tmp_path):
-    _dataset(tmp_path / "d", 16, 0)
-    before = data_fingerprint(MMapIndexedDataset(str(tmp_path / "d")))
-    p = tmp_path / "d.bin"
-    st = os.stat(p)
-    data = bytearray(p.read_bytes())
-    data[len(data) // 2 + 1] ^= 0x7F  # one token id changed, far from the sampled blocks' edges
-    p.write_bytes(bytes(data))
-    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert os.path.getsize(p) == st.st_size and os.stat(p).st_mtime_ns == st.st_mtime_ns
-    after = data_fingerprint(MMapIndexedDataset(str(tmp_path / "d")))
-    assert after != before
-
-
-def test_out_of_vocab_rewrite_in_place_is_caught_before_training(world, tmp_path, monkeypatch, capfd):
-    """The token-range cache of a first run must not vouch for a .bin rewritten in place at the same
-    size (mtime restored) with an id >= vocab_size (was: cache hit, IndexError mid-step)."""
-    d = _scratch(world, tmp_path, monkeypatch)
-    assert train_cli.main(["cfg.yml", "--set", "log_dir=log1"]) == 0  # builds this copy's caches
-    p = d / "data" / "toy.bin"
-    st = os.stat(p)
-    with open(p, "r+b") as f:
-        f.seek(100)
-        f.write(np.array([60000], np.uint16).tobytes())
-    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-    before = _snapshot(d)
-    capfd.readouterr()
-    rc = train_cli.main(["cfg.yml", "--set", "log_dir=log2"])
-    line = _one_error_line(capfd)
-    assert rc == 2 and "data/toy: token id 60000 is >= vocab_size 64" in line, line
-    assert _snapshot(d) == before and not (d / "log2").exists()
-
-
-def test_resume_under_another_plan_is_not_an_error(world, tmp_path, monkeypatch):
-    """Plan and world size may change on resume (resharding); only the architecture may not."""
-    d = _scratch(world, tmp_path, monkeypatch)
-    before = _snapshot(d / "ck")
-    assert train_cli.main(LOAD + ["--set", "zero_topo.preset=zero1", "--set", "train_iters=3",
-                                  "--set", "hidden_dropout=0.1", "--set", "seq_length=8"]) == 0
-    assert _snapshot(d / "ck") == before
-
-
-def _fill_disk_on(step_to_fail, monkeypatch, how):
-    """Make the rank-file (``how='rank'``) or meta.json (``how='meta'``) write of ``step_to_fail``
-    fail as a full disk does, after part of the file is on disk."""
-    import torch
-
-    from megatron_topo.zero_topo import checkpoint as ckpt
-
-    real_save, real_write = torch.save, ckpt._atomic_write_bytes
-    seen = {"step": None}
-
-    def save(obj, f, *a, **k):
-        seen["step"] = obj.get("step") if isinstance(obj, dict) else None
-        if how == "rank" and seen["step"] == step_to_fail:
-            f.write(b"PK\x03\x04" + b"\0" * 4096)  # the part that fit
-            raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing "
-                               "file data/3: file write failed")
-        return real_save(obj, f, *a, **k)
-
-    def write(path, data):
-        if how == "meta" and seen["step"] == step_to_fail and path.endswith("meta.json"):
-            with open(f"{path}.tmp.{os.getpid()}", "wb") as fh:
-                fh.write(data[:10])
-            ckpt._remove_quietly(f"{path}.tmp.{os.getpid()}")
-            raise OSError(errno.ENOSPC, "No space left on device", path)
-        return real_write(path, data)
-
-    monkeypatch.setattr(torch, "save", save)
-    monkeypatch.setattr(ckpt.storage, "_atomic_write_bytes", write)
-
-
-@pytest.mark.parametrize("how", ["rank", "meta"])
-def test_full_disk_during_save_keeps_the_previous_checkpoint(how, world, tmp_path, monkeypatch, capfd):
-    d = _scratch(world, tmp_path, monkeypatch)
-    before = _snapshot(d / "ck")
-    _fill_disk_on(3, monkeypatch, how)
-    capfd.readouterr()
-    rc = train_cli.main(LOAD + ["--set", "save=ck", "--set", "train_iters=3"])
-    line = _one_error_line(capfd)
-    assert rc == 2, line
-    assert "saving step 3 into ck failed on rank 0" in line and "previous checkpoint (global_step2) is intact" in line
-    assert ("PytorchStreamWriter failed writing file" if how == "rank" else "No space left on device") in line
-    assert _snapshot(d / "ck") == before  # latest, global_step2 byte-identical; no .tmp_*, no .part
-    assert sorted(os.listdir(d / "ck")) == ["global_step2", "latest"]
-
-
-def test_full_disk_on_a_real_tiny_filesystem(world, tmp_path, monkeypatch, capfd):
-    """A 600 KiB tmpfs holds one checkpoint of this model but not two (root only; skipped where
-    mounting is not allowed)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()[:100]}")
-    try:
-        _scratch(world, tmp_path, monkeypatch)
-        save = str(mnt / "ck")
-        capfd.readouterr()
-        rc = train_cli.main(["cfg.yml", "--set", f"save={save}", "--set", "checkpoint_factor=1",
-                             "--set", "train_iters=3", "--set", "log_dir=log3"])
-        line = _one_error_line(capfd)
-        assert rc == 2 and "saving step 2" in line and "previous checkpoint (global_step1) is intact" in line, line
-        assert sorted(os.listdir(save)) == ["global_step1", "latest"]
-        assert not [f for f in os.listdir(os.path.join(save, "global_step1")) if f.endswith((".part", ".tmp"))]
-        from megatron_topo.zero_topo import checkpoint as ckpt
-
-        state = ckpt.read_full_state(save)  # every digest still verifies
-        assert state["meta"]["step"] == 1
-    finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
