@@ -1,6 +1,6 @@
-"""tools/bench_sharding.py: the volume formulas it checks against, its reports, one benchmark row
-on an emulated 2-node cluster (skipped without the privileges to create namespaces) and, with
-``-m slow``, the full benchmark."""
+"""tools/bench_sharding.py (megatron_topo.analysis.bench): the volume formulas it checks against, its
+reports, one benchmark row on an emulated 2-node cluster (skipped without the privileges to create
+namespaces) and, with ``-m slow``, the full benchmark."""
 import json
 import os
 import subprocess
@@ -10,18 +10,16 @@ import pytest
 
 from megatron_topo.analysis.emulation import cluster as C
 from megatron_topo.analysis import formulas
+from megatron_topo.analysis.bench import cli, report, runs
 from megatron_topo.topology import Topology
 
 from . import volume_cases as V
-from .tool_loader import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "bench_sharding.py")
 PY = sys.executable
 _WHY = C.check_privileges()
 needs_netns = pytest.mark.skipif(_WHY is not None, reason=f"cannot create network namespaces: {_WHY}")
-
-B = load_tool("bench_sharding")
 
 
 @pytest.mark.parametrize("kind", list(V.CASES))
@@ -69,9 +67,9 @@ def test_unit_lengths_pad_to_whole_blocks_per_shard():
 
 
 def test_dry_run_lists_every_strategy(capsys):
-    assert B.main(["--dry-run", "--series", "main", "scaling", "--scaling-nodes", "1", "2"]) == 0
+    assert cli.main(["--dry-run", "--series", "main", "scaling", "--scaling-nodes", "1", "2"]) == 0
     out = capsys.readouterr().out
-    for s in B.ALL_STRATEGIES:
+    for s in runs.ALL_STRATEGIES:
         assert f"2x2x2 {s}:" in out
     assert "zero_topo.secondary_degree=4" in out  # topo_sec8 = the node's ranks on this topology
     assert "tools/fsdp_baseline.py" in out and "--mode hsdp" in out
@@ -92,16 +90,16 @@ def _row(s, t, inter, **kw):
 def test_reports_ratios_table_and_plots(tmp_path):
     rows = [_row("zero3", 4.0, 5e8), _row("zeropp", 3.0, 1e8), _row("topo", 2.0, 3e7),
             {"series": "main", "strategy": "ddp", "ok": False, "error": "exit 1", "nodes": 2}]
-    md = B.table_main(rows)
+    md = report.table_main(rows)
     topo_line = next(ln for ln in md.splitlines() if ln.startswith("| topo "))
     assert "| 2.00x | 1.50x |" in topo_line
     assert "failed: exit 1" in md
     scal = [dict(_row(s, t, 1e7), series="scaling", nodes=n) for s, n, t in
             (("zero3", 1, 1.0), ("zero3", 2, 2.0), ("topo", 1, 1.0), ("topo", 2, 1.25))]
-    st = B.table_scaling(scal)
+    st = report.table_scaling(scal)
     assert "| topo | 1000 | 800 | 0.80 | 0.40 |" in st
     meta = {"model_set": [], "steps": 3, "warmup": 1, "machine": {}, "main_spec": "x", "scaling_spec": "y"}
-    B.write_reports(str(tmp_path), rows + scal, meta)
+    report.write_reports(str(tmp_path), rows + scal, meta)
     assert json.loads((tmp_path / "results.json").read_text())[0]["strategy"] == "zero3"
     assert (tmp_path / "results.png").stat().st_size > 1000 and (tmp_path / "scaling.png").exists()
     assert "## Weak scaling" in (tmp_path / "results.md").read_text()
@@ -139,5 +137,5 @@ def test_full_benchmark(tmp_path):
     p = subprocess.run([PY, TOOL, "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert p.returncode == 0, p.stdout[-5000:] + p.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())
-    assert {r["strategy"] for r in rows} == set(B.ALL_STRATEGIES)
+    assert {r["strategy"] for r in rows} == set(runs.ALL_STRATEGIES)
     assert all(r["formula_check"].startswith("OK") for r in rows)

@@ -12,7 +12,6 @@ from megatron_topo.zero_topo import kernels
 from megatron_topo.zero_topo.kernels import reference as R
 
 from .kernel_cases import ROOT, assert_bitwise_equal, make_input, run_py
-from .tool_loader import load_tool
 
 
 def test_empty_tensor():
@@ -167,7 +166,8 @@ def test_kernel_timer(tmp_path, monkeypatch):
 
 def test_bench_sharding_reads_kernel_times(tmp_path):
     """bench_sharding's quant s column: each rank's kernels.timer file, per step, mean over ranks."""
-    BS = load_tool("bench_sharding")
+    from megatron_topo.analysis.bench import measure as BS
+
     assert BS.KERNEL_TIMES_ENV == kernels.TIMES_ENV
     assert BS.read_kernel_times(str(tmp_path / "absent"), 8) == {"quant_s": 0.0, "quant_s_max": 0.0,
                                                                   "quant_ranks": 0}

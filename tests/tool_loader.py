@@ -1,5 +1,4 @@
-"""Load a script in tools/ as a module by its path: for every-tool checks and for the one tool whose
-logic is not yet in the package (bench_sharding)."""
+"""Load a script in tools/ as a module by its path: for the every-tool checks."""
 import importlib.util
 import os
 import sys

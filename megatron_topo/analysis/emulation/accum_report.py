@@ -44,7 +44,7 @@ def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional
     mb, rc = cfg.train.train_micro_batch_size_per_gpu, cfg.model.checkpoint_activations
     plan = lambda r: Plan(**r["plan"])  # noqa: E731  (per row: auto's plan differs between counts)
     fit = meta.get("cpu_fit")
-    if fit:  # the constants the auto runs used (bench_sharding.calibrate)
+    if fit:  # the constants the auto runs used (analysis.bench.accum.calibrate)
         cpu = emu.CpuRates(fit["flops_per_rank"], emu.EMULATED_TRANSPORT_GBS, fit["quant_ns_per_element"] * 1e-9,
                            fit["call_us"] * 1e-6, fit["optimizer_ns_per_param"] * 1e-9)
     else:  # fitted over the unshaped rows of our own trainer (FSDP2 and auto are not in the fit)

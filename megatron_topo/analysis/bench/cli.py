@@ -1,0 +1,231 @@
+"""Sharding strategies head to head on an emulated multi-node cluster (needs root: namespaces).
+
+    tools/bench_sharding.py [--nodes 2] [--gpus-per-node 2] [--gcds-per-gpu 2] [--model configs/tiny.yml]
+        [--steps 8] [--warmup 2] [--out runs/bench_sharding] [--strategies ddp zero3 ... fsdp2_hsdp]
+        [--inter-node 200mbit] [--intra-node 400mbit] [--no-unshaped] [--series main scaling accum]
+        [--scaling-nodes 1 2 4] [--scaling-gpus-per-node 1] [--scaling-gcds-per-gpu 2]
+        [--accumulation 1 2 4 8] [--accum-strategies ...] [--clusters frontier nvlink]
+
+Every strategy trains the same GPT-NeoX (``--model`` plus the ``--model-set`` overrides: 4 layers,
+hidden 256, seq 128, micro-batch 2, 4 micro-batches per step, bf16), on the same data, for
+``--steps`` steps on a fresh emulated cluster (tools/emulate_cluster.py: one namespace per GPU
+package, tc-shaped links). Strategies: our presets through train.py (``ddp zero3 zeropp mics topo
+topo_sec8 paro_iig``; ``topo`` has secondary degree = GCDs per GPU, ``topo_sec8`` secondary degree
+= ranks per node, the paper's 8 on Frontier) and PyTorch FSDP2 through tools/fsdp_baseline.py
+(``fsdp2_full``: fully_shard over the world, ``fsdp2_hsdp``: replicate x shard mesh).
+
+Per strategy: median step time over the steps after ``--warmup``, tokens/s, bytes per link level
+per step from our counters (sum over ranks) next to the docs/design.md §4.8 formula (OK/MISMATCH) and next
+to the bytes measured on the wire (tc classes on the veths, loopback for the GCD pair), peak RSS
+per rank (wait4), and bounds: each strategy is run a second time with shaping off (its
+"compute" time t0), and t0 + max over link levels (busiest link's bytes / its rate) is the
+no-overlap bound printed beside the measurement (max(t0, comm) is the perfect-overlap one).
+"quant s" is the time per step a rank spends inside the quantization kernels (kernels.timer, each
+rank's whole-run total over the steps, mean over ranks), so CPU cost is told apart from network.
+
+The accumulation series (``--series accum``) runs every ``--accum-strategies`` entry (default: ddp,
+topo, topo_q = topo with INT8 combine + publish, zeropp, mics, zero3, FSDP2 full/HSDP, and ``auto``
+= ``zero_topo.preset: auto``) at each ``--accumulation`` count on each ``--clusters`` link profile
+(frontier: the rates above; nvlink: links inside a node unshaped). It first runs every strategy
+unshaped at every count and fits the emulated-cluster model's CPU constants over those runs
+(megatron_topo.analysis.emulation.predict.fit_cpu); the auto runs get them as their system block, so
+``auto`` chooses with this machine's constants. Report: megatron_topo.analysis.emulation.accum_report.
+
+Writes DIR/results.json (a list of row objects), DIR/results.md (tables with ratios against
+zero3 and zeropp), DIR/results.png, DIR/meta.json and, with the scaling series, DIR/scaling.png.
+Rank output goes to DIR/runs/<row>/launch.log. The CPU is shared: numbers are as noisy as the
+machine is busy (meta.json records the load average before and after).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from megatron_topo.analysis.emulation import (
+    ClusterSpec, EmulationError, Interrupted, check_privileges, format_rate, parse_rate,
+)
+from megatron_topo.analysis.emulation import rates as R
+from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
+from megatron_topo.cli import OneLineParser
+
+from .accum import accum_defs, run_accum
+from .measure import measure, merge, summary_line
+from .report import machine, write_reports
+from .runs import ACCUM_STRATEGIES, ALL_STRATEGIES, EXTRA_STRATEGIES, LOG_DIR, MODEL_SET, SCALING_STRATEGIES, run_def
+
+
+def build_parser():
+    """bench_sharding's options (``--help``: the module docstring)."""
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--gpus-per-node", type=int, default=2)
+    ap.add_argument("--gcds-per-gpu", type=int, default=2)
+    ap.add_argument("--model", default="configs/tiny.yml", help="model YAML (relative to the repo root)")
+    ap.add_argument("--model-set", nargs="*", default=list(MODEL_SET), metavar="KEY=VALUE",
+                    help="overrides applied to the model YAML (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="rounds over all strategies (interleaved); step times are pooled over rounds")
+    ap.add_argument("--out", default="runs/bench_sharding")
+    ap.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES),
+                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
+    ap.add_argument("--inter-node", default=R.DEFAULT_INTER_NODE)
+    ap.add_argument("--intra-node", default=R.DEFAULT_INTRA_NODE)
+    ap.add_argument("--intra-gpu", default=R.DEFAULT_INTRA_GPU)
+    ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--no-unshaped", dest="unshaped", action="store_false",
+                    help="skip the shaping-off run per strategy (no bounds)")
+    ap.add_argument("--series", nargs="+", default=["main"], choices=("main", "scaling", "accum"))
+    ap.add_argument("--accumulation", nargs="+", type=int, default=[1, 2, 4, 8], metavar="K",
+                    help="accum series: micro-batches per optimizer step")
+    ap.add_argument("--accum-strategies", nargs="+", default=list(ACCUM_STRATEGIES),
+                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
+    ap.add_argument("--clusters", nargs="+", default=["frontier", "nvlink"], choices=sorted(R.PROFILES),
+                    help="accum series: link profiles (megatron_topo.analysis.emulation.rates.PROFILES); the unshaped run "
+                         "of each strategy and count is shared by them")
+    ap.add_argument("--scaling-nodes", nargs="+", type=int, default=[1, 2, 4])
+    ap.add_argument("--scaling-gpus-per-node", type=int, default=1)
+    ap.add_argument("--scaling-gcds-per-gpu", type=int, default=2)
+    ap.add_argument("--scaling-strategies", nargs="+", default=list(SCALING_STRATEGIES),
+                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is stopped")
+    ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
+    ap.add_argument("--pool", nargs="+", default=None, metavar="DIR",
+                    help="run nothing: pool the rows of earlier runs' DIR/results.json (rounds of the same "
+                         "series; step times are pooled per row, unshaped times kept) and write the reports to --out")
+    return ap
+
+
+def main(argv=None) -> int:
+    """Run the series (or print them, or pool earlier runs); exit 0 when every row ran."""
+    a = build_parser().parse_args(argv)
+    prog = "bench_sharding"
+    if a.repeats < 1:
+        print(f"{prog}: --repeats must be >= 1", file=sys.stderr)
+        return 2
+    if a.steps <= a.warmup:
+        print(f"{prog}: --steps {a.steps} must exceed --warmup {a.warmup}", file=sys.stderr)
+        return 2
+    try:
+        a.inter_bps, a.intra_bps = parse_rate(a.inter_node), parse_rate(a.intra_node)
+        a.intra_gpu_bps = parse_rate(a.intra_gpu)
+    except ValueError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    out = os.path.abspath(a.out)
+    if a.pool:
+        return pool(a, out)
+    plan = []
+    if "main" in a.series:
+        for s in a.strategies:
+            plan.append(("main", s, a.nodes, a.gpus_per_node, a.gcds_per_gpu))
+    if "scaling" in a.series:
+        for n in a.scaling_nodes:
+            for s in a.scaling_strategies:
+                if s == "topo_sec8" and a.scaling_gpus_per_node == 1:
+                    continue  # = topo when a node is one GPU
+                plan.append(("scaling", s, n, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu))
+    defs = [(series, run_def(s, a, n, g, c, LOG_DIR)) for series, s, n, g, c in plan]
+    accum = accum_defs(a) if "accum" in a.series else []
+    if any(k < 1 for k in a.accumulation):
+        print(f"{prog}: --accumulation counts must be >= 1", file=sys.stderr)
+        return 2
+    if a.dry_run:
+        for series, rd in defs:
+            print(f"[{series}] {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} {rd.strategy}: "
+                  f"python {' '.join(rd.argv)}")
+        for k, s, cl, ca, rd in accum:
+            print(f"[accum {cl} k={k}] {s}: python {' '.join(rd.argv)}")
+        return 0
+    why = check_privileges()
+    if why:
+        print(f"{prog}: cannot emulate a cluster here: {why}", file=sys.stderr)
+        return 2
+    os.makedirs(out, exist_ok=True)
+    meta = {"machine": machine(), "model": a.model, "model_set": a.model_set, "steps": a.steps,
+            "warmup": a.warmup, "repeats": a.repeats, "rates": {"inter_node": format_rate(a.inter_bps),
+                                          "intra_node": format_rate(a.intra_bps),
+                                          "intra_gpu": format_rate(a.intra_gpu_bps)},
+            "load_before": os.getloadavg(), "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    if "main" in a.series:
+        meta["main_spec"] = ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, a.inter_bps, a.intra_bps,
+                                        a.intra_gpu_bps).describe()
+    if "scaling" in a.series:
+        meta["scaling_spec"] = "Per node: " + ClusterSpec(1, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu,
+                                                          a.inter_bps, a.intra_bps, a.intra_gpu_bps).describe()
+    if accum:
+        meta["clusters"] = {c: ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, *(
+            parse_rate(x) for x in R.PROFILES[c])).describe() for c in a.clusters}
+        meta["accumulation"] = a.accumulation
+    rows = []
+    rounds: dict = {}
+    old = install_signal_handlers()
+    try:
+        if accum:
+            rows = run_accum(accum, a, out, meta, rounds)
+        total = len(defs) * a.repeats
+        k = 0
+        for rep in range(a.repeats):  # rounds interleave the strategies: load drifts hit all alike
+            for series, rd in defs:
+                k += 1
+                print(f"[{k}/{total}] {series} {rd.strategy} on {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu}"
+                      f"{f' (round {rep + 1})' if a.repeats > 1 else ''} ...", flush=True)
+                try:
+                    row = measure(rd, a, series, out, rep)
+                except EmulationError as e:
+                    row = {"series": series, "strategy": rd.strategy, "nodes": rd.nodes, "ok": False,
+                           "error": str(e)}
+                print("    " + summary_line(row), flush=True)
+                rounds.setdefault((series, rd.strategy, rd.nodes, "", 0), []).append(row)
+                rows = [merge(v, a) for v in rounds.values()]
+                meta["load_after"] = os.getloadavg()
+                write_reports(out, rows, meta)
+    except Interrupted as e:
+        print(f"{prog}: interrupted ({e}); partial results in {out}", file=sys.stderr)
+        write_reports(out, rows, meta)
+        return 128 + e.signum
+    finally:
+        restore_signal_handlers(old)
+    print(f"{prog}: wrote {out}/results.json, results.md, results.png")
+    with open(os.path.join(out, "results.md")) as f:
+        print(f.read())
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def pool(a, out: str) -> int:
+    """Rows of several runs pooled as rounds of one (``merge``); meta from the first run, with the
+    pooled runs listed. A run without unshaped rows (``--no-unshaped``) adds step times only."""
+    runs = []
+    for d in a.pool:
+        try:
+            with open(os.path.join(d, "results.json")) as f:
+                rows = json.load(f)
+            with open(os.path.join(d, "meta.json")) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"bench_sharding: --pool {d}: cannot read results.json/meta.json ({e})", file=sys.stderr)
+            return 2
+        runs.append((d, rows, meta))
+    groups: dict = {}
+    for _, rows, _ in runs:
+        for r in rows:
+            key = (r.get("series"), r.get("strategy"), r.get("nodes"), r.get("cluster", ""), r.get("accum", 0))
+            groups.setdefault(key, []).append(r)
+    merged = []
+    for rows in groups.values():
+        m = merge(rows, a)
+        m["rounds"] = sum(r.get("rounds", 1) for r in rows if r.get("ok"))
+        if "auto" == m.get("strategy"):
+            m["auto_choices"] = sorted({r.get("auto_choice") or "?" for r in rows})
+        merged.append(m)
+    meta = dict(runs[0][2], pooled=[d for d, _, _ in runs], repeats=sum(x[2].get("repeats", 1) for x in runs))
+    if any(x[2].get("cpu_fit") != meta.get("cpu_fit") and x[2].get("cpu_fit") for x in runs[1:]):
+        meta["cpu_fit_note"] = "the pooled runs fitted different CPU constants; the first run's are shown"
+    os.makedirs(out, exist_ok=True)
+    write_reports(out, merged, meta)
+    print(f"bench_sharding: pooled {len(runs)} runs into {out}/results.json, results.md")
+    return 0 if all(r.get("ok") for r in merged) else 1
