@@ -1,0 +1,276 @@
+"""Training throughput of our path (GPTNeoX inside ZeroTopoEngine, ``ddp`` plan, one process)
+against a minimal plain-PyTorch GPT-NeoX loop, on the same batch, precision and CPU threads.
+
+    python tools/bench_model.py --steps 5 --repeats 5 --batch 8 --precision fp32 --json bench.json
+    python tools/bench_model.py --config configs/tiny.yml --precision bf16
+    python tools/bench_model.py --profile          # + torch.profiler / cProfile of both paths
+
+ours  = ``build_model`` -> ``ZeroTopoEngine(plan=ddp, Comm(distributed=False))``;
+        per step ``loss = CE(eng(x), y); eng.backward(loss); eng.step(lr)``.
+plain = a self-contained nanoGPT-style GPT-NeoX (model_paths.py: parallel residual, partial rotary,
+        LayerNorm, GeLU 4h MLP, SDPA causal, untied head) with ``torch.optim.AdamW`` (default
+        implementation, decay / no-decay groups), ``loss.backward()`` and
+        ``clip_grad_norm_`` (the engine clips too). bf16: ``torch.autocast`` over fp32 weights
+        (the PyTorch idiom) or, with ``--plain-bf16 pure``, bf16 weights.
+Both start from the same weights (ours is copied into the plain model; logits parity is
+checked and reported). After warm-up the two are interleaved A B A B ... for ``--repeats``
+rounds of ``--steps`` steps; the table gives median tokens/s, per-phase medians (ms/step) and
+ours/plain = the median over rounds of (ours tokens/s / plain tokens/s) of the same round, which
+cancels most of the drift other processes cause; the ratio of the medians, best/best and per
+CPU-second ratios are printed too. The acceptance target is ours >= 0.95 x plain.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+from megatron_topo.atomic import write_text
+from megatron_topo.cli import OneLineParser
+from megatron_topo.config import ConfigError, ModelConfig, load_config
+from megatron_topo.metrics import flops_per_iteration
+
+from .model_paths import OPT_IMPL, Ours, Plain
+
+TARGET = 0.95
+
+
+def parse_args(argv=None):
+    """bench_model's options."""
+    p = OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", nargs="+", default=None, metavar="YML", help="model YAML(s); flags below override")
+    p.add_argument("--num-layers", type=int, default=None)
+    p.add_argument("--hidden-size", type=int, default=None)
+    p.add_argument("--num-attention-heads", type=int, default=None)
+    p.add_argument("--seq-length", type=int, default=None)
+    p.add_argument("--vocab-size", type=int, default=None)
+    p.add_argument("--checkpoint-activations", action="store_true", default=None)
+    p.add_argument("--batch", type=int, default=None,
+                   help="sequences per step (default: the config's train_micro_batch_size_per_gpu, else 8)")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per repeat")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each path first")
+    p.add_argument("--repeats", type=int, default=15, help="A B rounds (short rounds, many of them: robust to "
+                   "other processes on the machine)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="default: the config's precision (fp16 falls back to fp32), else fp32")
+    p.add_argument("--plain-bf16", choices=("autocast", "pure"), default="autocast",
+                   help="plain loop's bf16: autocast over fp32 weights (default) or bf16 weights")
+    p.add_argument("--plain-optimizer", choices=tuple(OPT_IMPL), default="default",
+                   help="plain AdamW implementation: PyTorch's default for CPU tensors (single-tensor loop), "
+                        "foreach or fused (ours uses fused AdamW on flat shards)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--clip", type=float, default=1.0, help="gradient clipping for both (0: off)")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
+    p.add_argument("--profile", action="store_true", help="also profile a few steps of each path")
+    p.add_argument("--profile-steps", type=int, default=3)
+    return p.parse_args(argv)
+
+
+DEFAULT_MODEL = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=256, vocab_size=4096,
+                     rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True, init_method="small_init",
+                     output_layer_init_method="wang_init")  # stated: the config defaults follow GPT-NeoX's
+
+
+def model_config(args) -> ModelConfig:
+    """The model to benchmark; also fills ``args.batch`` / ``args.precision`` when not given."""
+    if args.config:
+        full = load_config(args.config)
+        cfg = full.model
+        if args.batch is None:
+            args.batch = full.train.train_micro_batch_size_per_gpu
+        if args.precision is None:
+            args.precision = full.precision if full.precision in ("fp32", "bf16") else "fp32"
+    else:
+        cfg = ModelConfig(**DEFAULT_MODEL)
+    args.batch = 8 if args.batch is None else args.batch
+    args.precision = args.precision or "fp32"
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
+                "checkpoint_activations"):
+        v = getattr(args, key)
+        if v is not None:
+            setattr(cfg, key, v)
+    cfg.max_position_embeddings = max(cfg.max_position_embeddings or 0, cfg.seq_length)
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise ConfigError(f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
+                          f"{cfg.num_attention_heads}")
+    if not cfg.no_weight_tying:
+        raise ConfigError("no_weight_tying: false: bench_model's plain baseline loop has an untied head; "
+                          "set no_weight_tying: true to compare (the engine itself supports tied weights)")
+    return cfg
+
+
+def make_batches(cfg: ModelConfig, batch: int, n: int, seed: int):
+    """``n`` random (inputs, targets) batches, the targets shifted by one token."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_length + 1), generator=g)
+        out.append((ids[:, :-1].contiguous(), ids[:, 1:].contiguous()))
+    return out
+
+
+def run(path, batches, n, start, times):
+    """``n`` steps; returns (wall seconds, process CPU seconds, losses)."""
+    losses = []
+    c0, t0 = time.process_time(), time.perf_counter()
+    for i in range(n):
+        x, y = batches[(start + i) % len(batches)]
+        losses.append(path.step(x, y, times))
+    return time.perf_counter() - t0, time.process_time() - c0, losses
+
+
+def parity(ours: Ours, plain: Plain, x) -> float:
+    """max |logits_ours - logits_plain| on the shared initial weights (before any step)."""
+    with torch.no_grad():
+        ours.model.eval()
+        plain.model.eval()
+        a = ours.model(x).float()
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if plain.autocast else nullcontext()
+        with ctx:
+            b = plain.model(x).float()
+        ours.model.train()
+        plain.model.train()
+    return float((a - b).abs().max())
+
+
+def profile(paths, batches, steps):
+    """torch.profiler top ops of each path and cProfile of the engine's Python functions."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    report = {}
+    for path in paths:
+        with tprofile(activities=[ProfilerActivity.CPU]) as prof:
+            run(path, batches, steps, 0, [])
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
+        print(f"\n== torch.profiler: {path.name}, {steps} steps, top ops by self CPU time ==")
+        print(table)
+        report[f"torch_profiler_{path.name}"] = table
+        pr = cProfile.Profile()
+        pr.enable()
+        run(path, batches, steps, 0, [])
+        pr.disable()
+        s = io.StringIO()
+        st = pstats.Stats(pr, stream=s)
+        st.sort_stats("tottime").print_stats(25)
+        if path.name == "ours":  # where the engine spends its time, by function (inclusive)
+            st.sort_stats("cumulative").print_stats("megatron_topo/zero_topo", 25)
+        print(f"\n== cProfile: {path.name}, {steps} steps, by own time"
+              f"{' + engine functions by cumulative time' if path.name == 'ours' else ''} ==")
+        print(s.getvalue())
+        report[f"cprofile_{path.name}"] = s.getvalue()
+    return report
+
+
+def main(argv=None) -> int:
+    """Warm up, time both paths interleaved, print the table and the verdict, write --json."""
+    args = parse_args(argv)
+    try:
+        cfg = model_config(args)
+    except ConfigError as e:
+        print(f"bench_model: error: {e}", file=sys.stderr)
+        return 2
+    for name in ("batch", "steps", "repeats"):
+        if getattr(args, name) < 1:
+            print(f"bench_model: error: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    ours = Ours(cfg, args)
+    plain = Plain(cfg, args, [ours.init_state[n] for n, _ in ours.model.named_parameters()])
+    batches = make_batches(cfg, args.batch, 8, args.seed + 1)
+    max_diff = parity(ours, plain, batches[0][0])
+    n_params = sum(p.numel() for p in plain.model.parameters())
+    tokens = args.batch * cfg.seq_length
+    flops = flops_per_iteration(cfg, args.batch, cfg.checkpoint_activations)
+
+    print(f"model: L={cfg.num_layers} h={cfg.hidden_size} heads={cfg.num_attention_heads} s={cfg.seq_length} "
+          f"V={cfg.vocab_size} params={n_params / 1e6:.2f}M  batch={args.batch} ({tokens} tokens/step)  "
+          f"precision={args.precision}  plain AdamW={args.plain_optimizer}  threads={torch.get_num_threads()}  logits parity max|d|={max_diff:.2e}",
+          flush=True)
+
+    load0 = list(os.getloadavg())
+    paths = (ours, plain)
+    for p in paths:  # warm-up (allocator, optimizer state, autocast caches)
+        run(p, batches, args.warmup, 0, [])
+    tps = {p.name: [] for p in paths}
+    tps_cpu = {p.name: [] for p in paths}
+    phase = {p.name: [] for p in paths}
+    losses = {p.name: [] for p in paths}
+    for r in range(args.repeats):
+        for p in paths:  # A B A B ...
+            dt, dc, ls = run(p, batches, args.steps, args.warmup + r * args.steps, phase[p.name])
+            tps[p.name].append(tokens * args.steps / dt)
+            tps_cpu[p.name].append(tokens * args.steps / dc)
+            losses[p.name] = ls
+        print(f"  repeat {r + 1}/{args.repeats}: ours {tps['ours'][-1]:9.1f} tok/s   "
+              f"plain {tps['plain'][-1]:9.1f} tok/s", flush=True)
+
+    med = {k: statistics.median(v) for k, v in tps.items()}
+    med_cpu = {k: statistics.median(v) for k, v in tps_cpu.items()}
+    ratio = med["ours"] / med["plain"]
+    ratio_cpu = med_cpu["ours"] / med_cpu["plain"]
+    paired = statistics.median(a / b for a, b in zip(tps["ours"], tps["plain"]))
+    ph = {k: [1e3 * statistics.median(t[i] for t in v) for i in range(3)] for k, v in phase.items()}
+
+    print()
+    print(f"{'path':<6} {'tokens/s (median)':>18} {'min':>9} {'max':>9} {'tok/CPU-s':>10} {'TFLOPS':>8} "
+          f"{'fwd ms':>8} {'bwd ms':>8} {'step ms':>8} {'final loss':>10}")
+    for k in ("ours", "plain"):
+        tf = flops / (tokens / med[k]) / 1e12
+        print(f"{k:<6} {med[k]:>18.1f} {min(tps[k]):>9.1f} {max(tps[k]):>9.1f} {med_cpu[k]:>10.1f} {tf:>8.4f} "
+              f"{ph[k][0]:>8.2f} {ph[k][1]:>8.2f} {ph[k][2]:>8.2f} {losses[k][-1]:>10.4f}")
+    best = max(tps["ours"]) / max(tps["plain"])
+    verdict = "PASS" if paired >= TARGET else "FAIL"
+    print(f"ours/plain = {paired:.3f}  (median of the per-repeat A/B ratios; ratio of median tokens/s {ratio:.3f}, "
+          f"best/best {best:.3f}, per CPU-second {ratio_cpu:.3f});  target >= {TARGET}: {verdict}")
+    load = os.getloadavg()
+    if load[0] > os.cpu_count():
+        print(f"note: load average {load[0]:.1f} on {os.cpu_count()} CPUs: other processes share the machine, "
+              f"absolute tokens/s are noisy; the paired ratio is the robust number")
+
+    result = {
+        "model": {k: getattr(cfg, k) for k in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                                               "vocab_size", "rotary_pct", "gpt_j_residual",
+                                               "checkpoint_activations")},
+        "params": n_params,
+        "batch": args.batch, "tokens_per_step": tokens, "steps": args.steps, "warmup": args.warmup,
+        "repeats": args.repeats, "precision": args.precision,
+        "plain_bf16": args.plain_bf16 if args.precision == "bf16" else None,
+        "plain_optimizer": args.plain_optimizer,
+        "threads": torch.get_num_threads(), "clip": args.clip, "torch": torch.__version__,
+        "machine": platform.processor() or platform.machine(),
+        "logits_parity_max_abs_diff": max_diff,
+        "tokens_per_s": {k: {"median": med[k], "all": tps[k]} for k in tps},
+        "tokens_per_cpu_s": {k: {"median": med_cpu[k], "all": tps_cpu[k]} for k in tps_cpu},
+        "phase_ms_median": {k: dict(zip(("forward", "backward", "step"), v)) for k, v in ph.items()},
+        "final_loss": {k: v[-1] for k, v in losses.items()},
+        "ratio_ours_over_plain": paired,  # median of per-repeat ratios (the verdict)
+        "ratio_of_medians": ratio, "ratio_best": best, "ratio_per_cpu_s": ratio_cpu,
+        "target": TARGET, "pass": paired >= TARGET,
+        "loadavg_start": load0, "loadavg_end": list(os.getloadavg()), "cpus": os.cpu_count(),
+        "command": " ".join([os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
+    }
+    if args.profile:
+        result["profile"] = profile(paths, batches, args.profile_steps)
+    if args.json:
+        write_text(args.json, json.dumps(result, indent=2, allow_nan=False, default=str) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if all(math.isfinite(v) for v in med.values()) else 1
+
