@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -19,3 +20,16 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: "):]
         self.exit(self.error_status, f"error: {message} (usage: {usage})\n")
+
+
+def fail(e: BaseException, path: str = "", status: int = 2) -> int:
+    """Print the one ``error:`` line for an expected failure of a tool and return its exit status:
+    an OSError as ``PATH: reason`` (``path`` when the error names no file), anything else as its
+    message."""
+    if isinstance(e, OSError):
+        text = f"{e.filename or path}: {e.strerror or e}"
+    else:
+        text = str(e)
+    print(f"error: {text}", file=sys.stderr)
+    return status
+

@@ -27,7 +27,7 @@ import json
 import os
 import sys
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, fail
 
 FORMAT = "megatron_topo.consolidated/1"
 
@@ -111,12 +111,8 @@ def main(argv=None) -> int:
     try:
         check_output_outside(args.checkpoint, args.output)  # never a file of the checkpoint it reads
         outs = consolidate(args.checkpoint, args.output, args.force)
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    except (CheckpointError, OSError) as e:
+        return fail(e, args.output)
     for o in outs:
         print(f"wrote {o}")
     return 0

@@ -33,7 +33,7 @@ import os
 import shutil
 import sys
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, fail
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -173,12 +173,8 @@ def main(argv=None) -> int:
                                  "merge_file": args.merge_file},
                       max_shard_size=args.max_shard_size,
                       warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
-    except CheckpointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e.filename or args.output}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    except (CheckpointError, OSError) as e:
+        return fail(e, args.output)
     print(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}")
     return 0
 

@@ -15,7 +15,7 @@ import os
 import sys
 import warnings
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.atomic import atomic_path
 from megatron_topo.metrics import metrics_path, read_metrics
 
@@ -178,8 +178,7 @@ def main(argv=None) -> int:
     try:
         out = plot(args.runs, args.out, args.labels, args.smooth, args.metrics, args.title)
     except PlotError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     print(f"wrote {out}")
     return 0
 
