@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -47,7 +46,6 @@ class Ranked:
     label: str  # "topo", or "topo+combine_bits=8,publish_bits=8"
     step_s: float  # modelled optimizer step
     memory_bytes: int  # preflight estimate per rank: model states + activations + buffers
-    state_bytes: int  # model states per rank (exact)
 
 
 def step_time(shape: pm.Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
@@ -158,8 +156,7 @@ def rank_plans(cfg: Config, topo: Topology, system: Optional[SystemConfig] = Non
         s = step_time(shape, p, topo, system, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
                       m.checkpoint_activations)
         name, _ = label(p, topo)
-        ranked.append(Ranked(dataclasses.replace(p, preset=name.split("+")[0]), name, s, int(need),
-                             int(est["model_states"])))
+        ranked.append(Ranked(dataclasses.replace(p, preset=name.split("+")[0]), name, s, int(need)))
     return tie_order(ranked)
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 from ...config import load_config
 from ...topology import Topology
 from ...zero_topo.sharding import Plan
+from ..autoplan import COMPARED
 from ..perf_model import Shape
 from . import predict as emu
 
@@ -76,8 +77,7 @@ def crossings(series: dict, counts: list[int]) -> list[str]:
     return out
 
 
-PLAN_FIELDS = ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree", "weight_bits",
-               "secondary_bits", "grad_bits", "combine_bits", "publish_bits", "inter_node_reduce", "error_feedback")
+PLAN_FIELDS = COMPARED + ("error_feedback",)  # what makes two runs of our trainer the same plan
 
 
 def same_plan(a: dict, b: dict) -> bool:

@@ -13,7 +13,6 @@ Nothing is per strategy.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -122,8 +121,24 @@ def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, r
             "backward": comp * (passes - 1) / passes + q["backward"] * cpu.quant_s_per_element + calls["backward"],
             "step": q["step"] * cpu.quant_s_per_element + calls["step"]
             + shape.params / plan.optimizer_factor * cpu.optimizer_s_per_param,
-            "transport": {c.name: topo.world_size * gloo_wire_bytes(c) / (cpu.transport_gbs * 1e9)
-                          for c in colls}}
+            "transport": {c.name: gloo_copy_s(c, topo, cpu.transport_gbs) for c in colls}}
+
+
+def gloo_copy_s(c: Collective, topo: Topology, transport_gbs: float) -> float:
+    """CPU seconds gloo spends copying every rank's bytes of one occurrence of ``c`` (the CPU is shared)."""
+    return topo.world_size * gloo_wire_bytes(c) / (transport_gbs * 1e9)
+
+
+def transport_s(shape: Shape, plan: Plan, topo: Topology, grad_accum: int, transport_gbs: float) -> float:
+    """gloo's copying over one optimizer step: every collective at its number of occurrences."""
+    return sum(gloo_copy_s(c, topo, transport_gbs) * occurrences(c, grad_accum)
+               for c in plan_collectives(shape.params, plan, topo))
+
+
+def quantized_per_step(psi: float, plan: Plan, topo: Topology, grad_accum: int) -> float:
+    """Elements through the quantization kernels over one optimizer step."""
+    q = quant_elements(psi, plan, topo)
+    return grad_accum * (q["forward"] + q["backward"]) + q["step"]
 
 
 NOMINAL_BPS = {"inter_node": 200e6, "intra_node": 400e6}  # the rates configs/emulated_cpu.yml's payload rates were measured at
@@ -157,13 +172,11 @@ def fit_cpu(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple
 
     X, y = [], []
     for plan, k, t0 in rows:
-        c = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, CpuRates(math.inf, transport_gbs))
         colls = plan_collectives(shape.params, plan, topo)
-        q = quant_elements(shape.params, plan, topo)
-        X.append([k * shape.microbatch_flops(micro_batch, recompute), k * (q["forward"] + q["backward"]) + q["step"],
+        X.append([k * shape.microbatch_flops(micro_batch, recompute), quantized_per_step(shape.params, plan, topo, k),
                   sum(occurrences(x, k) * call_steps(x, shape.units) for x in colls),
                   shape.params / plan.optimizer_factor])
-        y.append(t0 - sum(t * occurrences(x, k) for x, t in zip(colls, c["transport"].values())))
+        y.append(t0 - transport_s(shape, plan, topo, k, transport_gbs))
     X, y = np.array(X), np.array(y)
     keep = [0, 1, 2, 3]
     while True:
@@ -221,16 +234,13 @@ def calibrate_cpu(shape: Shape, topo: Topology, micro_batch: int, grad_accum: in
     """CPU constants from measured unshaped step times: FLOP/s from ddp's after its transport; the
     cost per quantized element by least squares over ``{preset: t0}`` after compute and transport."""
     def transport(plan):
-        c = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, CpuRates(math.inf, transport_gbs))
-        k = {x.name: occurrences(x, grad_accum) for x in plan_collectives(shape.params, plan, topo)}
-        return sum(t * k[n] for n, t in c["transport"].items())
+        return transport_s(shape, plan, topo, grad_accum, transport_gbs)
 
     flops = grad_accum * shape.microbatch_flops(micro_batch, recompute)
     rate = flops / (t0_ddp - transport(preset_plan("ddp", topo)))
     num = den = 0.0
     for p, t0 in (t0_quantized or {}).items():
         plan = p if isinstance(p, Plan) else preset_plan(p, topo)
-        q = quant_elements(shape.params, plan, topo)
-        e = grad_accum * (q["forward"] + q["backward"]) + q["step"]
+        e = quantized_per_step(shape.params, plan, topo, grad_accum)
         num, den = num + (t0 - flops / rate - transport(plan)) * e, den + e * e
     return CpuRates(rate, transport_gbs, num / den if den else 0.0)
