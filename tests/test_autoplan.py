@@ -188,3 +188,13 @@ def test_emulated_system_constants_are_the_fit_of_the_accumulation_series():
     for plan, k, t in rows:
         pred = emu.estimate_emulated(shape, plan, topo, system, 2, k, got)["unshaped_s"]
         assert pred == pytest.approx(t, rel=0.25), (plan.preset, k, pred, t)
+
+
+def test_system_fields_state_the_cpu_constants():
+    """bench_sharding hands fitted constants to the auto runs as system fields: reading them back
+    gives the same constants."""
+    _, _, system = _emulated_setup()
+    cpu = emu.CpuRates(2e10, system.cpu_transport_gbs, 1.5e-9, 80e-6, 6e-9)
+    back = emu.cpu_rates(dataclasses.replace(system, **emu.system_fields(cpu)))
+    for f in ("flops", "transport_gbs", "quant_s_per_element", "call_s", "optimizer_s_per_param"):
+        assert getattr(back, f) == pytest.approx(getattr(cpu, f), rel=1e-12), f

@@ -54,10 +54,7 @@ def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
                        "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9,
                        "rows": len(fit_rows)}
     print(f"[calibrate] {meta['cpu_fit']}", flush=True)
-    return [f"system.peak_tflops={cpu.flops / 1e12:.6g}", "system.gemm_tflops=" f"{cpu.flops / 1e12:.6g}",
-            "system.compute_efficiency=1.0", f"system.quant_ns_per_element={cpu.quant_s_per_element * 1e9:.6g}",
-            f"system.cpu_call_us={cpu.call_s * 1e6:.6g}",
-            f"system.cpu_optimizer_ns_per_param={cpu.optimizer_s_per_param * 1e9:.6g}"]
+    return [f"system.{k}={v:.6g}" for k, v in emu.system_fields(cpu).items()]
 
 
 def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:

@@ -162,6 +162,13 @@ def cpu_rates(system: SystemConfig) -> CpuRates:
                     system.cpu_optimizer_ns_per_param * 1e-9)
 
 
+def system_fields(cpu: CpuRates) -> dict:
+    """The system-block fields that state ``cpu`` (the inverse of :func:`cpu_rates`)."""
+    return {"peak_tflops": cpu.flops / 1e12, "gemm_tflops": cpu.flops / 1e12, "compute_efficiency": 1.0,
+            "quant_ns_per_element": cpu.quant_s_per_element * 1e9, "cpu_call_us": cpu.call_s * 1e6,
+            "cpu_optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9}
+
+
 def fit_cpu(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple[Plan, int, float]],
             recompute: bool = False, transport_gbs: float = EMULATED_TRANSPORT_GBS) -> CpuRates:
     """The four CPU constants (FLOP/s, s per quantized element, s per collective ring step, s per
