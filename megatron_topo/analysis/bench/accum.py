@@ -9,7 +9,7 @@ from typing import Optional
 from megatron_topo.analysis.emulation import EmulationError, parse_rate
 from megatron_topo.analysis.emulation import rates as R
 
-from .measure import measure, merge, run_one, summary_line
+from .measure import measure, merge, row_key, run_one, summary_line
 from .report import write_reports
 from .runs import LOG_DIR, RunDef, run_def, run_plan
 
@@ -81,7 +81,7 @@ def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:
             if s == "auto":
                 row["auto_choice"] = auto_choice(os.path.join(out, "runs", f"accum_{c}_{s}_a{k}_r{rep}", "launch.log"))
             print("    " + summary_line(row), flush=True)
-            rounds.setdefault(("accum", s, rd.nodes, c, k), []).append(row)
+            rounds.setdefault(row_key(row), []).append(row)
             rows = [merge(v, ca) for v in rounds.values()]
             meta["load_after"] = os.getloadavg()
             write_reports(out, rows, meta)

@@ -52,7 +52,7 @@ from megatron_topo.analysis.emulation.launch import install_signal_handlers, res
 from megatron_topo.cli import OneLineParser
 
 from .accum import accum_defs, run_accum
-from .measure import measure, merge, summary_line
+from .measure import measure, merge, row_key, summary_line
 from .report import machine, write_reports
 from .runs import ACCUM_STRATEGIES, ALL_STRATEGIES, EXTRA_STRATEGIES, LOG_DIR, MODEL_SET, SCALING_STRATEGIES, run_def
 
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
                     row = {"series": series, "strategy": rd.strategy, "nodes": rd.nodes, "ok": False,
                            "error": str(e)}
                 print("    " + summary_line(row), flush=True)
-                rounds.setdefault((series, rd.strategy, rd.nodes, "", 0), []).append(row)
+                rounds.setdefault(row_key(row), []).append(row)
                 rows = [merge(v, a) for v in rounds.values()]
                 meta["load_after"] = os.getloadavg()
                 write_reports(out, rows, meta)
@@ -213,8 +213,7 @@ def pool(a, out: str) -> int:
     groups: dict = {}
     for _, rows, _ in runs:
         for r in rows:
-            key = (r.get("series"), r.get("strategy"), r.get("nodes"), r.get("cluster", ""), r.get("accum", 0))
-            groups.setdefault(key, []).append(r)
+            groups.setdefault(row_key(r), []).append(r)
     merged = []
     for rows in groups.values():
         m = merge(rows, a)

@@ -185,6 +185,11 @@ def finalize(row: dict, a) -> dict:
     return row
 
 
+def row_key(r: dict) -> tuple:
+    """Rows with the same key are rounds of one measurement (``merge`` pools them)."""
+    return r.get("series"), r.get("strategy"), r.get("nodes"), r.get("cluster", ""), r.get("accum", 0)
+
+
 def merge(rows: list[dict], a) -> dict:
     """Pool the rounds of one strategy (bytes must agree between rounds; times are pooled)."""
     good = [r for r in rows if r.get("ok")]
