@@ -22,6 +22,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser
 
 EXACT = ["zero_topo.weight_bits=16", "zero_topo.secondary_bits=16", "zero_topo.grad_bits=16"]
@@ -72,10 +73,7 @@ def main(argv=None) -> int:
         print(f"{n:<10} {v:>10.4f} {(v / ref - 1) * 100 if ref else float('nan'):>+8.2f}%")
     res = {"steps": a.steps, "ranks": a.ranks, "final_loss": final,
            "curves": {n: [(r["step"], r["loss"]) for r in c] for n, c in curves.items()}}
-    tmp = os.path.join(a.out, "results.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(tmp, os.path.join(a.out, "results.json"))
+    write_text(os.path.join(a.out, "results.json"), json.dumps(res, indent=1))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

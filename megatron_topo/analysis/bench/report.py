@@ -5,6 +5,8 @@ import json
 import os
 import platform
 
+from megatron_topo.atomic import write_text
+
 from .runs import ROOT
 
 
@@ -157,12 +159,8 @@ def machine() -> dict:
 
 def write_reports(out, rows, meta):
     """results.json, meta.json, results.md and the plots of the series present in ``rows``."""
-    tmp = os.path.join(out, "results.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(rows, f, indent=1)
-    os.replace(tmp, os.path.join(out, "results.json"))
-    with open(os.path.join(out, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+    write_text(os.path.join(out, "results.json"), json.dumps(rows, indent=1))
+    write_text(os.path.join(out, "meta.json"), json.dumps(meta, indent=1))
     main = [r for r in rows if r["series"] == "main"]
     scal = [r for r in rows if r["series"] == "scaling"]
     acc = [r for r in rows if r["series"] == "accum"]

@@ -36,6 +36,7 @@ from megatron_topo.analysis.emulation import (
 )
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
+from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser
 
 
@@ -126,11 +127,7 @@ def main(argv=None) -> int:
                      "command": cmd, "returncodes": res.returncodes, "max_rss_bytes": res.max_rss_bytes,
                      "cpu_s": res.cpu_s, "wall_s": res.wall_s, "packages": per_pkg,
                      **summarize(per_pkg)}
-            os.makedirs(os.path.dirname(os.path.abspath(a.stats_json)), exist_ok=True)
-            tmp = a.stats_json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(stats, f, indent=1)
-            os.replace(tmp, a.stats_json)
+            write_text(a.stats_json, json.dumps(stats, indent=1))
         if rc:
             print(f"{prog}: rank {res.first_failure} exited with {res.returncodes[res.first_failure]}",
                   file=sys.stderr)

@@ -32,6 +32,7 @@ import torch
 
 from . import reference
 from ._common import inverse_permutation, num_blocks, payload_nbytes
+from ...atomic import write_text
 
 __all__ = ["quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
            "quantize_reordered", "inverse_permutation", "payload_nbytes", "num_blocks",
@@ -72,10 +73,8 @@ class KernelTimer:
         os.makedirs(directory, exist_ok=True)
         rank = os.environ.get("RANK", "0")
         path = os.path.join(directory, f"kernel_times.{rank}.{os.getpid()}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({"rank": int(rank) if rank.isdigit() else rank, "pid": os.getpid(),
-                       **self.snapshot()}, f)
-        os.replace(path + ".tmp", path)
+        write_text(path, json.dumps({"rank": int(rank) if rank.isdigit() else rank, "pid": os.getpid(),
+                                     **self.snapshot()}))
         return path
 
 
