@@ -165,9 +165,21 @@ def test_in_flight_bound_is_the_engines():
     assert inspect.signature(ZeroTopoEngine).parameters["max_in_flight"].default == pm.REDUCTIONS_IN_FLIGHT
 
 
+def test_combine_lag_is_when_the_reduction_lands():
+    """A unit's combine starts at the first gradient hook after its reduction lands: reduce/backward
+    units later while the reductions keep up, at most REDUCTIONS_IN_FLIGHT units (the engine then
+    waits for the oldest), immediately without a reduction (ddp, zero1)."""
+    from megatron_topo.analysis.perf_model.step import combine_lag
+    assert combine_lag(0.0, 1.0) == 0.0
+    assert combine_lag(0.25, 1.0) == pytest.approx(0.25)
+    assert combine_lag(5.0, 1.0) == pm.REDUCTIONS_IN_FLIGHT
+    assert combine_lag(1.0, 0.0) == pm.REDUCTIONS_IN_FLIGHT
+
+
 def test_step_overlap_matches_the_engine():
     """Since 3af3320 the combine of each unit is launched during the last backward once its
     reduction lands, and each unit's post-step gather is waited for at its next forward gather."""
+    from megatron_topo.analysis.perf_model.step import combine_lag
     shape = pm.Shape(44, 6144, 2048, 50432)
     topo, n = frontier(6), shape.units
     for bw in (5.0, 0.05):  # combine/post-step gather shorter, then longer, than a pass
@@ -176,7 +188,9 @@ def test_step_overlap_matches_the_engine():
         C, A = t.comm_s["combine"], t.comm_s["post_step_all_gather"]
         B, F = t.backward_s, t.forward_s
         assert t.step_comm_s == pytest.approx(C + A)
-        k = pm.REDUCTIONS_IN_FLIGHT + 1  # a unit's combine starts <= in-flight units after its backward
+        red = t.comm_s["grad_reduce"]
+        k = combine_lag(red, t.compute_s * 3 / 4) + 1  # its reduction's time in units of backward, <= in flight
+        assert 1 < k <= pm.REDUCTIONS_IN_FLIGHT + 1
         assert t.last_backward_s == pytest.approx(max(B + k * C / n, k * B / n + C))
         assert t.first_forward_s == pytest.approx(max(F, A) + min(F, A) / n)
         assert t.step_s == pytest.approx(2 * (F + B) + t.first_forward_s + t.last_backward_s + t.optimizer_s)
@@ -367,6 +381,49 @@ def test_emulated_step_time_within_25_percent(table, step_overlap, strategy):
     preds, _ = predict_emulated(table, step_overlap)
     err = preds[strategy]["step_s"] / table[strategy][0] - 1
     assert abs(err) <= 0.25, f"{strategy}: predicted {preds[strategy]['step_s']:.2f} s, measured {table[strategy][0]} s"
+
+
+def test_emulated_step_collectives_do_their_own_cpu_work_on_the_wire():
+    """ddp at 1 micro-batch: the all-reduce starts with each unit's gradient (no reduction: lag 0)
+    and its own CPU work (gloo's copying, ring-step calls) runs while its bytes are on the wire,
+    so the step is forward + the pipeline of (backward + that work) with the link + the optimizer;
+    and no plan's prediction exceeds the no-overlap bound t0 + links (the model before this rule put
+    ddp's and topo's 1-micro-batch steps above it)."""
+    from megatron_topo.analysis.perf_model.step import _pipeline
+    shape, topo, system = emulated_setup()
+    cpu = emu.CpuRates(4.3e10, 0.84, 4e-9, 9e-4, 5e-8)
+    plan = pm.preset_plan("ddp", topo)
+    e = emu.estimate_emulated(shape, plan, topo, system, 2, 1, cpu)
+    cs, link = e["cpu_s"], e["net_s"]["combine"]
+    own = cs["transport"]["combine"] + cs["step_calls"]["combine"]
+    want = cs["forward"] + _pipeline(cs["backward"] + own, link, shape.units) + cs["step"]
+    assert e["step_s"] == pytest.approx(max(e["unshaped_s"], want))
+    assert e["step_s"] < e["unshaped_s"] + link - min(own, link) * 0.9
+    for p in ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig"):
+        for k in (1, 2, 4, 8):
+            for q in ({}, {"combine_bits": 8, "publish_bits": 8}):
+                try:
+                    plan = pm.preset_plan(p, topo, **q)
+                except ValueError:
+                    continue
+                got = emu.estimate_emulated(shape, plan, topo, system, 2, k, cpu)["step_s"]
+                bound = emu.estimate_emulated(shape, plan, topo, system, 2, k, cpu, overlap="serial")["step_s"]
+                assert got <= bound * (1 + 1e-9), (p, k, q, got, bound)
+
+
+def test_stack_overhead_is_fitted_from_unshaped_steps_and_added_in_series():
+    """Another implementation of a plan (PyTorch FSDP2 in the benchmark): one constant, its CPU
+    time per second of our modelled CPU time, recovered from its unshaped steps and added to the
+    predicted step in series."""
+    shape, topo, system = emulated_setup()
+    cpu = emu.CpuRates(4.3e10, 0.84, 4e-9, 9e-4, 5e-8)
+    plan = pm.preset_plan("zero3", topo)
+    rows = [(plan, k, emu.estimate_emulated(shape, plan, topo, system, 2, k, cpu, stack_overhead=0.7)["unshaped_s"])
+            for k in (1, 2, 4, 8)]
+    assert emu.fit_stack_overhead(shape, topo, 2, rows, cpu) == pytest.approx(0.7)
+    ours = emu.estimate_emulated(shape, plan, topo, system, 2, 2, cpu)
+    theirs = emu.estimate_emulated(shape, plan, topo, system, 2, 2, cpu, stack_overhead=0.7)
+    assert theirs["step_s"] == pytest.approx(ours["step_s"] + 0.7 * ours["unshaped_s"])
 
 
 def test_emulated_alternative_rules_as_documented():

@@ -51,13 +51,22 @@ def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional
     else:  # fitted over the unshaped rows of our own trainer (FSDP2 and auto are not in the fit)
         cpu = emu.fit_cpu(shape, topo, mb, [(plan(r), r["accum"], r["unshaped_step_time_s"]) for r in ok
                                             if r["kind"] == "train" and r["strategy"] != "auto"], rc)
+    # PyTorch FSDP2 runs the same plans with its own code: one constant, its CPU time per second of
+    # ours, from its unshaped rows (one measurement per strategy and count, not per cluster)
+    other: dict = {}
+    for r in ok:
+        if r["kind"] != "train":
+            other.setdefault(r["strategy"], {})[r["accum"]] = (plan(r), r["accum"], r["unshaped_step_time_s"])
+    overhead = {s: emu.fit_stack_overhead(shape, topo, mb, list(v.values()), cpu, rc) for s, v in other.items()}
     out = {}
     for r in ok:
         system = emu.emulated_system(cfg.system, r["inter_node_rate_bps"], r["intra_node_rate_bps"])
         out[(r["cluster"], r["strategy"], r["accum"])] = emu.estimate_emulated(
-            shape, plan(r), topo, system, mb, r["accum"], cpu, rc)["step_s"]
+            shape, plan(r), topo, system, mb, r["accum"], cpu, rc,
+            stack_overhead=overhead.get(r["strategy"], 0.0))["step_s"]
     return out, {"flops": cpu.flops, "quant_ns_per_element": cpu.quant_s_per_element * 1e9,
-                 "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9}
+                 "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9,
+                 "stack_overhead": overhead}
 
 
 def crossings(series: dict, counts: list[int]) -> list[str]:
@@ -100,7 +109,10 @@ def render(rows: list[dict], meta: dict, root: str) -> str:
           + (f"The model's CPU constants, fitted over the unshaped rows of our trainer at every count "
              f"(predict.fit_cpu; the auto runs used the same): {cpu['flops'] / 1e9:.2f} GFLOP/s per rank, "
              f"{cpu['quant_ns_per_element']:.2f} ns per quantized element, {cpu['call_us']:.0f} us per collective "
-             f"ring step, {cpu['optimizer_ns_per_param']:.1f} ns per optimizer-shard parameter." if cpu else
+             f"ring step, {cpu['optimizer_ns_per_param']:.1f} ns per optimizer-shard parameter."
+             + (f" FSDP2's rows: the model of the same plan with FSDP2's own CPU cost, {1 + cpu['fsdp2_overhead']:.2f}x "
+                f"our engine's modelled CPU time (predict.fit_stack_overhead over its unshaped rows: one constant "
+                f"for both FSDP2 strategies), in series." if cpu["fsdp2_overhead"] is not None else "") if cpu else
              "No prediction (no unshaped rows)."), ""]
     for cluster, by in cells(rows).items():
         md += [f"### {cluster}: {meta.get('clusters', {}).get(cluster, '')}", "",

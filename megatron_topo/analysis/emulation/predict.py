@@ -109,19 +109,21 @@ def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
 
 def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, recompute: bool,
                    cpu: CpuRates) -> dict:
-    """CPU seconds of one rank: compute + quantization per pass of a micro-batch, and gloo's
-    transport of every rank's bytes per collective occurrence (the CPU is shared)."""
+    """CPU seconds of one rank: compute, quantization and the ring-step calls of its collectives
+    per pass of a micro-batch; step(): the once-per-step quantization and the optimizer; gloo's
+    transport of every rank's bytes per collective occurrence (the CPU is shared); and the calls of
+    the once-per-step collectives, which run while their bytes are on the wire."""
     comp = shape.microbatch_flops(micro_batch, recompute) / cpu.flops
     passes = 4.0 if recompute else 3.0
     q = quant_elements(shape.params, plan, topo)
     colls = plan_collectives(shape.params, plan, topo)
-    calls = {p: sum(call_steps(c, shape.units) for c in colls if c.phase == p) * cpu.call_s
-             for p in ("forward", "backward", "step")}
-    return {"forward": comp / passes + q["forward"] * cpu.quant_s_per_element + calls["forward"],
-            "backward": comp * (passes - 1) / passes + q["backward"] * cpu.quant_s_per_element + calls["backward"],
-            "step": q["step"] * cpu.quant_s_per_element + calls["step"]
-            + shape.params / plan.optimizer_factor * cpu.optimizer_s_per_param,
-            "transport": {c.name: gloo_copy_s(c, topo, cpu.transport_gbs) for c in colls}}
+    calls = {c.name: call_steps(c, shape.units) * cpu.call_s for c in colls}
+    in_pass = {p: sum(calls[c.name] for c in colls if c.phase == p) for p in ("forward", "backward")}
+    return {"forward": comp / passes + q["forward"] * cpu.quant_s_per_element + in_pass["forward"],
+            "backward": comp * (passes - 1) / passes + q["backward"] * cpu.quant_s_per_element + in_pass["backward"],
+            "step": q["step"] * cpu.quant_s_per_element + shape.params / plan.optimizer_factor * cpu.optimizer_s_per_param,
+            "transport": {c.name: gloo_copy_s(c, topo, cpu.transport_gbs) for c in colls},
+            "step_calls": {c.name: calls[c.name] for c in colls if c.phase == "step"}}
 
 
 def gloo_copy_s(c: Collective, topo: Topology, transport_gbs: float) -> float:
@@ -202,12 +204,15 @@ EMULATED_OVERLAP = ("engine", "store_forward", "serial")
 
 def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
                       grad_accum: int, cpu: CpuRates, recompute: bool = False, overlap: str = "engine",
-                      step_overlap: bool = True) -> dict:
+                      step_overlap: bool = True, stack_overhead: float = 0.0) -> dict:
     """Step time on the emulated cluster, never below all ranks' CPU work (the unshaped step).
     ``overlap="engine"``: ``compose_passes`` (the engine's rules) with all CPU work -- compute,
     quantization, gloo's transport -- as compute and the busiest shaped link of each pass as its
-    communication; "store_forward": each collective's transport added to its link time instead
-    (the copy and the wire alternating); "serial": nothing overlaps (t0 + comm)."""
+    communication; the combine's and post-step gather's own copying and calls run while their bytes
+    are on the wire; "store_forward": each collective's transport added to its link time instead
+    (the copy and the wire alternating); "serial": nothing overlaps (t0 + comm).
+    ``stack_overhead``: CPU seconds another implementation of the same plan spends per second of
+    ours, in series with everything (``fit_stack_overhead``; PyTorch FSDP2 in the benchmark)."""
     if overlap not in EMULATED_OVERLAP:
         raise ValueError(f"overlap '{overlap}' is not valid; use one of {', '.join(EMULATED_OVERLAP)}")
     cs = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, cpu)
@@ -222,17 +227,33 @@ def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemCo
     if "grad_reduce" in lb:
         net["grad_reduce"] = link_time(bwd, system) - link_time(bag, system)
         net.update({"grad_reduce_inter": 0.0} if "grad_reduce_inter" in lb else {})
-    tr = cs["transport"]
-    t0 = grad_accum * (cs["forward"] + cs["backward"]) + cs["step"] + sum(tr[x] * k[x] for x in tr)
+    tr, sc = cs["transport"], cs["step_calls"]
+    t0 = (grad_accum * (cs["forward"] + cs["backward"]) + cs["step"] + sum(tr[x] * k[x] for x in tr)
+          + sum(sc.values()))
     step = t0 + sum(net[x] * k[x] for x in net)
     if overlap != "serial":
+        # per-micro-batch collectives: their copying is CPU work of their pass; once-per-step ones:
+        # their copying and calls run while their bytes are on the wire, in the pass they overlap
         sf = overlap == "store_forward"
         comm = {x: net[x] + (tr[x] if sf else 0.0) for x in net}
-        ph = {p: sum(tr[c.name] for c in colls if c.phase == p and not sf) for p in ("forward", "backward", "step")}
+        ph = {p: sum(tr[c.name] for c in colls if c.phase == p and not sf) for p in ("forward", "backward")}
+        own = {x: sc[x] + (0.0 if sf else tr[x]) for x in sc}
         fwd, bwd, ff, bl = compose_passes(colls, comm, cs["forward"] + ph["forward"], cs["backward"] + ph["backward"],
-                                    shape.units, plan.prefetch, step_overlap)
-        step = max(t0, (grad_accum - 1) * (fwd + bwd) + ff + bl + ph["step"] + cs["step"])
-    return {"preset": plan.preset, "step_s": step, "unshaped_s": t0, "cpu_s": cs, "net_s": net}
+                                          shape.units, plan.prefetch, step_overlap, own_cpu=own)
+        step = max(t0, (grad_accum - 1) * (fwd + bwd) + ff + bl + cs["step"])
+    extra = stack_overhead * t0
+    return {"preset": plan.preset, "step_s": step + extra, "unshaped_s": t0 + extra, "cpu_s": cs, "net_s": net}
+
+
+def fit_stack_overhead(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple[Plan, int, float]],
+                       cpu: CpuRates, recompute: bool = False) -> float:
+    """The one constant of another implementation of a plan (``estimate_emulated``'s
+    ``stack_overhead``): least squares of its measured unshaped steps ``(plan, micro-batches,
+    seconds)`` over our model's CPU time of the same plans, ``t = (1 + overhead) * t0``."""
+    t0 = [estimate_emulated(shape, plan, topo, SystemConfig(), micro_batch, k, cpu, recompute)["unshaped_s"]
+          for plan, k, _ in rows]
+    den = sum(x * x for x in t0)
+    return sum((t - x) * x for (_, _, t), x in zip(rows, t0)) / den if den else 0.0
 
 
 def calibrate_cpu(shape: Shape, topo: Topology, micro_batch: int, grad_accum: int, t0_ddp: float,

@@ -25,20 +25,34 @@ def _phase(compute: float, gather: float, reduce: float, n: int, prefetch: bool)
     return gather + max(compute, reduce) + reduce / n
 
 
-def _pipeline(a: float, b: float, n: int, lag: int = 0) -> float:
+def _pipeline(a: float, b: float, n: int, lag: float = 0.0) -> float:
     """Two stages over ``n`` equal units on different links, unit i of stage b starting once
-    unit i + ``lag`` of stage a is done: b keeps up with a and finishes its last ``lag + 1``
-    units after a, or b is the bottleneck and starts ``lag + 1`` units of a late. ``lag=0`` is
-    ``max(a, b) + min(a, b) / n``."""
+    unit i + ``lag`` of stage a is done (``lag`` may be fractional: a time in units of a): b keeps
+    up with a and finishes its last ``lag + 1`` units after a, or b is the bottleneck and starts
+    ``lag + 1`` units of a late. ``lag=0`` is ``max(a, b) + min(a, b) / n``."""
     k = min(lag, n - 1) + 1
     return max(a + k * b / n, k * a / n + b)
 
 
+def combine_lag(reduce_s: float, t_b: float) -> float:
+    """Units of backward between a unit's reduction launch and its combine launch: the engine
+    starts a unit's combine at the first gradient hook after its reduction lands (``reduce_s`` /
+    ``t_b`` units when the reductions keep up with the backward), and never lets more than
+    ``REDUCTIONS_IN_FLIGHT`` reductions pend (the backward waits for the oldest)."""
+    if reduce_s <= 0.0:
+        return 0.0  # no reduction (ddp, zero1): the combine starts with the gradient
+    return REDUCTIONS_IN_FLIGHT if t_b <= 0.0 else min(float(REDUCTIONS_IN_FLIGHT), reduce_s / t_b)
+
+
 def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
-                   step_overlap: bool, serial: bool = False) -> tuple[float, float, float, float]:
+                   step_overlap: bool, serial: bool = False,
+                   own_cpu: Optional[dict] = None) -> tuple[float, float, float, float]:
     """Forward, backward, first forward and last backward of a step from the compute of one pass
     (``t_f``, ``t_b``) and each collective's time for the whole model (docs/design.md §7.2).
-    ``serial``: nothing overlaps, every collective adds to its pass (``stack="deepspeed"``)."""
+    ``serial``: nothing overlaps, every collective adds to its pass (``stack="deepspeed"``).
+    ``own_cpu``: {"combine" | "post_step_all_gather": s} of processor work a once-per-step
+    collective does itself while its bytes are on the wire (the emulated cluster's gloo copies and
+    calls; nothing on a GPU, where DMA moves them): it runs in the pass the collective overlaps."""
     fwd_ag = sum(times.get(c.name, 0.0) for c in colls if c.phase == "forward")
     bwd_ag = times.get("backward_all_gather", 0.0)
     red = times.get("grad_reduce", 0.0) + times.get("grad_reduce_inter", 0.0)
@@ -46,22 +60,21 @@ def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: fl
     fwd_lv = {levels[k] for k in ("forward_all_gather",) if k in levels}
     bwd_lv = {levels[k] for k in ("backward_all_gather", "grad_reduce", "grad_reduce_inter") if k in levels}
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
+    own_c, own_p = ((own_cpu or {}).get(x, 0.0) for x in ("combine", "post_step_all_gather"))
     if serial:
         fwd, bwd = t_f + fwd_ag, t_b + bwd_ag + red
     else:
         fwd, bwd = _phase(t_f, fwd_ag, 0.0, n, prefetch), _phase(t_b, bwd_ag, red, n, prefetch)
     if step_overlap and not serial:
-        # the last backward launches each unit's combine once its reduction lands; the next step's
-        # first forward waits, unit by unit, for that unit's post-step gather (docs/design.md §7.2)
-        # (on the same level as that pass's traffic they share its link)
-        # (the engine finishes reductions oldest first with at most REDUCTIONS_IN_FLIGHT pending,
-        # so a unit's combine starts at the latest that many units of backward after its own)
-        bwd_last = (_phase(t_b, bwd_ag, red + comb, n, prefetch) if levels.get("combine") in bwd_lv
-                    else _pipeline(bwd, comb, n, lag=REDUCTIONS_IN_FLIGHT))
-        fwd_first = (_phase(t_f, fwd_ag + post, 0.0, n, prefetch) if levels.get("post_step_all_gather") in fwd_lv
-                     else _pipeline(post, fwd, n))
+        # the last backward launches each unit's combine once its reduction lands (combine_lag);
+        # the next step's first forward waits, unit by unit, for that unit's post-step gather
+        # (docs/design.md §7.2); on the same level as that pass's traffic they share its link
+        bwd_last = (_phase(t_b + own_c, bwd_ag, red + comb, n, prefetch) if levels.get("combine") in bwd_lv
+                    else _pipeline(bwd + own_c, comb, n, lag=combine_lag(red, t_b)))
+        fwd_first = (_phase(t_f + own_p, fwd_ag + post, 0.0, n, prefetch)
+                     if levels.get("post_step_all_gather") in fwd_lv else _pipeline(post, fwd + own_p, n))
     else:  # serial, or step_overlap=False: combine and post-step gather blocking in step()
-        bwd_last, fwd_first = bwd + comb, fwd + post
+        bwd_last, fwd_first = bwd + comb + own_c, fwd + post + own_p
     return fwd, bwd, fwd_first, bwd_last
 
 
