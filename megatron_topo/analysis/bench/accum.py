@@ -28,7 +28,7 @@ def accum_defs(a) -> list:
 
 def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
     """Unshaped runs of every strategy except auto at every count (no network: CPU work only),
-    then the four CPU constants of the emulated-cluster model fitted over them
+    then the five CPU constants of the emulated-cluster model fitted over them
     (``predict.fit_cpu``), handed to the auto runs as system-block settings."""
     from megatron_topo.analysis.emulation import predict as emu
     from megatron_topo.analysis.perf_model import Shape
@@ -50,7 +50,8 @@ def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
     cfg, topo, _ = run_plan(accum[0][4])
     cpu = emu.fit_cpu(Shape.from_config(cfg.model), topo, cfg.train.train_micro_batch_size_per_gpu, fit_rows,
                       cfg.model.checkpoint_activations)
-    meta["cpu_fit"] = {"flops_per_rank": cpu.flops, "quant_ns_per_element": cpu.quant_s_per_element * 1e9,
+    meta["cpu_fit"] = {"flops_per_rank": cpu.flops, "transport_gbs": cpu.transport_gbs,
+                       "quant_ns_per_element": cpu.quant_s_per_element * 1e9,
                        "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9,
                        "rows": len(fit_rows)}
     print(f"[calibrate] {meta['cpu_fit']}", flush=True)

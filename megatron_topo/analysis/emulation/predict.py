@@ -167,16 +167,18 @@ def cpu_rates(system: SystemConfig) -> CpuRates:
 def system_fields(cpu: CpuRates) -> dict:
     """The system-block fields that state ``cpu`` (the inverse of :func:`cpu_rates`)."""
     return {"peak_tflops": cpu.flops / 1e12, "gemm_tflops": cpu.flops / 1e12, "compute_efficiency": 1.0,
+            "cpu_transport_gbs": cpu.transport_gbs,
             "quant_ns_per_element": cpu.quant_s_per_element * 1e9, "cpu_call_us": cpu.call_s * 1e6,
             "cpu_optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9}
 
 
 def fit_cpu(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple[Plan, int, float]],
             recompute: bool = False, transport_gbs: float = EMULATED_TRANSPORT_GBS) -> CpuRates:
-    """The four CPU constants (FLOP/s, s per quantized element, s per collective ring step, s per
-    optimizer-shard parameter) by least squares over measured unshaped steps ``(plan, micro-batches,
-    seconds)``, after gloo's transport at ``transport_gbs``; a constant that comes out negative is
-    dropped (set to zero) and the rest refitted. Nothing is per strategy."""
+    """The five CPU constants (FLOP/s, gloo's machine-wide copy rate, s per quantized element, s per
+    collective ring step, s per optimizer-shard parameter) by least squares over measured unshaped
+    steps ``(plan, micro-batches, seconds)``. A constant that comes out negative is dropped (set to
+    zero; the copy rate then stays ``transport_gbs``) and the rest refitted, as is one no row incurs.
+    Nothing is per strategy."""
     import numpy as np
 
     X, y = [], []
@@ -184,19 +186,21 @@ def fit_cpu(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple
         colls = plan_collectives(shape.params, plan, topo)
         X.append([k * shape.microbatch_flops(micro_batch, recompute), quantized_per_step(shape.params, plan, topo, k),
                   sum(occurrences(x, k) * call_steps(x, shape.units) for x in colls),
-                  shape.params / plan.optimizer_factor])
-        y.append(t0 - transport_s(shape, plan, topo, k, transport_gbs))
+                  shape.params / plan.optimizer_factor, transport_s(shape, plan, topo, k, 1e-9)])  # bytes
+        y.append(t0)
     X, y = np.array(X), np.array(y)
-    keep = [0, 1, 2, 3]
+    keep = [i for i in range(5) if i == 0 or X[:, i].any()]  # a cost nothing incurs is not measurable
     while True:
-        coef = np.zeros(4)
+        coef = np.zeros(5)
+        fixed = 0.0 if 4 in keep else X[:, 4] / (transport_gbs * 1e9)  # bytes at the given rate
         scale = X[:, keep].max(axis=0)
-        coef[keep] = np.linalg.lstsq(X[:, keep] / scale, y, rcond=None)[0] / scale
-        neg = [i for i in keep if coef[i] < 0 and i != 0]
+        coef[keep] = np.linalg.lstsq(X[:, keep] / scale, y - fixed, rcond=None)[0] / scale
+        neg = [i for i in keep if coef[i] <= 0 and i != 0]
         if not neg:
             break
         keep.remove(min(neg, key=lambda i: coef[i]))
-    return CpuRates(1.0 / coef[0], transport_gbs, float(coef[1]), float(coef[2]), float(coef[3]))
+    return CpuRates(float(1.0 / coef[0]), float(1e-9 / coef[4]) if 4 in keep else transport_gbs, float(coef[1]),
+                    float(coef[2]), float(coef[3]))
 
 
 EMULATED_OVERLAP = ("engine", "store_forward", "serial")
