@@ -111,9 +111,10 @@ def render(rows: list[dict], meta: dict, root: str) -> str:
              f"{cpu['transport_gbs']:.2f} GB/s of gloo copying machine-wide, "
              f"{cpu['quant_ns_per_element']:.2f} ns per quantized element, {cpu['call_us']:.0f} us per collective "
              f"ring step, {cpu['optimizer_ns_per_param']:.1f} ns per optimizer-shard parameter."
-             + (f" FSDP2's rows: the model of the same plan with FSDP2's own CPU cost, {1 + cpu['fsdp2_overhead']:.2f}x "
-                f"our engine's modelled CPU time (predict.fit_stack_overhead over its unshaped rows: one constant "
-                f"for both FSDP2 strategies), in series." if cpu["fsdp2_overhead"] is not None else "") if cpu else
+             + (" FSDP2's rows: the model of the same plan plus FSDP2's own CPU time in series, "
+                + ", ".join(f"{s} {1 + v:.2f}x" for s, v in sorted(cpu["stack_overhead"].items()))
+                + " our engine's modelled CPU time (predict.fit_stack_overhead over each one's unshaped rows)."
+                if cpu["stack_overhead"] else "") if cpu else
              "No prediction (no unshaped rows)."), ""]
     for cluster, by in cells(rows).items():
         md += [f"### {cluster}: {meta.get('clusters', {}).get(cluster, '')}", "",

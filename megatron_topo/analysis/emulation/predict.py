@@ -5,10 +5,13 @@ gloo's own copying share the same cores.
 
 Constants: payload rates 364-381 Mbit/s (400 Mbit/s intra-node class) and 179-190 Mbit/s (200 Mbit/s NIC) per
 package (benchmark.md "Default rates and why"; configs/emulated_cpu.yml) on the links gloo uses
-(``gloo_link_bytes``); ``EMULATED_TRANSPORT_GBS`` 0.84 GB/s, gloo point-to-point in a namespace
-(6.5-7 Gbit/s), the CPU cost of any rank's byte; ONE FLOP rate per rank from the
-unshaped step time of ddp; ONE cost per quantized element from the unshaped topo and zeropp rows.
-Nothing is per strategy.
+(``gloo_link_bytes``). CPU: ``fit_cpu`` fits five constants (FLOP/s per rank, gloo's machine-wide
+copy rate, s per quantized element, s per collective ring step, s per optimizer-shard parameter)
+over measured unshaped steps of many plans and accumulation counts (configs/emulated_cpu.yml holds
+the accumulation series' fit); ``calibrate_cpu`` is the older two-constant calibration (FLOP/s from
+ddp's unshaped step, the copy rate fixed at ``EMULATED_TRANSPORT_GBS``, gloo point-to-point in one
+namespace) used by ``tools/predict_perf.py --emulated``. Nothing is per strategy; another
+implementation of a plan (PyTorch FSDP2) gets one constant of its own (``fit_stack_overhead``).
 """
 from __future__ import annotations
 
