@@ -185,3 +185,39 @@ def test_emulated_cli(tmp_path):
     r = subprocess.run([sys.executable, PERF_PY, "--emulated", str(path)], cwd=REPO, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "ddp" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_accumulation_report_renders_model_and_fsdp2_constants():
+    """The accumulation series' report (bench_sharding --series accum) on rows whose measured and
+    unshaped steps come from the model itself: the fitted constants and the FSDP2 constant are
+    stated, every cell's error is +0%, auto is compared with the fastest preset."""
+    import dataclasses
+
+    from megatron_topo.analysis.emulation import accum_report
+
+    shape, topo, system = emulated_setup()
+    cpu = emu.CpuRates(3e10, 1.7, 2e-9, 8e-4, 3e-9)
+    plans = {"ddp": pm.preset_plan("ddp", topo), "topo": pm.preset_plan("topo", topo),
+             "zeropp": pm.preset_plan("zeropp", topo), "mics": pm.preset_plan("mics", topo),
+             "zero3": pm.preset_plan("zero3", topo), "fsdp2_full": pm.preset_plan("zero3", topo),
+             "auto": pm.preset_plan("topo", topo)}
+    rows = []
+    for s, plan in plans.items():
+        over = 0.5 if s == "fsdp2_full" else 0.0
+        for k in (1, 2, 4):
+            e = emu.estimate_emulated(shape, plan, topo, system, 2, k, cpu, stack_overhead=over)
+            rows.append({"ok": True, "series": "accum", "cluster": "frontier", "strategy": s, "accum": k,
+                         "kind": "fsdp" if s.startswith("fsdp") else "train", "plan": dataclasses.asdict(plan),
+                         "world_size": 8, "gcds_per_gpu": 2, "gpus_per_node": 2, "inter_node_rate_bps": 200e6,
+                         "intra_node_rate_bps": 400e6, "step_time_s": e["step_s"], "timed_s": [e["step_s"]],
+                         "unshaped_step_time_s": e["unshaped_s"], "quant_s": 0.0, "lower_bound_s": 1.0,
+                         "auto_choice": "chose topo (w 2, g 4, os 8)" if s == "auto" else None})
+    meta = {"model": "configs/tiny.yml", "model_set": [x for x in BENCH_SETS if "accumulation" not in x],
+            "clusters": {"frontier": "2 x 2 x 2"}}
+    md = accum_report.render(rows, meta, REPO)
+    assert "30.00 GFLOP/s per rank, 1.70 GB/s of gloo copying" in md
+    assert "fsdp2_full 1.50x our engine's modelled CPU time" in md
+    for s in plans:
+        line = next(ln for ln in md.splitlines() if ln.startswith(f"| {s} | ") and "/" in ln)
+        assert line.count("(+0%)") + line.count("(-0%)") == 3, line
+    assert "| 1 | topo " in md and "(= topo) | 1.00x" in md
