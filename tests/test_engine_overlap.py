@@ -58,3 +58,24 @@ def test_zeropp_second_hop_launched_before_the_next_units_first_hop():
         assert _pos(trace, "hop2", u) < _pos(trace, "wait_reduce", u)
         if i + 1 < n:
             assert _pos(trace, "hop2", u) < _pos(trace, "launch_reduce", launches[i + 1]), (u, trace)
+
+
+def _step_trace(rank, world, zt):
+    eng = make_engine(rank, world, zt, gcds=2, gpus=1, cfg=tiny_cfg(num_layers=LAYERS))
+    x, y = batch(0, rank, 0, cfg=eng.module.cfg)
+    eng.backward(loss_fn(eng(x), y), last_micro_batch=True)
+    eng.trace = []
+    eng.step()
+    return eng.trace, len(eng.units)
+
+
+def test_quantized_combine_second_stages_all_go_out_before_the_first_wait():
+    """A two-stage combine (INT8 reduce-scatter, then an INT8 all-gather because the optimizer
+    shard is wider than the summed slice): step() launches every unit's all-gather, in unit
+    order on every rank, before it waits for any, so they pipeline on the link (before, each
+    unit's all-gather was launched and waited for in turn)."""
+    zt = ZeroTopoConfig(preset="mics", combine_bits=8)  # optimizer over the node, 2 replicas
+    trace, n = run_distributed(_step_trace, 4, zt)[0]
+    stage2 = [u for e, u in trace if e == "combine_stage2"]
+    assert stage2 == list(range(n)), trace
+    assert trace.index(("combines_done", None)) > trace.index(("combine_stage2", n - 1)), trace

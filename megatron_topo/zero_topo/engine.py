@@ -297,7 +297,12 @@ class ZeroTopoEngine:
     def step(self, lr: Optional[float] = None) -> dict[str, Any]:
         """Combine gradients across replicas, clip, update the optimizer shards, publish."""
         self.state_bytes_before_step = self.model_state_bytes()  # secondaries are alive here
+        for u in self.units:  # every second stage goes out before any is waited for (same order on all ranks)
+            u.start_combine()
+            if u.advance_combine():
+                self._event("combine_stage2", u)
         grads = [u.combine_replicas() for u in self.units]
+        self._event("combines_done")
         optim_grp = self.groups.optim
         world = self.groups.world
         norms = torch.stack(torch._foreach_norm(grads, 2)).double()

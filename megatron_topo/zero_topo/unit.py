@@ -17,7 +17,7 @@ import torch.nn as nn
 from . import kernels
 from . import layout as L
 from . import transports
-from .comm import Comm, Group, Handle
+from .comm import Comm, Group, Handle, TwoStageHandle
 from .sharding import Plan
 
 # the secondary copy: (INT payload, fp32 scales) or a 16-bit tensor
@@ -279,6 +279,13 @@ class ShardedUnit:
             return
         o_lo = self.optim_range[0] - self.grad_range[0]
         self.combine_handle = self.combine_transport(self, o_lo, o_hi=o_lo + self.layout.optim_numel)
+
+    def advance_combine(self) -> bool:
+        """Launch the second stage of a two-stage combine (the quantized combine's all-gather)
+        once its first stage has landed, waiting for it: the engine calls it for every unit, in
+        unit order on every rank, before it waits for any unit's result. True if it went out now."""
+        h = self.combine_handle
+        return isinstance(h, TwoStageHandle) and h.advance(force=True)
 
     def combine_replicas(self) -> torch.Tensor:
         """Once per step: sum gradient shards across replicas; return this rank's fp32
