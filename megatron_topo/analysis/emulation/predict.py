@@ -8,8 +8,8 @@ package (benchmark.md "Default rates and why"; configs/emulated_cpu.yml) on the 
 (``gloo_link_bytes``). CPU: ``fit_cpu`` fits five constants (FLOP/s per rank, gloo's machine-wide
 copy rate, s per quantized element, s per collective ring step, s per optimizer-shard parameter)
 over measured unshaped steps of many plans and accumulation counts (configs/emulated_cpu.yml holds
-the accumulation series' fit); ``calibrate_cpu`` is the older two-constant calibration (FLOP/s from
-ddp's unshaped step, the copy rate fixed at ``EMULATED_TRANSPORT_GBS``, gloo point-to-point in one
+the accumulation series' fit); ``calibrate_cpu`` is the older two-constant calibration (FLOP/s from the
+unshaped step time of ddp, the copy rate fixed at ``EMULATED_TRANSPORT_GBS``, 6.5-7 Gbit/s, gloo point-to-point in one
 namespace) used by ``tools/predict_perf.py --emulated``. Nothing is per strategy; another
 implementation of a plan (PyTorch FSDP2) gets one constant of its own (``fit_stack_overhead``).
 """
@@ -24,6 +24,7 @@ from ...topology import Topology
 from ...zero_topo import layout as L
 from ...zero_topo.sharding import Plan
 from ..perf_model import Collective, Shape, compose_passes, plan_collectives, preset_plan
+from ..perf_model.step import combine_tail
 
 
 def gloo_wire_bytes(c: Collective) -> float:
@@ -246,7 +247,8 @@ def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemCo
         ph = {p: sum(tr[c.name] for c in colls if c.phase == p and not sf) for p in ("forward", "backward")}
         own = {x: sc[x] + (0.0 if sf else tr[x]) for x in sc}
         fwd, bwd, ff, bl = compose_passes(colls, comm, cs["forward"] + ph["forward"], cs["backward"] + ph["backward"],
-                                          shape.units, plan.prefetch, step_overlap, own_cpu=own)
+                                          shape.units, plan.prefetch, step_overlap, own_cpu=own,
+                                          tail=combine_tail(plan, topo))
         step = max(t0, (grad_accum - 1) * (fwd + bwd) + ff + bl + cs["step"])
     extra = stack_overhead * t0
     return {"preset": plan.preset, "step_s": step + extra, "unshaped_s": t0 + extra, "cpu_s": cs, "net_s": net}

@@ -44,15 +44,24 @@ def combine_lag(reduce_s: float, t_b: float) -> float:
     return REDUCTIONS_IN_FLIGHT if t_b <= 0.0 else min(float(REDUCTIONS_IN_FLIGHT), reduce_s / t_b)
 
 
+def combine_tail(plan: Plan, topo: Topology) -> float:
+    """Fraction of the combine's time after the last backward: a quantized combine whose optimizer
+    shard is wider than the summed slice is two-stage (INT8 reduce-scatter, then an INT8
+    all-gather of the sums) and the engine launches the second stage in ``step()``, every unit's
+    before it waits for any: the all-gather half of the bytes."""
+    return 0.5 if plan.combine_bits < 16 and plan.optimizer_factor < topo.world_size else 0.0
+
+
 def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
-                   step_overlap: bool, serial: bool = False,
-                   own_cpu: Optional[dict] = None) -> tuple[float, float, float, float]:
+                   step_overlap: bool, serial: bool = False, own_cpu: Optional[dict] = None,
+                   tail: float = 0.0) -> tuple[float, float, float, float]:
     """Forward, backward, first forward and last backward of a step from the compute of one pass
     (``t_f``, ``t_b``) and each collective's time for the whole model (docs/design.md §7.2).
     ``serial``: nothing overlaps, every collective adds to its pass (``stack="deepspeed"``).
     ``own_cpu``: {"combine" | "post_step_all_gather": s} of processor work a once-per-step
     collective does itself while its bytes are on the wire (the emulated cluster's gloo copies and
-    calls; nothing on a GPU, where DMA moves them): it runs in the pass the collective overlaps."""
+    calls; nothing on a GPU, where DMA moves them): it runs in the pass the collective overlaps.
+    ``tail``: the fraction of the combine that runs after the last backward (``combine_tail``)."""
     fwd_ag = sum(times.get(c.name, 0.0) for c in colls if c.phase == "forward")
     bwd_ag = times.get("backward_all_gather", 0.0)
     red = times.get("grad_reduce", 0.0) + times.get("grad_reduce_inter", 0.0)
@@ -69,8 +78,9 @@ def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: fl
         # the last backward launches each unit's combine once its reduction lands (combine_lag);
         # the next step's first forward waits, unit by unit, for that unit's post-step gather
         # (docs/design.md §7.2); on the same level as that pass's traffic they share its link
-        bwd_last = (_phase(t_b + own_c, bwd_ag, red + comb, n, prefetch) if levels.get("combine") in bwd_lv
-                    else _pipeline(bwd + own_c, comb, n, lag=combine_lag(red, t_b)))
+        under = comb * (1.0 - tail)
+        bwd_last = comb * tail + (_phase(t_b + own_c, bwd_ag, red + under, n, prefetch) if levels.get("combine") in bwd_lv
+                                  else _pipeline(bwd + own_c, under, n, lag=combine_lag(red, t_b)))
         fwd_first = (_phase(t_f + own_p, fwd_ag + post, 0.0, n, prefetch)
                      if levels.get("post_step_all_gather") in fwd_lv else _pipeline(post, fwd + own_p, n))
     else:  # serial, or step_overlap=False: combine and post-step gather blocking in step()
@@ -121,7 +131,7 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     colls = plan_collectives(psi, plan, topo)
     times = {c.name: collective_time(c, topo, system, n, nic_sharing) for c in colls}
     fwd, bwd, fwd_first, bwd_last = compose_passes(colls, times, t_f, t_b, n, plan.prefetch, step_overlap,
-                                                   serial=stack == "deepspeed")
+                                                   serial=stack == "deepspeed", tail=combine_tail(plan, topo))
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
     step_comm = comb + post
     exposed = fwd_first + bwd_last - fwd - bwd
