@@ -176,6 +176,22 @@ def test_combine_lag_is_when_the_reduction_lands():
     assert combine_lag(1.0, 0.0) == pm.REDUCTIONS_IN_FLIGHT
 
 
+def test_two_stage_combine_runs_its_all_gather_after_the_backward():
+    """The engine launches a two-stage combine's INT8 all-gather in step() (after backward); the
+    model puts that half of the combine there. A single-stage one (optimizer over the world)
+    stays under the backward."""
+    from megatron_topo.analysis.perf_model.step import combine_tail
+    topo = frontier(2)
+    system = uniform_system(bw_gbs=0.5, nics=4, hbm_bw_gbs=1e15, peak_tflops=191.5, compute_efficiency=0.4)
+    two = pm.preset_plan("ddp", topo, combine_bits=8)
+    one = pm.preset_plan("zero1", topo, combine_bits=8)
+    assert combine_tail(two, topo) == 0.5 and combine_tail(one, topo) == 0.0
+    assert combine_tail(pm.preset_plan("ddp", topo), topo) == 0.0
+    shape = pm.Shape(4, 1024, 512, 8192)
+    t = pm.estimate_step(shape, two, topo, system, 1, 2)
+    assert t.last_backward_s >= t.backward_s + 0.5 * t.comm_s["combine"]
+
+
 def test_step_overlap_matches_the_engine():
     """Since 3af3320 the combine of each unit is launched during the last backward once its
     reduction lands, and each unit's post-step gather is waited for at its next forward gather."""
