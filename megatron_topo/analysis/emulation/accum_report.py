@@ -34,8 +34,8 @@ def cells(rows: list[dict]) -> dict:
 def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional[dict]]:
     """{(cluster, strategy, count): predicted step s} and the CPU constants used; empty without
     unshaped rows."""
-    ok = [r for r in rows if r.get("ok") and r.get("plan") and r.get("unshaped_step_time_s")]
-    if not ok:
+    ok = [r for r in rows if r.get("ok") and r.get("plan")]  # predicted; fitted only where unshaped runs exist
+    if not any(r.get("unshaped_step_time_s") for r in ok):
         return {}, None
     r0 = ok[0]
     sets = [s for s in meta["model_set"] if not s.startswith("gradient_accumulation_steps")]
@@ -50,12 +50,13 @@ def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional
                            fit["quant_ns_per_element"] * 1e-9, fit["call_us"] * 1e-6, fit["optimizer_ns_per_param"] * 1e-9)
     else:  # fitted over the unshaped rows of our own trainer (FSDP2 and auto are not in the fit)
         cpu = emu.fit_cpu(shape, topo, mb, [(plan(r), r["accum"], r["unshaped_step_time_s"]) for r in ok
-                                            if r["kind"] == "train" and r["strategy"] != "auto"], rc)
+                                            if r["kind"] == "train" and r["strategy"] != "auto"
+                                            and r.get("unshaped_step_time_s")], rc)
     # PyTorch FSDP2 runs the same plans with its own code: one constant, its CPU time per second of
     # ours, from its unshaped rows (one measurement per strategy and count, not per cluster)
     other: dict = {}
     for r in ok:
-        if r["kind"] != "train":
+        if r["kind"] != "train" and r.get("unshaped_step_time_s"):
             other.setdefault(r["strategy"], {})[r["accum"]] = (plan(r), r["accum"], r["unshaped_step_time_s"])
     overhead = {s: emu.fit_stack_overhead(shape, topo, mb, list(v.values()), cpu, rc) for s, v in other.items()}
     out = {}
@@ -100,6 +101,10 @@ def _best(by: dict, names, k: int) -> Optional[tuple[str, float]]:
     return min(got, key=lambda x: x[1]) if got else None
 
 
+def _num(x: Optional[float]) -> str:
+    return "—" if x is None else f"{x:.2f}"
+
+
 def render(rows: list[dict], meta: dict, root: str) -> str:
     pred, cpu = predictions(rows, meta, root)
     counts = sorted({r["accum"] for r in rows if "accum" in r})
@@ -135,8 +140,8 @@ def render(rows: list[dict], meta: dict, root: str) -> str:
                "| strategy | " + " | ".join(str(k) for k in counts) + " |", "|---|" + "---:|" * len(counts)]
         for s, per in by.items():
             md.append(f"| {s} | " + " | ".join(
-                (f"{per[k].get('unshaped_step_time_s', float('nan')):.2f} · {per[k].get('quant_s', 0):.2f} · "
-                 f"{per[k].get('lower_bound_s', float('nan')):.2f}") if k in per else "—" for k in counts) + " |")
+                (f"{_num(per[k].get('unshaped_step_time_s'))} · {per[k].get('quant_s', 0):.2f} · "
+                 f"{_num(per[k].get('lower_bound_s'))}") if k in per else "—" for k in counts) + " |")
         md += ["", "| micro-batches | best topo variant | " + " | ".join(f"vs {x}" for x in RIVALS)
                + " | fastest measured | auto's plan | auto vs fastest preset |", "|---|---|" + "---:|" * len(RIVALS)
                + "---|---|---:|"]
