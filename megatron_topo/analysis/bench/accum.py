@@ -50,10 +50,7 @@ def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
     cfg, topo, _ = run_plan(accum[0][4])
     cpu = emu.fit_cpu(Shape.from_config(cfg.model), topo, cfg.train.train_micro_batch_size_per_gpu, fit_rows,
                       cfg.model.checkpoint_activations)
-    meta["cpu_fit"] = {"flops_per_rank": cpu.flops, "transport_gbs": cpu.transport_gbs,
-                       "quant_ns_per_element": cpu.quant_s_per_element * 1e9,
-                       "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9,
-                       "rows": len(fit_rows)}
+    meta["cpu_fit"] = dict(emu.fit_record(cpu), rows=len(fit_rows))
     print(f"[calibrate] {meta['cpu_fit']}", flush=True)
     return [f"system.{k}={v:.6g}" for k, v in emu.system_fields(cpu).items()]
 

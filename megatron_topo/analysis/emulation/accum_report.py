@@ -46,8 +46,7 @@ def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional
     plan = lambda r: Plan(**r["plan"])  # noqa: E731  (per row: auto's plan differs between counts)
     fit = meta.get("cpu_fit")
     if fit:  # the constants the auto runs used (analysis.bench.accum.calibrate)
-        cpu = emu.CpuRates(fit["flops_per_rank"], fit.get("transport_gbs", emu.EMULATED_TRANSPORT_GBS),
-                           fit["quant_ns_per_element"] * 1e-9, fit["call_us"] * 1e-6, fit["optimizer_ns_per_param"] * 1e-9)
+        cpu = emu.from_fit_record(fit)
     else:  # fitted over the unshaped rows of our own trainer (FSDP2 and auto are not in the fit)
         cpu = emu.fit_cpu(shape, topo, mb, [(plan(r), r["accum"], r["unshaped_step_time_s"]) for r in ok
                                             if r["kind"] == "train" and r["strategy"] != "auto"
@@ -65,9 +64,7 @@ def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional
         out[(r["cluster"], r["strategy"], r["accum"])] = emu.estimate_emulated(
             shape, plan(r), topo, system, mb, r["accum"], cpu, rc,
             stack_overhead=overhead.get(r["strategy"], 0.0))["step_s"]
-    return out, {"flops": cpu.flops, "transport_gbs": cpu.transport_gbs, "quant_ns_per_element": cpu.quant_s_per_element * 1e9,
-                 "call_us": cpu.call_s * 1e6, "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9,
-                 "stack_overhead": overhead}
+    return out, dict(emu.fit_record(cpu), stack_overhead=overhead)
 
 
 def crossings(series: dict, counts: list[int]) -> list[str]:
@@ -112,7 +109,7 @@ def render(rows: list[dict], meta: dict, root: str) -> str:
           f"Micro-batches per optimizer step {', '.join(map(str, counts))}; every other setting as above. "
           "Cells: measured median step s / the performance model's prediction (error). "
           + (f"The model's CPU constants, fitted over the unshaped rows of our trainer at every count "
-             f"(predict.fit_cpu; the auto runs used the same): {cpu['flops'] / 1e9:.2f} GFLOP/s per rank, "
+             f"(predict.fit_cpu; the auto runs used the same): {cpu['flops_per_rank'] / 1e9:.2f} GFLOP/s per rank, "
              f"{cpu['transport_gbs']:.2f} GB/s of gloo copying machine-wide, "
              f"{cpu['quant_ns_per_element']:.2f} ns per quantized element, {cpu['call_us']:.0f} us per collective "
              f"ring step, {cpu['optimizer_ns_per_param']:.1f} ns per optimizer-shard parameter."

@@ -135,10 +135,15 @@ def gloo_copy_s(c: Collective, topo: Topology, transport_gbs: float) -> float:
     return topo.world_size * gloo_wire_bytes(c) / (transport_gbs * 1e9)
 
 
-def transport_s(shape: Shape, plan: Plan, topo: Topology, grad_accum: int, transport_gbs: float) -> float:
-    """gloo's copying over one optimizer step: every collective at its number of occurrences."""
-    return sum(gloo_copy_s(c, topo, transport_gbs) * occurrences(c, grad_accum)
+def transport_bytes(shape: Shape, plan: Plan, topo: Topology, grad_accum: int) -> float:
+    """Bytes gloo copies for all ranks over one optimizer step: every collective at its number of occurrences."""
+    return sum(topo.world_size * gloo_wire_bytes(c) * occurrences(c, grad_accum)
                for c in plan_collectives(shape.params, plan, topo))
+
+
+def transport_s(shape: Shape, plan: Plan, topo: Topology, grad_accum: int, transport_gbs: float) -> float:
+    """gloo's copying over one optimizer step at ``transport_gbs`` (the CPU is shared)."""
+    return transport_bytes(shape, plan, topo, grad_accum) / (transport_gbs * 1e9)
 
 
 def quantized_per_step(psi: float, plan: Plan, topo: Topology, grad_accum: int) -> float:
@@ -176,6 +181,19 @@ def system_fields(cpu: CpuRates) -> dict:
             "cpu_optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9}
 
 
+def fit_record(cpu: CpuRates) -> dict:
+    """``cpu`` as the benchmark's meta.json states it (``cpu_fit``; read back by :func:`from_fit_record`)."""
+    return {"flops_per_rank": cpu.flops, "transport_gbs": cpu.transport_gbs,
+            "quant_ns_per_element": cpu.quant_s_per_element * 1e9, "call_us": cpu.call_s * 1e6,
+            "optimizer_ns_per_param": cpu.optimizer_s_per_param * 1e9}
+
+
+def from_fit_record(d: dict) -> CpuRates:
+    """The constants of a ``fit_record`` (runs before the copy rate was fitted used ``EMULATED_TRANSPORT_GBS``)."""
+    return CpuRates(d["flops_per_rank"], d.get("transport_gbs", EMULATED_TRANSPORT_GBS), d["quant_ns_per_element"] * 1e-9,
+                    d["call_us"] * 1e-6, d["optimizer_ns_per_param"] * 1e-9)
+
+
 def fit_cpu(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple[Plan, int, float]],
             recompute: bool = False, transport_gbs: float = EMULATED_TRANSPORT_GBS) -> CpuRates:
     """The five CPU constants (FLOP/s, gloo's machine-wide copy rate, s per quantized element, s per
@@ -190,7 +208,7 @@ def fit_cpu(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple
         colls = plan_collectives(shape.params, plan, topo)
         X.append([k * shape.microbatch_flops(micro_batch, recompute), quantized_per_step(shape.params, plan, topo, k),
                   sum(occurrences(x, k) * call_steps(x, shape.units) for x in colls),
-                  shape.params / plan.optimizer_factor, transport_s(shape, plan, topo, k, 1e-9)])  # bytes
+                  shape.params / plan.optimizer_factor, transport_bytes(shape, plan, topo, k)])
         y.append(t0)
     X, y = np.array(X), np.array(y)
     keep = [i for i in range(5) if i == 0 or X[:, i].any()]  # a cost nothing incurs is not measurable
@@ -236,8 +254,7 @@ def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemCo
         net["grad_reduce"] = link_time(bwd, system) - link_time(bag, system)
         net.update({"grad_reduce_inter": 0.0} if "grad_reduce_inter" in lb else {})
     tr, sc = cs["transport"], cs["step_calls"]
-    t0 = (grad_accum * (cs["forward"] + cs["backward"]) + cs["step"] + sum(tr[x] * k[x] for x in tr)
-          + sum(sc.values()))
+    t0 = _unshaped(cs, grad_accum, k)
     step = t0 + sum(net[x] * k[x] for x in net)
     if overlap != "serial":
         # per-micro-batch collectives: their copying is CPU work of their pass; once-per-step ones:
@@ -254,13 +271,27 @@ def estimate_emulated(shape: Shape, plan: Plan, topo: Topology, system: SystemCo
     return {"preset": plan.preset, "step_s": step + extra, "unshaped_s": t0 + extra, "cpu_s": cs, "net_s": net}
 
 
+def _unshaped(cs: dict, grad_accum: int, occ: dict) -> float:
+    """All ranks' CPU work over one step from ``emulated_cpu_s`` and each collective's number of
+    occurrences ``occ``: the step without any shaped link."""
+    return (grad_accum * (cs["forward"] + cs["backward"]) + cs["step"]
+            + sum(cs["transport"][x] * occ[x] for x in cs["transport"]) + sum(cs["step_calls"].values()))
+
+
+def unshaped_step(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, grad_accum: int, cpu: CpuRates,
+                  recompute: bool = False) -> float:
+    """The modelled unshaped step (all CPU work, no link time) of our engine."""
+    cs = emulated_cpu_s(shape, plan, topo, micro_batch, recompute, cpu)
+    occ = {c.name: occurrences(c, grad_accum) for c in plan_collectives(shape.params, plan, topo)}
+    return _unshaped(cs, grad_accum, occ)
+
+
 def fit_stack_overhead(shape: Shape, topo: Topology, micro_batch: int, rows: Sequence[tuple[Plan, int, float]],
                        cpu: CpuRates, recompute: bool = False) -> float:
     """The one constant of another implementation of a plan (``estimate_emulated``'s
     ``stack_overhead``): least squares of its measured unshaped steps ``(plan, micro-batches,
     seconds)`` over our model's CPU time of the same plans, ``t = (1 + overhead) * t0``."""
-    t0 = [estimate_emulated(shape, plan, topo, SystemConfig(), micro_batch, k, cpu, recompute)["unshaped_s"]
-          for plan, k, _ in rows]
+    t0 = [unshaped_step(shape, plan, topo, micro_batch, k, cpu, recompute) for plan, k, _ in rows]
     den = sum(x * x for x in t0)
     return sum((t - x) * x for (_, _, t), x in zip(rows, t0)) / den if den else 0.0
 
