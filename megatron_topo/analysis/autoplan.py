@@ -188,14 +188,19 @@ def choose(cfg: Config, topo: Topology) -> tuple[ZeroTopoConfig, list[Ranked]]:
     return as_zero_topo(ranked[0].plan, topo, cfg.zero_topo), ranked
 
 
+def plan_of(r: Ranked, cfg: Config, topo: Topology) -> Plan:
+    """The plan a run of ``r`` trains with (resolved from its ``zero_topo`` block, as a user's)."""
+    return resolve_plan(as_zero_topo(r.plan, topo, cfg.zero_topo), topo)
+
+
 def resolve(cfg: Config, topo: Topology) -> tuple[Plan, Optional[list[Ranked]]]:
     """``resolve_plan`` for every preset; for ``auto`` the chosen plan and its ranking."""
     if cfg.zero_topo.preset != "auto":
         return resolve_plan(cfg.zero_topo, topo, cfg.zero_optimization), None
     if cfg.zero_optimization is not None:
         raise ConfigError("zero_topo.preset: auto and a zero_optimization block exclude each other; keep one")
-    z, ranked = choose(cfg, topo)
-    return resolve_plan(z, topo), ranked
+    ranked = choose(cfg, topo)[1]
+    return plan_of(ranked[0], cfg, topo), ranked
 
 
 def summary(ranked: Sequence[Ranked], system: SystemConfig) -> str:

@@ -6,7 +6,7 @@ from typing import Optional
 
 from .options import (ConfigError, _check_attention_config, _check_declared, _check_split, _collect, _short,
                       attention_config_layers, raise_problems)
-from .schema import PRECISIONS, Config, _declared, resolve_precision
+from .schema import AUTO_TRIAL_KEYS, PRECISIONS, Config, ZeroTopoConfig, _declared, resolve_precision
 
 
 def validate(cfg: Config, problems: Optional[list] = None) -> None:
@@ -63,6 +63,11 @@ def _cross_checks(cfg: Config, problems: list) -> None:
     if cfg.zero_optimization is not None and cfg.zero_topo.preset != "ddp":
         add(f"zero_optimization and zero_topo.preset={cfg.zero_topo.preset} both choose the "
             f"sharding; keep one of them")
+    z = cfg.zero_topo
+    changed = [k for k in AUTO_TRIAL_KEYS if getattr(z, k) != getattr(ZeroTopoConfig(), k)]
+    if changed and z.preset != "auto":
+        add(f"zero_topo.{changed[0]}={getattr(z, changed[0])} applies to zero_topo.preset: auto only, and the preset "
+            f"is {z.preset}; drop it or set preset: auto")
     if t.train_batch_size is not None:
         per = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps
         if per and t.train_batch_size % per:

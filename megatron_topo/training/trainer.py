@@ -20,6 +20,7 @@ from ..zero_topo import checkpoint as ckpt
 from ..zero_topo.comm import Comm
 from ..zero_topo.engine import ZeroTopoEngine
 from ..zero_topo.sharding import Plan, effective_config
+from . import auto_trials
 from .batches import Batches, build_data, learning_rate, loss_fn
 from .checkpoints import TrainerCheckpoints, TrainState
 from .runtime import Runtime, seed_everything
@@ -29,14 +30,15 @@ class TrainingError(RuntimeError):
     """A condition that stops training; one line for the user."""
 
 
-def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None):
+def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None, comm: Optional[Comm] = None):
     """Sharded initialisation: the model is built without storage and the engine materialises,
-    initialises and shards one unit at a time, so no rank ever holds the whole model."""
+    initialises and shards one unit at a time, so no rank ever holds the whole model. ``comm``:
+    an existing one whose process groups the engine reuses (preset auto's trial engines)."""
     t = cfg.train
     model = model if model is not None else build_model(cfg.model, device="meta")
     model.init_buffers(rt.device)
     plan = plan or autoplan.resolve(cfg, rt.topo)[0]
-    comm = Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
+    comm = comm or Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
     eng = ZeroTopoEngine(
         model, model.shard_units(), plan, comm, precision=cfg.precision,
         lr=t.optimizer.params.lr, betas=tuple(t.optimizer.params.betas), eps=t.optimizer.params.eps,
@@ -64,11 +66,14 @@ class Trainer(TrainerCheckpoints):
             self.resume_from = None
         seed_everything(cfg.train.seed)
         plan, ranked = autoplan.resolve(cfg, rt.topo)  # preset auto: the modelled fastest plan that fits
+        comm = Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
         if ranked:
             self.log(autoplan.summary(ranked, cfg.system))
+            # the plans the model cannot tell apart are timed here (zero_topo.auto_trials)
+            plan = auto_trials.choose(cfg, rt, ranked, comm, build_engine, self.resume_from, self.log)
         self.effective_cfg = effective_config(cfg, plan, rt.topo)  # what config.yml and checkpoints record
         self.memory_estimate = preflight.check(cfg, plan, rt.topo, rt.device)  # before allocating
-        self.engine = build_engine(cfg, rt, plan)
+        self.engine = build_engine(cfg, rt, plan, comm=comm)
         self.plan = self.engine.plan
         self.state = TrainState()
         if self.weights_from:  # weights only: step 0 (finetune), fresh optimizer

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config import ConfigError, ZeroOptimizationBlock, ZeroTopoConfig
+from ..config.schema import AUTO_TRIAL_KEYS
 from ..topology import Topology
 
 PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig", "paro_nig")
@@ -150,7 +151,9 @@ def resolved_zero_topo(plan: "Plan", topo: Topology, z: ZeroTopoConfig) -> ZeroT
     if plan.secondary_degree is not None and plan.secondary_bits != (out.get("weight_bits") or base["weight_bits"]):
         out["secondary_bits"] = plan.secondary_bits
     once = {k: getattr(plan, k) if getattr(plan, k) != 16 else getattr(z, k) for k in ("combine_bits", "publish_bits")}
-    return _replace(z, preset=plan.preset, inter_node_reduce=plan.inter_node_reduce, **once, **{k: out.get(k) for k in (
+    # preset auto's timing settings describe how the plan was chosen, not the plan: back to defaults
+    trials = {k: getattr(ZeroTopoConfig(), k) for k in AUTO_TRIAL_KEYS}
+    return _replace(z, preset=plan.preset, inter_node_reduce=plan.inter_node_reduce, **once, **trials, **{k: out.get(k) for k in (
         "weight_factor", "grad_factor", "optimizer_factor", "secondary_degree", "weight_bits", "secondary_bits",
         "grad_bits")})
 

@@ -1,0 +1,161 @@
+"""``preset: auto``, measured: the step model ranks the plans, and the few it cannot tell apart are
+timed on the job's own ranks before training starts.
+
+The models are validated to within about 25 % per plan and cell (docs/benchmark.md, "Accumulation
+series"); plans modelled a few per cent apart are therefore a coin toss for the model alone. So the
+trainer builds each of the first ``zero_topo.auto_trials`` plans modelled within
+``zero_topo.auto_trial_window`` of the fastest, one at a time, runs one warm-up step and
+``zero_topo.auto_trial_steps`` timed optimizer steps of it on random tokens (same micro-batch,
+accumulation count, precision and links as the run), keeps the slowest rank's time of each step,
+and trains with the plan whose median is lowest. Every rank times the same steps and reduces the
+times with one MAX all-reduce, so every rank makes the same choice.
+
+A trial engine is a throw-away: its own sharded initialisation, freed before the next one is built;
+the run's engine is built afterwards exactly as for an explicit plan (the RNGs are re-seeded), so a
+run under ``auto`` equals the same run with the chosen plan written out, bit for bit. A run resumed
+on the same number of ranks keeps its checkpoint's plan when that plan is on the shortlist (it was
+measured when the run started), so walltime-chained jobs do not pay for the trials again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .. import preflight
+from ..analysis import autoplan
+from ..analysis.autoplan import Ranked
+from ..config import Config, ConfigError
+from ..zero_topo import checkpoint as ckpt
+from ..zero_topo import kernels
+from ..zero_topo.comm import Comm
+from ..zero_topo.sharding import Plan
+from .batches import learning_rate, loss_fn
+from .runtime import Runtime, seed_everything
+
+
+@dataclass(frozen=True)
+class Trial:
+    ranked: Ranked  # the plan and its modelled step
+    step_s: float  # median over the timed steps of the slowest rank's step
+    steps_s: tuple[float, ...]
+
+
+def shortlist(ranked: Sequence[Ranked], count: int, window: float) -> list[Ranked]:
+    """The first ``count`` plans of the ranking modelled within ``window`` (a fraction) of the
+    fastest; one plan or none means there is nothing to measure."""
+    if not ranked or count < 2:
+        return []
+    best = ranked[0].step_s
+    near = [r for r in ranked if r.step_s <= best * (1 + window)][:count]
+    return near if len(near) > 1 else []
+
+
+def pick(trials: Sequence[Trial]) -> Trial:
+    """The fastest measured plan (ties: the model's order)."""
+    return min(trials, key=lambda t: t.step_s)
+
+
+def summary(trials: Sequence[Trial], chosen: Trial, window: float) -> str:
+    """One line: every timed plan, measured vs modelled, and the choice."""
+    parts = [f"{t.ranked.label} {t.step_s:.3g} s (model {t.ranked.step_s:.3g})" for t in trials]
+    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest "
+            f"(median of {len(chosen.steps_s)} steps, slowest rank): {'; '.join(parts)}; "
+            f"chose {chosen.ranked.label}")
+
+
+def _trial_cfg(cfg: Config) -> Config:
+    """``cfg`` for a trial engine: fp16 starts at loss scale 1, so no trial step is skipped as an
+    overflow (a skipped step would not run the optimizer and would time short)."""
+    t = cfg.train
+    if cfg.precision != "fp16":
+        return cfg
+    fp16 = dataclasses.replace(t.fp16, initial_scale_power=0, loss_scale=0.0)
+    return dataclasses.replace(cfg, train=dataclasses.replace(t, fp16=fp16))
+
+
+def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
+              build: Callable[..., object]) -> list[float]:
+    """Build an engine for ``plan``, run one warm-up and ``steps`` timed optimizer steps on random
+    tokens; returns the slowest rank's seconds for each timed step. The engine is freed."""
+    t, m = cfg.train, cfg.model
+    accum = t.gradient_accumulation_steps
+    gen = torch.Generator().manual_seed(t.seed + rt.rank)
+    tokens = torch.randint(0, m.vocab_size, (accum, t.train_micro_batch_size_per_gpu, m.seq_length + 1),
+                           generator=gen).to(rt.device)
+    eng = build(_trial_cfg(cfg), rt, plan, comm=comm)
+    eng.train()
+    lr = learning_rate(cfg, 1)
+    times = []
+    try:
+        for i in range(1 + steps):
+            t0 = time.perf_counter()
+            for k in range(accum):
+                x, y = tokens[k, :, :-1], tokens[k, :, 1:]
+                loss = loss_fn(eng(x), y)
+                eng.backward(loss / accum, last_micro_batch=k == accum - 1)
+            eng.step(lr)
+            if rt.device.type == "cuda":
+                torch.cuda.synchronize(rt.device)
+            if i:
+                times.append(time.perf_counter() - t0)
+    finally:
+        del eng
+        gc.collect()
+        if rt.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return comm.all_reduce_host(times, op=dist.ReduceOp.MAX) if rt.distributed else times
+
+
+def _checkpoint_plan(path: Optional[str], world_size: int) -> Optional[dict]:
+    """The plan fields of the checkpoint a run resumes from, when it was saved on ``world_size``
+    ranks (None otherwise or when its meta cannot be read: the load reports that)."""
+    if not path:
+        return None
+    try:
+        meta = ckpt.read_meta(ckpt.resolve(path))
+    except ckpt.CheckpointError:
+        return None
+    if meta.get("world_size") != world_size or not isinstance(meta.get("plan"), dict):
+        return None
+    return meta["plan"]
+
+
+def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build: Callable[..., object],
+           resume_from: Optional[str] = None, log: Callable[[str], None] = print) -> Plan:
+    """The plan a ``preset: auto`` run trains with (module docstring). ``comm`` is the run's: the
+    trial engines create their process groups in it, and the run's engine reuses them."""
+    z, topo = cfg.zero_topo, rt.topo
+    short = shortlist(ranked, z.auto_trials, z.auto_trial_window)
+    if not short:
+        return autoplan.plan_of(ranked[0], cfg, topo)
+    saved = _checkpoint_plan(resume_from, topo.world_size)
+    if saved is not None:
+        for r in short:
+            if all(saved.get(k) == getattr(r.plan, k) for k in autoplan.COMPARED):
+                log(f"preset auto: resuming on the same {topo.world_size} ranks: keeping the checkpoint's plan "
+                    f"{r.label} (timed when the run started)")
+                return autoplan.plan_of(r, cfg, topo)
+    trials = []
+    for r in short:
+        plan = autoplan.plan_of(r, cfg, topo)
+        try:
+            preflight.check(cfg, plan, topo, rt.device)  # the device's own memory, not the system block's
+        except ConfigError as e:
+            log(f"preset auto: not timing {r.label}: {e}")
+            continue
+        steps = time_plan(cfg, rt, plan, comm, z.auto_trial_steps, build)
+        trials.append(Trial(r, statistics.median(steps), tuple(steps)))
+    kernels.timer.reset()  # the run's kernel totals count its own steps only
+    seed_everything(cfg.train.seed)  # the run starts from the same RNG state as without trials
+    if not trials:
+        return autoplan.plan_of(ranked[0], cfg, topo)
+    best = pick(trials)
+    log(summary(trials, best, z.auto_trial_window))
+    return autoplan.plan_of(best.ranked, cfg, topo)

@@ -1,0 +1,117 @@
+"""``preset: auto`` times the plans the model cannot tell apart (training.auto_trials): the measured
+time decides, every rank makes the same choice, the run equals the chosen plan given explicitly,
+a resumed run keeps its plan untimed, and the timing settings are refused without ``auto``."""
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from megatron_topo.analysis import autoplan
+from megatron_topo.config import ConfigError, SystemConfig, ZeroTopoConfig, load_config
+from megatron_topo.training import Trainer, auto_trials
+from megatron_topo.zero_topo.sharding import effective_config, resolve_plan
+
+from .dist_utils import run_distributed
+from .train_utils import datasets, local_runtime, small_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _ranked(*steps):
+    plan = resolve_plan(ZeroTopoConfig(preset="ddp"), local_runtime(0, 1).topo)
+    return [autoplan.Ranked(plan, f"p{i}", s, 0) for i, s in enumerate(steps)]
+
+
+def test_shortlist_takes_the_plans_within_the_window_in_model_order():
+    r = _ranked(1.0, 1.1, 1.2, 1.3, 2.0)
+    assert [x.label for x in auto_trials.shortlist(r, 4, 0.25)] == ["p0", "p1", "p2"]
+    assert [x.label for x in auto_trials.shortlist(r, 2, 0.25)] == ["p0", "p1"]
+    assert [x.label for x in auto_trials.shortlist(r, 9, 1.0)] == ["p0", "p1", "p2", "p3", "p4"]
+    assert auto_trials.shortlist(r, 4, 0.05) == []  # one plan in reach: nothing to time
+    assert auto_trials.shortlist(r, 1, 1.0) == [] and auto_trials.shortlist(r, 0, 1.0) == []
+
+
+def test_pick_is_the_fastest_measured_ties_in_model_order():
+    r = _ranked(1.0, 1.1, 1.2)
+    trials = [auto_trials.Trial(x, s, (s,)) for x, s in zip(r, (0.5, 0.3, 0.3))]
+    assert auto_trials.pick(trials).ranked.label == "p1"
+
+
+def _train(rank, world, tmp, zero_topo, slow_label=None, save=None, iters=3):
+    cfg = small_config(tmp, **{"train.train_iters": iters, "train.gradient_accumulation_steps": 2})
+    cfg.system = SystemConfig(name="test", device_memory_gib=1.0)
+    cfg.zero_topo = zero_topo
+    cfg.logging.log_dir = str(tmp / f"run_{zero_topo.preset}")
+    if save:
+        cfg.checkpoint.save, cfg.checkpoint.auto_resume = str(save), True
+    timed = []
+    if slow_label is not None:  # the model's favourite is made slow on the wire: timing must see it
+        real = auto_trials.time_plan
+        first = {}
+
+        def time_plan(cfg_, rt, plan, comm, steps, build):
+            out = real(cfg_, rt, plan, comm, steps, build)
+            label = autoplan.label(plan, rt.topo)[0]
+            first.setdefault("label", label)
+            timed.append(label)
+            return [t + 1.0 for t in out] if label == first["label"] else out
+        auto_trials.time_plan = time_plan
+    lines = []
+    tr = Trainer(cfg, local_runtime(rank, world, gcds=2, gpus=1), datasets=datasets(cfg), log=lines.append)
+    tr.train()
+    return ({n: p.clone() for n, p in tr.engine.full_parameters().items()}, tr.effective_cfg.zero_topo,
+            [ln for ln in lines if "preset auto" in ln], timed)
+
+
+def test_the_measured_time_decides_and_every_rank_agrees(tmp_path):
+    """Four ranks (2 nodes x 1 GPU x 2 GCDs): the model's first plan is made 1 s slower per step;
+    the run trains with another timed plan, the same on every rank, logged with every timed plan's
+    measured and modelled step, and equal bit for bit to that plan given explicitly."""
+    out = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True)
+    params, z, lines, timed = out[0]
+    assert all(o[1] == z for o in out), "ranks chose different plans"
+    assert z.preset != "auto" and len(timed) == 3
+    model_first = lines[0].split("chose ", 1)[1].split(" (")[0]
+    assert timed[0] == model_first
+    assert len(lines) == 2 and lines[1].startswith("preset auto: timed 3 plans"), lines
+    chosen = lines[1].rsplit("chose ", 1)[1]
+    assert chosen in timed[1:] and chosen != model_first
+    assert all(f"{t} " in lines[1] and "(model " in lines[1] for t in timed)
+    again, z2, lines2, _ = run_distributed(_train, 4, tmp_path, dataclasses.replace(z))[0]
+    assert z2 == z and lines2 == []
+    for n in params:
+        assert torch.equal(params[n], again[n]), n
+
+
+def test_no_trials_runs_the_models_choice(tmp_path):
+    _, z, lines, _ = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=0))[0]
+    assert len(lines) == 1 and "timed" not in lines[0]
+    assert autoplan.label(resolve_plan(z, local_runtime(0, 4, gcds=2, gpus=1).topo),
+                          local_runtime(0, 4, gcds=2, gpus=1).topo)[0] == lines[0].split("chose ", 1)[1].split(" (")[0]
+
+
+def test_a_resumed_run_keeps_its_checkpoints_plan_untimed(tmp_path):
+    save = tmp_path / "ckpt"
+    _, z, _, timed = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True,
+                                     save, 2)[0]
+    assert len(timed) == 3
+    _, z2, lines, timed2 = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True,
+                                           save, 3)[0]
+    assert timed2 == [] and z2 == z
+    assert any("keeping the checkpoint's plan" in ln for ln in lines), lines
+
+
+def test_timing_settings_need_preset_auto_and_are_not_recorded(tmp_path):
+    files = [os.path.join(ROOT, "configs/tiny.yml")]
+    with pytest.raises(ConfigError, match="zero_topo.auto_trials=2 applies to zero_topo.preset: auto only"):
+        load_config(files, ["zero_topo.preset=topo", "zero_topo.auto_trials=2"])
+    cfg = load_config(files + [os.path.join(ROOT, "configs/emulated_cpu.yml")],
+                      ["zero_topo.preset=auto", "zero_topo.auto_trials=2", "zero_topo.auto_trial_window=0.5"])
+    topo = local_runtime(0, 8, gcds=2, gpus=2).topo
+    eff = effective_config(cfg, autoplan.resolve(cfg, topo)[0], topo)
+    assert eff.zero_topo.auto_trials == ZeroTopoConfig().auto_trials
+    assert eff.zero_topo.auto_trial_window == ZeroTopoConfig().auto_trial_window
+    saved = tmp_path / "config.yml"  # what a run records loads back (a resolved preset, default timing)
+    saved.write_text(eff.to_flat_yaml())
+    assert load_config([str(saved)]).zero_topo == eff.zero_topo
