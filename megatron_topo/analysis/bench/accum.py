@@ -77,7 +77,8 @@ def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:
                 row = {"series": "accum", "strategy": s, "nodes": rd.nodes, "ok": False, "error": str(e)}
             row.update({"cluster": c, "accum": k, "inter_node_rate_bps": ca.inter_bps, "intra_node_rate_bps": ca.intra_bps})
             if s == "auto":
-                row["auto_choice"] = auto_choice(os.path.join(out, "runs", f"accum_{c}_{s}_a{k}_r{rep}", "launch.log"))
+                log = os.path.join(out, "runs", f"accum_{c}_{s}_a{k}_r{rep}", "launch.log")
+                row["auto_choice"], row["auto_trials"] = auto_choice(log), auto_trials_line(log)
             print("    " + summary_line(row), flush=True)
             rounds.setdefault(row_key(row), []).append(row)
             rows = [merge(v, ca) for v in rounds.values()]
@@ -92,9 +93,20 @@ def _with_sets(rd: RunDef, sets: list) -> RunDef:
 
 
 def auto_choice(log: str) -> Optional[str]:
-    """The trainer's ``preset auto ...: chose ...`` line from a run's log."""
+    """``chose PLAN ...`` from the trainer's last ``preset auto`` line in a run's log: the timed
+    choice when plans were timed (training.auto_trials), else the model's."""
     try:
         with open(log) as f:
-            return next((ln.split("preset auto", 1)[1].strip() for ln in f if "preset auto" in ln), None)
+            lines = [ln.strip() for ln in f if "preset auto" in ln and "chose " in ln]
+    except OSError:
+        return None
+    return lines[-1][lines[-1].rindex("chose "):] if lines else None
+
+
+def auto_trials_line(log: str) -> Optional[str]:
+    """The trainer's ``preset auto: timed ...`` line (every timed plan, measured and modelled)."""
+    try:
+        with open(log) as f:
+            return next((ln.strip() for ln in f if "preset auto: timed" in ln), None)
     except OSError:
         return None

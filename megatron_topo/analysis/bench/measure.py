@@ -126,7 +126,7 @@ def measure(rd: RunDef, a, series: str, out: str, round_: int = 0, tag: Optional
     shaped = run_one(rd, a, True, os.path.join(out, "runs", tag))
     row.update(shaped)
     try:
-        want, exact = formula_bytes(rd)
+        want, exact = formula_bytes(rd, os.path.join(out, "runs", tag))
     except Exception as e:  # a formula problem must not lose the measurement
         want, exact = None, f"error: {e}"
     if want is not None:

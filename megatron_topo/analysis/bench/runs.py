@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+import yaml
+
 from megatron_topo.analysis import formulas
 
 # the repository root: runs start train.py / tools/fsdp_baseline.py with it as their cwd
@@ -96,17 +98,31 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str, ac
 
 
 # ------------------------------------------------------------------------------ formulas
-def run_plan(rd: RunDef):
-    """(config, topology, plan) of a run: the trainer's plan (``preset: auto`` resolved as the
-    trainer does), for FSDP2 the zero3 (full) / mics (hsdp) plan."""
+def _ran_zero_topo(run_dir: Optional[str]) -> list[str]:
+    """``--set`` lines of the ``zero_topo`` block a finished run recorded in its config.yml (the
+    plan ``preset: auto`` ran: the model's choice or, after timing, another); none without one."""
+    path = os.path.join(run_dir, "config.yml") if run_dir else ""
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        block = (yaml.safe_load(f) or {}).get("zero_topo") or {}
+    text = lambda v: "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
+    return [f"zero_topo.{k}={text(v)}" for k, v in block.items()]
+
+
+def run_plan(rd: RunDef, run_dir: Optional[str] = None):
+    """(config, topology, plan) of a run: the trainer's plan (``preset: auto``: the plan the run in
+    ``run_dir`` recorded, else resolved from the model as the trainer does before timing), for FSDP2
+    the zero3 (full) / mics (hsdp) plan."""
     from megatron_topo.analysis import autoplan
     from megatron_topo.config import load_config
     from megatron_topo.topology import Topology, topology_from_config
 
     cwd = os.getcwd()
     os.chdir(ROOT)
+    ran = _ran_zero_topo(run_dir) if rd.kind == "train" and rd.strategy == "auto" else []
     try:
-        cfg = load_config(rd.configs, [s for s in rd.sets if not s.startswith("log_dir")])
+        cfg = load_config(rd.configs, [s for s in rd.sets if not s.startswith("log_dir")] + ran)
     finally:
         os.chdir(cwd)
     W = rd.nodes * rd.gpus_per_node * rd.gcds_per_gpu
@@ -117,9 +133,9 @@ def run_plan(rd: RunDef):
                                  Topology(W, topo.gcds_per_gpu, topo.gpus_per_node))
 
 
-def formula_bytes(rd: RunDef) -> tuple[dict, str]:
+def formula_bytes(rd: RunDef, run_dir: Optional[str] = None) -> tuple[dict, str]:
     """Expected bytes per step summed over ranks (docs/design.md §4.8) and how exact the match must be."""
-    cfg, topo, plan = run_plan(rd)
+    cfg, topo, plan = run_plan(rd, run_dir)
     W = topo.world_size
     e = {"bf16": 2, "fp16": 2, "fp32": 4}[cfg.precision]
     micro = cfg.train.gradient_accumulation_steps

@@ -48,9 +48,10 @@ def predictions(rows: list[dict], meta: dict, root: str) -> tuple[dict, Optional
     if fit:  # the constants the auto runs used (analysis.bench.accum.calibrate)
         cpu = emu.from_fit_record(fit)
     else:  # fitted over the unshaped rows of our own trainer (FSDP2 and auto are not in the fit)
-        cpu = emu.fit_cpu(shape, topo, mb, [(plan(r), r["accum"], r["unshaped_step_time_s"]) for r in ok
-                                            if r["kind"] == "train" and r["strategy"] != "auto"
-                                            and r.get("unshaped_step_time_s")], rc)
+        rows = [(plan(r), r["accum"], r["unshaped_step_time_s"]) for r in ok
+                if r["kind"] == "train" and r["strategy"] != "auto" and r.get("unshaped_step_time_s")]
+        # no unshaped run at all (--no-unshaped): configs/emulated_cpu.yml's constants, as auto's
+        cpu = emu.fit_cpu(shape, topo, mb, rows, rc) if rows else emu.cpu_rates(cfg.system)
     # PyTorch FSDP2 runs the same plans with its own code: one constant, its CPU time per second of
     # ours, from its unshaped rows (one measurement per strategy and count, not per cluster)
     other: dict = {}
