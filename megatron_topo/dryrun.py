@@ -165,6 +165,7 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
         "topology": topo.describe(),
         "plan": {k: v for k, v in vars(eng.plan).items()},
         "auto": autoplan.summary(ranked, cfg.system) if ranked else None,
+        "auto_timed": autoplan.timed_note(ranked, cfg.zero_topo) if ranked else None,
         "precision": cfg.precision,
         "micro_batches_per_step": cfg.train.gradient_accumulation_steps,
         "model_state_bytes_per_rank": states,
@@ -188,6 +189,7 @@ def render(r: dict) -> str:
         f"dry run: rank {r['rank']} of {r['world_size']} ({r['topology']}); {r['parameters']:,} parameters; "
         f"{r['precision']}; {r['micro_batches_per_step']} micro-batch(es) per step",
         *([r["auto"]] if r.get("auto") else []),
+        *([r["auto_timed"] + "; this dry run runs the model's choice"] if r.get("auto_timed") else []),
         f"plan: " + ", ".join(f"{k}={v}" for k, v in r["plan"].items()),
         "model states per rank (GiB, from the engine's tensors): " + ", ".join(
             f"{k} {v / gib:.2f}" for k, v in st.items()),

@@ -25,11 +25,11 @@ def _ranked(*steps):
 
 def test_shortlist_takes_the_plans_within_the_window_in_model_order():
     r = _ranked(1.0, 1.1, 1.2, 1.3, 2.0)
-    assert [x.label for x in auto_trials.shortlist(r, 4, 0.25)] == ["p0", "p1", "p2"]
-    assert [x.label for x in auto_trials.shortlist(r, 2, 0.25)] == ["p0", "p1"]
-    assert [x.label for x in auto_trials.shortlist(r, 9, 1.0)] == ["p0", "p1", "p2", "p3", "p4"]
-    assert auto_trials.shortlist(r, 4, 0.05) == []  # one plan in reach: nothing to time
-    assert auto_trials.shortlist(r, 1, 1.0) == [] and auto_trials.shortlist(r, 0, 1.0) == []
+    assert [x.label for x in autoplan.shortlist(r, 4, 0.25)] == ["p0", "p1", "p2"]
+    assert [x.label for x in autoplan.shortlist(r, 2, 0.25)] == ["p0", "p1"]
+    assert [x.label for x in autoplan.shortlist(r, 9, 1.0)] == ["p0", "p1", "p2", "p3", "p4"]
+    assert autoplan.shortlist(r, 4, 0.05) == []  # one plan in reach: nothing to time
+    assert autoplan.shortlist(r, 1, 1.0) == [] and autoplan.shortlist(r, 0, 1.0) == []
 
 
 def test_pick_is_the_fastest_measured_ties_in_model_order():

@@ -61,6 +61,8 @@ def test_plan_tool_shows_the_same_ranking():
     ranked = autoplan.rank_plans(cfg, pm.topology_for(16, cfg.topology))
     assert [x["label"] for x in r["auto"]] == [x.label for x in ranked]
     assert [x["step_s"] for x in r["auto"]] == pytest.approx([x.step_s for x in ranked])
+    short = [x.label for x in autoplan.shortlist(ranked, cfg.zero_topo.auto_trials, cfg.zero_topo.auto_trial_window)]
+    assert [x["label"] for x in r["auto"] if x["timed"]] == short  # the plans a run would time
 
 
 def test_pinned_fields_are_kept():
@@ -157,6 +159,8 @@ def test_dry_run_shows_the_choice():
     assert r["plan"]["preset"] == z.preset and (r["plan"]["weight_factor"], r["plan"]["grad_factor"],
                                                 r["plan"]["optimizer_factor"]) == ranked[0].plan.factors
     assert r["auto"] in dryrun.render(r)
+    assert r["auto_timed"] == autoplan.timed_note(ranked, cfg.zero_topo)
+    assert (r["auto_timed"] is None) == (autoplan.shortlist(ranked, 4, 0.25) == [])
 
 
 def _emulated_setup():

@@ -13,7 +13,9 @@ time for the configured micro-batch and accumulation count, with the step model 
 names: ``device`` (``perf_model.estimate_step``) or ``emulated_cpu``
 (``emulation.predict.estimate_emulated``, where quantization and gloo's copying cost CPU time).
 Steps within 0.5 % of the fastest tie; ties go to fewer quantized bits (accuracy), then to a named
-preset (or fewest changes to one), then to less memory.
+preset (or fewest changes to one), then to less memory. The models are validated to about 25 % per
+plan, so a training run then times the few plans modelled closest to the fastest
+(:func:`shortlist`; megatron_topo.training.auto_trials) and trains with the fastest measured.
 ``tools/plan.py`` prints the same ranking (:func:`rank_plans`).
 """
 from __future__ import annotations
@@ -201,6 +203,26 @@ def resolve(cfg: Config, topo: Topology) -> tuple[Plan, Optional[list[Ranked]]]:
         raise ConfigError("zero_topo.preset: auto and a zero_optimization block exclude each other; keep one")
     ranked = choose(cfg, topo)[1]
     return plan_of(ranked[0], cfg, topo), ranked
+
+
+def shortlist(ranked: Sequence[Ranked], count: int, window: float) -> list[Ranked]:
+    """The plans a run times before choosing (training.auto_trials): the first ``count`` of the
+    ranking modelled within ``window`` (a fraction) of the fastest; none when fewer than two."""
+    if not ranked or count < 2:
+        return []
+    best = ranked[0].step_s
+    near = [r for r in ranked if r.step_s <= best * (1 + window)][:count]
+    return list(near) if len(near) > 1 else []
+
+
+def timed_note(ranked: Sequence[Ranked], z: ZeroTopoConfig) -> Optional[str]:
+    """One line naming the plans a run would time, or None when it runs the model's choice untimed."""
+    short = shortlist(ranked, z.auto_trials, z.auto_trial_window)
+    if not short:
+        return None
+    return (f"preset auto: a run first times {len(short)} plans modelled within {z.auto_trial_window:.0%} of the "
+            f"fastest ({', '.join(r.label for r in short)}; {z.auto_trial_steps} steps each, zero_topo.auto_trials) "
+            f"and trains with the fastest measured")
 
 
 def summary(ranked: Sequence[Ranked], system: SystemConfig) -> str:

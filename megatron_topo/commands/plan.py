@@ -12,7 +12,8 @@ plus the activation and gathered-unit estimate the trainer's preflight uses fit 
 16-bit gradients 2psi/g, Adam 12psi/o, model states only), for comparing with its tables.
 ``--reserve-gib`` replaces the activation estimate by a fixed reserve.
 Times come from megatron_topo.analysis.perf_model with the model YAML's micro-batch and accumulation. The last
-table is the ranking ``zero_topo.preset: auto`` uses (megatron_topo.analysis.autoplan.rank_plans): it runs #1.
+table is the ranking ``zero_topo.preset: auto`` uses (megatron_topo.analysis.autoplan.rank_plans); the plans
+marked * are the ones a run times before training (autoplan.shortlist; it trains with the fastest measured).
 Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
@@ -127,9 +128,10 @@ def run(args) -> dict:
     limit = mem - (args.reserve_gib or 0.0) * pm.GIB
     ranked = autoplan.rank_plans(cfg, topo, reserve_bytes=None if args.reserve_gib is None else
                                  args.reserve_gib * pm.GIB)
+    timed = {x.label for x in autoplan.shortlist(ranked, cfg.zero_topo.auto_trials, cfg.zero_topo.auto_trial_window)}
     auto = [{"label": x.label, "plan": plan_dict(x.plan) | {"combine_bits": x.plan.combine_bits,
                                                            "publish_bits": x.plan.publish_bits},
-             "step_s": x.step_s, "memory_gib": x.memory_bytes / pm.GIB} for x in ranked]
+             "step_s": x.step_s, "memory_gib": x.memory_bytes / pm.GIB, "timed": x.label in timed} for x in ranked]
     return {
         "model": args.model, "params": shape.params, "system": system.name, "topology": topo.describe(),
         "nodes": args.nodes, "gcds": topo.world_size, "device_memory_gib": system.device_memory_gib,
@@ -174,11 +176,15 @@ def render(r: dict) -> str:
             f"{b['bytes_per_level']['inter_node'] / GB:>19.1f}")
     if not r["best"]:
         lines.append("    no legal plan fits: add nodes, lower --reserve-gib, or use a smaller model")
+    n_timed = sum(x.get("timed", False) for x in r["auto"])
     lines += ["", f"zero_topo.preset: auto ranks the presets and their INT8 combine/publish variants "
-              f"({r['step_model']} step model; memory as the engine allocates it + reserve); it runs #1",
+              f"({r['step_model']} step model; memory as the engine allocates it + reserve); "
+              + (f"a run times the {n_timed} marked * (zero_topo.auto_trials) and trains with the fastest measured"
+                 if n_timed else "it runs #1"),
               f"{'#':>3} {'plan':<44} {'GiB':>6} {'step s':>8}"]
-    for i, x in enumerate(r["auto"][: max(args_top(r), 2)], 1):
-        lines.append(f"{i:>3} {x['label']:<44} {x['memory_gib']:>6.1f} {x['step_s']:>8.3f}")
+    for i, x in enumerate(r["auto"][: max(args_top(r), 2, n_timed)], 1):
+        lines.append(f"{i:>3} {x['label']:<44} {x['memory_gib']:>6.1f} {x['step_s']:>8.3f}"
+                     + (" *" if x.get("timed") else ""))
     if not r["auto"]:
         lines.append("    nothing fits: auto would stop with one line")
     return "\n".join(lines)

@@ -47,16 +47,6 @@ class Trial:
     steps_s: tuple[float, ...]
 
 
-def shortlist(ranked: Sequence[Ranked], count: int, window: float) -> list[Ranked]:
-    """The first ``count`` plans of the ranking modelled within ``window`` (a fraction) of the
-    fastest; one plan or none means there is nothing to measure."""
-    if not ranked or count < 2:
-        return []
-    best = ranked[0].step_s
-    near = [r for r in ranked if r.step_s <= best * (1 + window)][:count]
-    return near if len(near) > 1 else []
-
-
 def pick(trials: Sequence[Trial]) -> Trial:
     """The fastest measured plan (ties: the model's order)."""
     return min(trials, key=lambda t: t.step_s)
@@ -132,7 +122,7 @@ def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build
     """The plan a ``preset: auto`` run trains with (module docstring). ``comm`` is the run's: the
     trial engines create their process groups in it, and the run's engine reuses them."""
     z, topo = cfg.zero_topo, rt.topo
-    short = shortlist(ranked, z.auto_trials, z.auto_trial_window)
+    short = autoplan.shortlist(ranked, z.auto_trials, z.auto_trial_window)
     if not short:
         return autoplan.plan_of(ranked[0], cfg, topo)
     saved = _checkpoint_plan(resume_from, topo.world_size)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 from typing import Optional
@@ -55,12 +56,31 @@ def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
     return [f"system.{k}={v:.6g}" for k, v in emu.system_fields(cpu).items()]
 
 
+def earlier_fit(directory: Optional[str], meta: dict) -> list:
+    """The system-block settings of the CPU constants an earlier round fitted (its meta.json's
+    ``cpu_fit``), recorded in ``meta`` as this round's; none without ``directory``."""
+    from megatron_topo.analysis.emulation import predict as emu
+
+    if not directory:
+        return []
+    path = os.path.join(directory, "meta.json")
+    try:
+        with open(path) as f:
+            fit = json.load(f)["cpu_fit"]
+        cpu = emu.from_fit_record(fit)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"bench_sharding: --cpu-fit {directory}: no fitted constants in {path} ({e})") from None
+    meta["cpu_fit"] = dict(fit, from_run=directory)
+    print(f"[calibrate] constants of {directory}: {meta['cpu_fit']}", flush=True)
+    return [f"system.{k}={v:.6g}" for k, v in emu.system_fields(cpu).items()]
+
+
 def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:
     """Calibration (``calibrate``), then rounds over (count, strategy, cluster), the clusters of a
     cell back to back; the unshaped run of a strategy and count is shared by the clusters."""
     total, n, unshaped = len(accum) * a.repeats, 0, {}
-    if a.unshaped:
-        sets = calibrate(accum, a, out, unshaped, meta)
+    sets = calibrate(accum, a, out, unshaped, meta) if a.unshaped else earlier_fit(getattr(a, "cpu_fit", None), meta)
+    if sets:
         accum = [(k, s, c, ca, _with_sets(rd, sets) if s == "auto" else rd) for k, s, c, ca, rd in accum]
     for rep in range(a.repeats):
         for k, s, c, ca, rd in accum:

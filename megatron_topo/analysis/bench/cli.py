@@ -79,6 +79,9 @@ def build_parser():
     ap.add_argument("--mtu", type=int, default=1500)
     ap.add_argument("--no-unshaped", dest="unshaped", action="store_false",
                     help="skip the shaping-off run per strategy (no bounds)")
+    ap.add_argument("--cpu-fit", metavar="DIR", default=None,
+                    help="accumulation series without unshaped runs: the auto runs rank with the CPU constants an "
+                         "earlier round fitted (DIR/meta.json's cpu_fit) instead of configs/emulated_cpu.yml's")
     ap.add_argument("--series", nargs="+", default=["main"], choices=("main", "scaling", "accum"))
     ap.add_argument("--accumulation", nargs="+", type=int, default=[1, 2, 4, 8], metavar="K",
                     help="accum series: micro-batches per optimizer step")

@@ -152,7 +152,8 @@ def render(rows: list[dict], meta: dict, root: str) -> str:
             auto = by.get("auto", {}).get(k)
             cell = "— | — |"
             if auto:
-                choice = (auto.get("auto_choice") or "?").split(" (")[0].split("chose ")[-1]
+                said = auto.get("auto_choices") or [auto.get("auto_choice") or "?"]  # pooled rounds may differ
+                choice = " / ".join(sorted({c.split(" (")[0].split("chose ")[-1] for c in said}))
                 twin = next((x for x in PRESET_ROWS if k in by.get(x, {}) and same_plan(by[x][k], auto)), None)
                 cell = f"{choice}{f' (= {twin})' if twin else ''} | {auto['step_time_s'] / fastest[1]:.2f}x"
                 if twin:  # the same configuration measured twice: both samples of it
@@ -161,6 +162,10 @@ def render(rows: list[dict], meta: dict, root: str) -> str:
                 cell += " |"
             md.append(f"| {k} | {bt[0]} {bt[1]:.2f} s | " + " | ".join(ratios) + f" | {fastest[0]} {fastest[1]:.2f} s | "
                       + cell)
+        timed = [(k, by["auto"][k]["auto_trials"]) for k in counts if by.get("auto", {}).get(k, {}).get("auto_trials")]
+        if timed:  # what preset auto measured before training (training.auto_trials), per cell
+            md += ["", "preset auto's timing before training (first round of each cell; measured s, the model's s):", ""]
+            md += [f"- {k}: {line.split('slowest rank): ', 1)[-1]}" for k, line in timed]
         meas = {s: {k: r["step_time_s"] for k, r in per.items()} for s, per in by.items() if s != "auto"}
         prd = {s: {k: pred[(cluster, s, k)] for k in per if (cluster, s, k) in pred} for s, per in by.items()
                if s != "auto"}
