@@ -211,7 +211,10 @@ def test_accumulation_report_renders_model_and_fsdp2_constants():
                          "world_size": 8, "gcds_per_gpu": 2, "gpus_per_node": 2, "inter_node_rate_bps": 200e6,
                          "intra_node_rate_bps": 400e6, "step_time_s": e["step_s"], "timed_s": [e["step_s"]],
                          "unshaped_step_time_s": e["unshaped_s"], "quant_s": 0.0, "lower_bound_s": 1.0,
-                         "auto_choice": "chose topo (w 2, g 4, os 8)" if s == "auto" else None})
+                         "auto_choice": "chose topo (w 2, g 4, os 8)" if s == "auto" else None,
+                         "auto_trials": (f"preset auto: timed 2 plans modelled within 25% of the fastest (median of "
+                                         f"3 steps, slowest rank): topo 0.{k}1 s (model 0.3); zeropp 0.{k}2 s "
+                                         f"(model 0.31); chose topo") if s == "auto" else None})
     meta = {"model": "configs/tiny.yml", "model_set": [x for x in BENCH_SETS if "accumulation" not in x],
             "clusters": {"frontier": "2 x 2 x 2"}}
     md = accum_report.render(rows, meta, REPO)
@@ -221,3 +224,9 @@ def test_accumulation_report_renders_model_and_fsdp2_constants():
         line = next(ln for ln in md.splitlines() if ln.startswith(f"| {s} | ") and "/" in ln)
         assert line.count("(+0%)") + line.count("(-0%)") == 3, line
     assert "| 1 | topo " in md and "(= topo) | 1.00x" in md
+    for k in (1, 2, 4):  # what auto timed before training, per cell
+        assert f"- {k}: topo 0.{k}1 s (model 0.3); zeropp 0.{k}2 s (model 0.31); chose topo" in md
+    # pooled rounds whose timing chose differently name both choices
+    auto1 = next(r for r in rows if r["strategy"] == "auto" and r["accum"] == 1)
+    auto1["auto_choices"] = ["chose topo", "chose zeropp+combine_bits=8"]
+    assert "| topo / zeropp+combine_bits=8 (= topo) |" in accum_report.render(rows, meta, REPO)

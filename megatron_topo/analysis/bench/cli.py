@@ -225,7 +225,8 @@ def pool(a, out: str) -> int:
             m["auto_choices"] = sorted({r.get("auto_choice") or "?" for r in rows})
         merged.append(m)
     meta = dict(runs[0][2], pooled=[d for d, _, _ in runs], repeats=sum(x[2].get("repeats", 1) for x in runs))
-    if any(x[2].get("cpu_fit") != meta.get("cpu_fit") and x[2].get("cpu_fit") for x in runs[1:]):
+    fit = lambda m: {k: v for k, v in (m.get("cpu_fit") or {}).items() if k != "from_run"}  # noqa: E731
+    if any(fit(x[2]) != fit(meta) and fit(x[2]) for x in runs[1:]):  # --cpu-fit rounds reuse a fit: the same
         meta["cpu_fit_note"] = "the pooled runs fitted different CPU constants; the first run's are shown"
     os.makedirs(out, exist_ok=True)
     write_reports(out, merged, meta)
