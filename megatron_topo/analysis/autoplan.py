@@ -201,8 +201,8 @@ def resolve(cfg: Config, topo: Topology) -> tuple[Plan, Optional[list[Ranked]]]:
         return resolve_plan(cfg.zero_topo, topo, cfg.zero_optimization), None
     if cfg.zero_optimization is not None:
         raise ConfigError("zero_topo.preset: auto and a zero_optimization block exclude each other; keep one")
-    ranked = choose(cfg, topo)[1]
-    return plan_of(ranked[0], cfg, topo), ranked
+    z, ranked = choose(cfg, topo)
+    return resolve_plan(z, topo), ranked
 
 
 def shortlist(ranked: Sequence[Ranked], count: int, window: float) -> list[Ranked]:

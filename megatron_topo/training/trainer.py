@@ -30,6 +30,11 @@ class TrainingError(RuntimeError):
     """A condition that stops training; one line for the user."""
 
 
+def new_comm(rt: Runtime) -> Comm:
+    """The collectives of this process on the runtime's topology and device (groups created on use)."""
+    return Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
+
+
 def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None, comm: Optional[Comm] = None):
     """Sharded initialisation: the model is built without storage and the engine materialises,
     initialises and shards one unit at a time, so no rank ever holds the whole model. ``comm``:
@@ -38,7 +43,7 @@ def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=No
     model = model if model is not None else build_model(cfg.model, device="meta")
     model.init_buffers(rt.device)
     plan = plan or autoplan.resolve(cfg, rt.topo)[0]
-    comm = comm or Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
+    comm = comm or new_comm(rt)
     eng = ZeroTopoEngine(
         model, model.shard_units(), plan, comm, precision=cfg.precision,
         lr=t.optimizer.params.lr, betas=tuple(t.optimizer.params.betas), eps=t.optimizer.params.eps,
@@ -66,7 +71,7 @@ class Trainer(TrainerCheckpoints):
             self.resume_from = None
         seed_everything(cfg.train.seed)
         plan, ranked = autoplan.resolve(cfg, rt.topo)  # preset auto: the modelled fastest plan that fits
-        comm = Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
+        comm = new_comm(rt)
         if ranked:
             self.log(autoplan.summary(ranked, cfg.system))
             # the plans the model cannot tell apart are timed here (zero_topo.auto_trials)

@@ -53,6 +53,13 @@ def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
                       cfg.model.checkpoint_activations)
     meta["cpu_fit"] = dict(emu.fit_record(cpu), rows=len(fit_rows))
     print(f"[calibrate] {meta['cpu_fit']}", flush=True)
+    return _system_sets(cpu)
+
+
+def _system_sets(cpu) -> list:
+    """``--set`` lines of the system-block fields that state the CPU constants ``cpu``."""
+    from megatron_topo.analysis.emulation import predict as emu
+
     return [f"system.{k}={v:.6g}" for k, v in emu.system_fields(cpu).items()]
 
 
@@ -72,7 +79,7 @@ def earlier_fit(directory: Optional[str], meta: dict) -> list:
         raise SystemExit(f"bench_sharding: --cpu-fit {directory}: no fitted constants in {path} ({e})") from None
     meta["cpu_fit"] = dict(fit, from_run=directory)
     print(f"[calibrate] constants of {directory}: {meta['cpu_fit']}", flush=True)
-    return [f"system.{k}={v:.6g}" for k, v in emu.system_fields(cpu).items()]
+    return _system_sets(cpu)
 
 
 def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:
@@ -98,7 +105,7 @@ def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:
             row.update({"cluster": c, "accum": k, "inter_node_rate_bps": ca.inter_bps, "intra_node_rate_bps": ca.intra_bps})
             if s == "auto":
                 log = os.path.join(out, "runs", f"accum_{c}_{s}_a{k}_r{rep}", "launch.log")
-                row["auto_choice"], row["auto_trials"] = auto_choice(log), auto_trials_line(log)
+                row["auto_choice"], row["auto_trials"] = auto_lines(log)
             print("    " + summary_line(row), flush=True)
             rounds.setdefault(row_key(row), []).append(row)
             rows = [merge(v, ca) for v in rounds.values()]
@@ -112,21 +119,15 @@ def _with_sets(rd: RunDef, sets: list) -> RunDef:
                   rd.sets + sets, rd.nodes, rd.gpus_per_node, rd.gcds_per_gpu, rd.notes, dict(rd.extra))
 
 
-def auto_choice(log: str) -> Optional[str]:
-    """``chose PLAN ...`` from the trainer's last ``preset auto`` line in a run's log: the timed
-    choice when plans were timed (training.auto_trials), else the model's."""
+def auto_lines(log: str) -> tuple[Optional[str], Optional[str]]:
+    """From a run's log: ``chose PLAN ...`` of the trainer's last ``preset auto`` line (the timed
+    choice when plans were timed, training.auto_trials, else the model's) and the ``preset auto:
+    timed ...`` line (every timed plan, measured and modelled), each None when absent."""
     try:
         with open(log) as f:
-            lines = [ln.strip() for ln in f if "preset auto" in ln and "chose " in ln]
+            lines = [ln.strip() for ln in f if "preset auto" in ln]
     except OSError:
-        return None
-    return lines[-1][lines[-1].rindex("chose "):] if lines else None
-
-
-def auto_trials_line(log: str) -> Optional[str]:
-    """The trainer's ``preset auto: timed ...`` line (every timed plan, measured and modelled)."""
-    try:
-        with open(log) as f:
-            return next((ln.strip() for ln in f if "preset auto: timed" in ln), None)
-    except OSError:
-        return None
+        return None, None
+    chose = [ln for ln in lines if "chose " in ln]
+    timed = next((ln for ln in lines if "preset auto: timed" in ln), None)
+    return (chose[-1][chose[-1].rindex("chose "):] if chose else None), timed
