@@ -38,6 +38,18 @@ def test_pick_is_the_fastest_measured_ties_in_model_order():
     assert auto_trials.pick(trials).ranked.label == "p1"
 
 
+def test_the_two_fastest_are_timed_again_in_reverse_order_and_pooled():
+    r = _ranked(1.0, 1.1, 1.2, 1.3)
+    trials = [auto_trials.Trial(x, s, (s,)) for x, s in zip(r, (0.5, 0.3, 0.6, 0.4))]
+    assert auto_trials.finalists(trials) == [3, 1]  # p1 and p3, p3 (timed after p1) first
+    assert auto_trials.finalists(trials[:1]) == []
+    t = auto_trials.pooled(trials[1], (0.5, 0.6))
+    assert t.steps_s == (0.3, 0.5, 0.6) and t.step_s == 0.5 and t.ranked is r[1]
+    # a plan fast in one pass only loses to one fast in both
+    assert auto_trials.pick([auto_trials.pooled(trials[1], (0.5, 0.6)),
+                             auto_trials.pooled(trials[3], (0.4, 0.45))]).ranked.label == "p3"
+
+
 def _train(rank, world, tmp, zero_topo, slow_label=None, save=None, iters=3):
     cfg = small_config(tmp, **{"train.train_iters": iters, "train.gradient_accumulation_steps": 2})
     cfg.system = SystemConfig(name="test", device_memory_gib=1.0)
@@ -71,13 +83,15 @@ def test_the_measured_time_decides_and_every_rank_agrees(tmp_path):
     out = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True)
     params, z, lines, timed = out[0]
     assert all(o[1] == z for o in out), "ranks chose different plans"
-    assert z.preset != "auto" and len(timed) == 3
+    assert z.preset != "auto" and len(timed) == 5 and len(set(timed[:3])) == 3
     model_first = lines[0].split("chose ", 1)[1].split(" (")[0]
     assert timed[0] == model_first
+    assert model_first not in timed[3:]  # 1 s slower: not among the two timed again
+    assert timed[3:] == [t for t in timed[:3] if t in timed[3:]][::-1]  # again, in reverse order
     assert len(lines) == 2 and lines[1].startswith("preset auto: timed 3 plans"), lines
     chosen = lines[1].rsplit("chose ", 1)[1]
-    assert chosen in timed[1:] and chosen != model_first
-    assert all(f"{t} " in lines[1] and "(model " in lines[1] for t in timed)
+    assert chosen in timed[3:] and chosen != model_first
+    assert all(f"{t} " in lines[1] for t in timed) and lines[1].count(" over 6 (model ") == 2
     again, z2, lines2, _ = run_distributed(_train, 4, tmp_path, dataclasses.replace(z))[0]
     assert z2 == z and lines2 == []
     for n in params:
@@ -95,7 +109,7 @@ def test_a_resumed_run_keeps_its_checkpoints_plan_untimed(tmp_path):
     save = tmp_path / "ckpt"
     _, z, _, timed = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True,
                                      save, 2)[0]
-    assert len(timed) == 3
+    assert len(timed) == 5
     _, z2, lines, timed2 = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True,
                                            save, 3)[0]
     assert timed2 == [] and z2 == z

@@ -6,9 +6,12 @@ series"); plans modelled a few per cent apart are therefore a coin toss for the 
 trainer builds each of the first ``zero_topo.auto_trials`` plans modelled within
 ``zero_topo.auto_trial_window`` of the fastest, one at a time, runs one warm-up step and
 ``zero_topo.auto_trial_steps`` timed optimizer steps of it on random tokens (same micro-batch,
-accumulation count, precision and links as the run), keeps the slowest rank's time of each step,
-and trains with the plan whose median is lowest. Every rank times the same steps and reduces the
-times with one MAX all-reduce, so every rank makes the same choice.
+accumulation count, precision and links as the run) and keeps the slowest rank's time of each step.
+The two fastest are then built and timed once more, in the reverse of their first order (A B ... B A:
+a drift over the trials, or the first steps after whatever ran before, weighs on both alike, and a
+slow or fast engine build counts once in two), and the run trains with the plan whose median over
+all its timed steps is lowest. Every rank times the same steps and reduces the times with one MAX
+all-reduce, so every rank makes the same choice.
 
 A trial engine is a throw-away: its own sharded initialisation, freed before the next one is built;
 the run's engine is built afterwards exactly as for an explicit plan (the RNGs are re-seeded), so a
@@ -52,11 +55,27 @@ def pick(trials: Sequence[Trial]) -> Trial:
     return min(trials, key=lambda t: t.step_s)
 
 
+def finalists(trials: Sequence[Trial]) -> list[int]:
+    """Indices (into ``trials``, in the model's order) of the two fastest, in the order they are
+    timed again: the reverse of their first pass."""
+    if len(trials) < 2:
+        return []
+    two = sorted(sorted(range(len(trials)), key=lambda i: trials[i].step_s)[:2])
+    return two[::-1]
+
+
+def pooled(trial: Trial, more: Sequence[float]) -> Trial:
+    """``trial`` with the steps of its second pass added; the median is over all of them."""
+    steps = tuple(trial.steps_s) + tuple(more)
+    return Trial(trial.ranked, statistics.median(steps), steps)
+
+
 def summary(trials: Sequence[Trial], chosen: Trial, window: float) -> str:
-    """One line: every timed plan, measured vs modelled, and the choice."""
-    parts = [f"{t.ranked.label} {t.step_s:.3g} s (model {t.ranked.step_s:.3g})" for t in trials]
-    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest "
-            f"(median of {len(chosen.steps_s)} steps, slowest rank): {'; '.join(parts)}; "
+    """One line: every timed plan, measured (steps timed) vs modelled, and the choice."""
+    parts = [f"{t.ranked.label} {t.step_s:.3g} s over {len(t.steps_s)} (model {t.ranked.step_s:.3g})"
+             for t in trials]
+    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, the two "
+            f"fastest twice (median of the steps, slowest rank): {'; '.join(parts)}; "
             f"chose {chosen.ranked.label}")
 
 
@@ -144,6 +163,9 @@ def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build
             continue
         steps = time_plan(cfg, rt, plan, comm, z.auto_trial_steps, build)
         trials.append(Trial(r, statistics.median(steps), tuple(steps)))
+    for i in finalists(trials):
+        more = time_plan(cfg, rt, autoplan.plan_of(trials[i].ranked, cfg, topo), comm, z.auto_trial_steps, build)
+        trials[i] = pooled(trials[i], more)
     kernels.timer.reset()  # the run's kernel totals count its own steps only
     seed_everything(cfg.train.seed)  # the run starts from the same RNG state as without trials
     if not trials:
