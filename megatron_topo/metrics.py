@@ -8,7 +8,10 @@ Keys the training loop logs (``training/trainer.py``) and the plotting tool look
 ``eval_loss``, ``lr``, ``grad_norm``, ``loss_scale``, ``step_time_s``, ``tokens_per_sec``,
 ``samples_per_sec``, ``tflops_per_gpu``, ``peak_mem_bytes``, ``consumed_samples``, the per-level
 communication counters ``comm_bytes_{intra_gpu,intra_node,inter_node,control}`` (bytes per step)
-and ``model_state_bytes_*``.
+and ``model_state_bytes_*``. ``step_time_s`` (and the rates derived from it) is wall clock per step
+over the log window, from a step's start to the next one's, less evaluation, checkpoints and writing
+the record: the end-of-step agreement and the log reduction (which waits for the device) are in
+it, so asynchronous work a step leaves behind (post-step gathers, queued kernels) is counted.
 
 Non-finite floats are written as the JSON *strings* ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``
 (plain JSON has no token for them; ``json.dumps`` would emit invalid bare ``NaN``). Every line

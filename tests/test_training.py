@@ -1,6 +1,7 @@
 """Trainer properties: data-parallel equals accumulation, resume is bit exact, fp16 overflow."""
 import json
 import os
+import time
 
 import torch
 
@@ -34,6 +35,30 @@ def test_four_process_ddp_equals_one_process_with_accumulation(tmp_path):
     for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "samples_per_sec", "tflops_per_gpu",
                 "peak_mem_bytes", "comm_bytes_intra_gpu", "comm_bytes_intra_node", "comm_bytes_inter_node"):
         assert key in lines[0], key
+
+
+def test_step_time_is_wall_clock_with_the_log_reduction_and_without_evaluation(tmp_path, monkeypatch):
+    """step_time_s is wall clock over the log window: the log reduction, which waits for what the
+    steps left running (made to take 0.4 s here), is in it; evaluation (2 s here) is not."""
+    cfg = small_config(tmp_path, **{"train.train_iters": 4})
+    cfg.logging.log_interval, cfg.logging.eval_interval = 2, 2
+    cfg.logging.log_dir = str(tmp_path / "timed")
+    reduce_log, evaluate = Trainer._reduce_log, Trainer.evaluate
+
+    def slow_reduce(self, *a):
+        time.sleep(0.4)
+        return reduce_log(self, *a)
+
+    def slow_eval(self):
+        time.sleep(2.0)
+        return evaluate(self)
+    monkeypatch.setattr(Trainer, "_reduce_log", slow_reduce)
+    monkeypatch.setattr(Trainer, "evaluate", slow_eval)
+    Trainer(cfg, local_runtime(0, 1), datasets=datasets(cfg)).train()
+    times = [r["step_time_s"] for r in map(json.loads, open(tmp_path / "timed" / "metrics.jsonl"))
+             if "step_time_s" in r]
+    assert len(times) == 2
+    assert all(0.2 <= t < 1.0 for t in times), times  # 2 steps + 0.4 s reduction, not + 2 s eval
 
 
 def test_resume_is_bit_exact(tmp_path):

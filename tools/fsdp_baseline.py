@@ -194,7 +194,6 @@ def main(argv=None) -> int:
         norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
         opt.step()
         opt.zero_grad(set_to_none=True)
-        dt = time.perf_counter() - t0
         consumed += gb
         step += 1
         comm = counter.reset()
@@ -203,6 +202,7 @@ def main(argv=None) -> int:
         if world > 1:
             counter._orig["all_reduce"](vec)
         counter.reset()
+        dt = time.perf_counter() - t0  # wall clock with the per-step log reduction, as the trainer's
         if step % lg.log_interval == 0 or step == t.train_iters:
             writer.log(step, {
                 "loss": vec[0].item() / world, "lr": lr, "grad_norm": float(norm), "step_time_s": dt,

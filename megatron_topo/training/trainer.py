@@ -235,22 +235,26 @@ class Trainer(TrainerCheckpoints):
         window_steps, window_time = 0, 0.0
         self.engine.comm.reset_counters()
         while s.step < end:
+            # step_time_s is wall clock: a step until the next one starts, less evaluation,
+            # checkpoints and writing the record. It includes the end-of-step agreement and the log
+            # reduction (which waits for the device), so work a step leaves running (post-step
+            # gathers, queued kernels) is counted where it ends, not hidden between timed regions.
             t0 = time.perf_counter()
             stats = self.train_step()
+            stop, save_due = life.poll()  # agreed by all ranks: a stop signal, a time-based save
             window_time += time.perf_counter() - t0
             window_loss += stats["loss"].double()
             window_steps += 1
             if bar is not None:
                 bar.update(1)
-            stop, save_due = life.poll()  # agreed by all ranks: a stop signal, a time-based save
             evals = {}
             if lg.eval_interval and s.step % lg.eval_interval == 0 and self.valid_batches is not None:
                 ev = self.evaluate()
                 evals = {"eval_loss": ev, "eval_ppl": math.exp(min(ev, 50))}
             if s.step % lg.log_interval == 0 or s.step == end or stop:
-                elapsed = window_time
+                t1 = time.perf_counter()
                 loss, comm_bytes = self._reduce_log(window_loss / window_steps, self.engine.comm.reset_counters())
-                step_time = elapsed / window_steps
+                step_time = (window_time + time.perf_counter() - t1) / window_steps
                 rec = {
                     "loss": loss, "lr": stats["lr"], "grad_norm": stats["grad_norm"],
                     "loss_scale": stats["loss_scale"], "skipped": stats["skipped"],
