@@ -98,6 +98,26 @@ def test_the_measured_time_decides_and_every_rank_agrees(tmp_path):
         assert torch.equal(params[n], again[n]), n
 
 
+def _live_engines(rank, world, tmp):
+    import gc
+
+    from megatron_topo.zero_topo.engine import ZeroTopoEngine
+    cfg = small_config(tmp, **{"train.train_iters": 1, "train.gradient_accumulation_steps": 2})
+    cfg.system = SystemConfig(name="test", device_memory_gib=1.0)
+    cfg.zero_topo = ZeroTopoConfig(preset="auto", auto_trials=3)
+    cfg.logging.log_dir = str(tmp / "live")
+    tr = Trainer(cfg, local_runtime(rank, world, gcds=2, gpus=1), datasets=datasets(cfg), log=lambda *_: None)
+    gc.collect()
+    return [o is tr.engine for o in gc.get_objects() if isinstance(o, ZeroTopoEngine)]
+
+
+def test_trial_engines_are_freed(tmp_path):
+    """Five trial engines were built (3 + the two fastest again); only the run's is left (a hook on a
+    tensor is held from C++, where the garbage collector cannot break the engine's cycles)."""
+    for live in run_distributed(_live_engines, 4, tmp_path):
+        assert live == [True], live
+
+
 def test_no_trials_runs_the_models_choice(tmp_path):
     _, z, lines, _ = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=0))[0]
     assert len(lines) == 1 and "timed" not in lines[0]

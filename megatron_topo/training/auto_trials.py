@@ -117,6 +117,7 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
         for u in eng.units:  # the last step's post-step gathers land before their buffers are freed
             u.wait_publish()
     finally:
+        eng.remove_hooks()  # the hooks' closures hold the engine from the trial model's modules
         del eng
         gc.collect()
         if rt.device.type == "cuda":
