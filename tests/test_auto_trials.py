@@ -50,11 +50,17 @@ def test_the_two_fastest_are_timed_again_in_reverse_order_and_pooled():
                              auto_trials.pooled(trials[3], (0.4, 0.45))]).ranked.label == "p3"
 
 
-def _train(rank, world, tmp, zero_topo, slow_label=None, save=None, iters=3):
+def _config(tmp, zero_topo, iters, log_name):
+    """The 4-rank tests' run: 2 micro-batches per step, 1 GiB per device, ``zero_topo``."""
     cfg = small_config(tmp, **{"train.train_iters": iters, "train.gradient_accumulation_steps": 2})
     cfg.system = SystemConfig(name="test", device_memory_gib=1.0)
     cfg.zero_topo = zero_topo
-    cfg.logging.log_dir = str(tmp / f"run_{zero_topo.preset}")
+    cfg.logging.log_dir = str(tmp / log_name)
+    return cfg
+
+
+def _train(rank, world, tmp, zero_topo, slow_label=None, save=None, iters=3):
+    cfg = _config(tmp, zero_topo, iters, f"run_{zero_topo.preset}")
     if save:
         cfg.checkpoint.save, cfg.checkpoint.auto_resume = str(save), True
     timed = []
@@ -102,10 +108,7 @@ def _live_engines(rank, world, tmp):
     import gc
 
     from megatron_topo.zero_topo.engine import ZeroTopoEngine
-    cfg = small_config(tmp, **{"train.train_iters": 1, "train.gradient_accumulation_steps": 2})
-    cfg.system = SystemConfig(name="test", device_memory_gib=1.0)
-    cfg.zero_topo = ZeroTopoConfig(preset="auto", auto_trials=3)
-    cfg.logging.log_dir = str(tmp / "live")
+    cfg = _config(tmp, ZeroTopoConfig(preset="auto", auto_trials=3), 1, "live")
     tr = Trainer(cfg, local_runtime(rank, world, gcds=2, gpus=1), datasets=datasets(cfg), log=lambda *_: None)
     gc.collect()
     return [o is tr.engine for o in gc.get_objects() if isinstance(o, ZeroTopoEngine)]
