@@ -237,8 +237,8 @@ class ZeroTopoConfig:
                               "the fastest for a few steps before training and train with the fastest measured "
                               "(0 or 1: the model's choice, untimed)", ge=0)
     auto_trial_steps: int = option(3, "preset auto: timed optimizer steps per plan and pass (after one warm-up "
-                                   "step; the two fastest get a second pass); the median of the slowest rank's "
-                                   "steps decides", ge=1)
+                                   "step; every plan gets two passes, the second in reverse order); per pass the "
+                                   "median of the slowest rank's steps, the faster pass decides", ge=1)
     auto_trial_window: float = option(0.25, "preset auto: time only plans modelled within this fraction of the "
                                       "fastest (0.25: the step models' validated error per plan)", ge=0.0)
     # bitwise-reproducible cross-replica sums (all-gather + sum in rank order, W x the traffic):

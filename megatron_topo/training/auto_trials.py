@@ -7,11 +7,12 @@ trainer builds each of the first ``zero_topo.auto_trials`` plans modelled within
 ``zero_topo.auto_trial_window`` of the fastest, one at a time, runs one warm-up step and
 ``zero_topo.auto_trial_steps`` timed optimizer steps of it on random tokens (same micro-batch,
 accumulation count, precision and links as the run) and keeps the slowest rank's time of each step.
-The two fastest are then built and timed once more, in the reverse of their first order (A B ... B A:
-a drift over the trials, or the first steps after whatever ran before, weighs on both alike, and a
-slow or fast engine build counts once in two), and the run trains with the plan whose median over
-all its timed steps is lowest. Every rank times the same steps and reduces the times with one MAX
-all-reduce, so every rank makes the same choice.
+Every plan is then built and timed once more, in the reverse order (A B C C B A: a drift over the
+trials weighs on all alike, and no plan is timed only in the first pass, right after start-up). A
+plan's time is the lower of its two passes' medians: on a shared machine interference only ever adds
+time, so one disturbed pass (measured on the emulated cluster: +15-20 % for the first plan timed)
+does not decide; the run trains with the plan whose time is lowest. Every rank times the same steps
+and reduces the times with one MAX all-reduce, so every rank makes the same choice.
 
 A trial engine is a throw-away: its own sharded initialisation, freed before the next one is built;
 the run's engine is built afterwards exactly as for an explicit plan (the RNGs are re-seeded), so a
@@ -46,8 +47,12 @@ from .runtime import Runtime, seed_everything
 @dataclass(frozen=True)
 class Trial:
     ranked: Ranked  # the plan and its modelled step
-    step_s: float  # median over the timed steps of the slowest rank's step
-    steps_s: tuple[float, ...]
+    passes: tuple[tuple[float, ...], ...]  # per pass, the slowest rank's time of each timed step
+
+    @property
+    def step_s(self) -> float:
+        """The plan's measured step: the lower of its passes' medians (interference only adds time)."""
+        return min(statistics.median(p) for p in self.passes)
 
 
 def pick(trials: Sequence[Trial]) -> Trial:
@@ -55,27 +60,18 @@ def pick(trials: Sequence[Trial]) -> Trial:
     return min(trials, key=lambda t: t.step_s)
 
 
-def finalists(trials: Sequence[Trial]) -> list[int]:
-    """Indices (into ``trials``, in the model's order) of the two fastest, in the order they are
-    timed again: the reverse of their first pass."""
-    if len(trials) < 2:
-        return []
-    two = sorted(sorted(range(len(trials)), key=lambda i: trials[i].step_s)[:2])
-    return two[::-1]
-
-
-def pooled(trial: Trial, more: Sequence[float]) -> Trial:
-    """``trial`` with the steps of its second pass added; the median is over all of them."""
-    steps = tuple(trial.steps_s) + tuple(more)
-    return Trial(trial.ranked, statistics.median(steps), steps)
+def with_pass(trial: Trial, steps: Sequence[float]) -> Trial:
+    """``trial`` with one more pass of timed steps."""
+    return Trial(trial.ranked, trial.passes + (tuple(steps),))
 
 
 def summary(trials: Sequence[Trial], chosen: Trial, window: float) -> str:
-    """One line: every timed plan, measured (steps timed) vs modelled, and the choice."""
-    parts = [f"{t.ranked.label} {t.step_s:.3g} s over {len(t.steps_s)} (model {t.ranked.step_s:.3g})"
-             for t in trials]
-    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, the two "
-            f"fastest twice (median of the steps, slowest rank): {'; '.join(parts)}; "
+    """One line: every timed plan, measured (each pass's median) vs modelled, and the choice."""
+    def passes(t: Trial) -> str:
+        return " / ".join(f"{statistics.median(p):.3g}" for p in t.passes)
+    parts = [f"{t.ranked.label} {t.step_s:.3g} s (passes {passes(t)}; model {t.ranked.step_s:.3g})" for t in trials]
+    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, twice each, the "
+            f"second pass in reverse order (the faster pass's median step, slowest rank): {'; '.join(parts)}; "
             f"chose {chosen.ranked.label}")
 
 
@@ -162,11 +158,10 @@ def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build
         except ConfigError as e:
             log(f"preset auto: not timing {r.label}: {e}")
             continue
-        steps = time_plan(cfg, rt, plan, comm, z.auto_trial_steps, build)
-        trials.append(Trial(r, statistics.median(steps), tuple(steps)))
-    for i in finalists(trials):
+        trials.append(Trial(r, (tuple(time_plan(cfg, rt, plan, comm, z.auto_trial_steps, build)),)))
+    for i in reversed(range(len(trials)) if len(trials) > 1 else ()):  # the second pass, in reverse
         more = time_plan(cfg, rt, autoplan.plan_of(trials[i].ranked, cfg, topo), comm, z.auto_trial_steps, build)
-        trials[i] = pooled(trials[i], more)
+        trials[i] = with_pass(trials[i], more)
     kernels.timer.reset()  # the run's kernel totals count its own steps only
     seed_everything(cfg.train.seed)  # the run starts from the same RNG state as without trials
     if not trials:
