@@ -221,8 +221,6 @@ def pool(a, out: str) -> int:
     for rows in groups.values():
         m = merge(rows, a)
         m["rounds"] = sum(r.get("rounds", 1) for r in rows if r.get("ok"))
-        if "auto" == m.get("strategy"):
-            m["auto_choices"] = sorted({r.get("auto_choice") or "?" for r in rows})
         merged.append(m)
     meta = dict(runs[0][2], pooled=[d for d, _, _ in runs], repeats=sum(x[2].get("repeats", 1) for x in runs))
     fit = lambda m: {k: v for k, v in (m.get("cpu_fit") or {}).items() if k != "from_run"}  # noqa: E731

@@ -206,6 +206,8 @@ def merge(rows: list[dict], a) -> dict:
         r[f"comm_bytes_{lvl}"] == m[f"comm_bytes_{lvl}"] for r in good for lvl in LEVELS)
     m["bench_seconds"] = sum(r.get("bench_seconds", 0) for r in rows)
     m["quant_s"] = statistics.median(r.get("quant_s", 0.0) for r in good)
+    if m.get("strategy") == "auto":  # rounds (and pooled runs) may choose different plans: name each
+        m["auto_choices"] = sorted({c for r in good for c in (r.get("auto_choices") or [r.get("auto_choice")]) if c})
     return finalize(m, a)
 
 
