@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from megatron_topo.analysis import perf_model as pm
+from megatron_topo.analysis.bench.measure import LEVELS, merge
 from megatron_topo.analysis.emulation import predict as emu
 from megatron_topo.config import load_config
-from megatron_topo.analysis.bench.measure import LEVELS, merge
 from megatron_topo.topology import Topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

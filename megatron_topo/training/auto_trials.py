@@ -159,9 +159,10 @@ def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build
             log(f"preset auto: not timing {r.label}: {e}")
             continue
         trials.append(Trial(r, (tuple(time_plan(cfg, rt, plan, comm, z.auto_trial_steps, build)),)))
-    for i in reversed(range(len(trials)) if len(trials) > 1 else ()):  # the second pass, in reverse
-        more = time_plan(cfg, rt, autoplan.plan_of(trials[i].ranked, cfg, topo), comm, z.auto_trial_steps, build)
-        trials[i] = with_pass(trials[i], more)
+    if len(trials) > 1:  # the second pass, in reverse order
+        for i in reversed(range(len(trials))):
+            more = time_plan(cfg, rt, autoplan.plan_of(trials[i].ranked, cfg, topo), comm, z.auto_trial_steps, build)
+            trials[i] = with_pass(trials[i], more)
     kernels.timer.reset()  # the run's kernel totals count its own steps only
     seed_everything(cfg.train.seed)  # the run starts from the same RNG state as without trials
     if not trials:

@@ -155,8 +155,8 @@ def render(rows: list[dict], meta: dict, root: str) -> str:
                 said = auto.get("auto_choices") or [auto.get("auto_choice") or "?"]  # pooled rounds may differ
                 names = sorted({c.split(" (")[0].split("chose ")[-1] for c in said})
                 choice = " / ".join(names)
-                twin = next((x for x in PRESET_ROWS if k in by.get(x, {}) and same_plan(by[x][k], auto)
-                             and len(names) == 1), None)  # rounds that chose differently have no twin
+                twin = None if len(names) > 1 else next(  # rounds that chose differently have no twin
+                    (x for x in PRESET_ROWS if k in by.get(x, {}) and same_plan(by[x][k], auto)), None)
                 cell = f"{choice}{f' (= {twin})' if twin else ''} | {auto['step_time_s'] / fastest[1]:.2f}x"
                 if twin:  # the same configuration measured twice: both samples of it
                     both = statistics.median(auto["timed_s"] + by[twin][k]["timed_s"])
