@@ -8,7 +8,6 @@ import time
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from .. import fault_injection, lifecycle, preflight
 from .. import metrics as M
@@ -20,7 +19,7 @@ from ..zero_topo import checkpoint as ckpt
 from ..zero_topo.comm import Comm
 from ..zero_topo.engine import ZeroTopoEngine
 from ..zero_topo.sharding import Plan, effective_config
-from . import auto_trials
+from . import auto_trials, step_sync
 from .batches import Batches, build_data, learning_rate, loss_fn
 from .checkpoints import TrainerCheckpoints, TrainState
 from .runtime import Runtime, seed_everything
@@ -175,15 +174,8 @@ class Trainer(TrainerCheckpoints):
         return total / (iters * self.rt.world_size)
 
     def _reduce_log(self, loss_sum: torch.Tensor, comm_bytes: dict) -> tuple[float, dict]:
-        """Mean loss and summed traffic counters over ranks: one all-reduce of a device tensor
-        (not counted in the traffic it reports)."""
-        comm = self.engine.comm
-        loss = comm.to_host(loss_sum.reshape(1).double()).item()
-        vec = comm.all_reduce_host([loss, comm_bytes["intra_gpu"], comm_bytes["intra_node"],
-                                    comm_bytes["inter_node"], comm_bytes["control"]])
-        return vec[0] / self.rt.world_size, {
-            "comm_bytes_intra_gpu": int(vec[1]), "comm_bytes_intra_node": int(vec[2]),
-            "comm_bytes_inter_node": int(vec[3]), "comm_bytes_control": int(vec[4])}
+        """Mean loss and summed traffic counters over ranks (step_sync.reduce_log)."""
+        return step_sync.reduce_log(self.engine.comm, self.rt.world_size, loss_sum, comm_bytes)
 
     def train(self, until: Optional[int] = None) -> dict:
         """Train to ``train_iters`` (or stop early after step ``until``, saving as at the end).
@@ -200,18 +192,8 @@ class Trainer(TrainerCheckpoints):
             signals.restore()
 
     def _start_reduce_max(self, values: list):
-        """Launch a MAX all-reduce of a few numbers over all ranks, through a tensor on the
-        runtime device (NCCL/RCCL reduce no CPU tensors); returns a function that waits for it
-        and returns the values (not counted in the traffic counters)."""
-        comm = self.engine.comm
-        t = torch.tensor(values, dtype=torch.float64, device=self.rt.device)
-        work = comm.all_reduce(t, comm.world, op=dist.ReduceOp.MAX, async_op=True, account=False)
-
-        def finish() -> list:
-            if work is not None:
-                work.wait()
-            return comm.to_host(t).tolist()
-        return finish
+        """Launch the per-step MAX agreement over all ranks (step_sync.start_reduce_max)."""
+        return step_sync.start_reduce_max(self.engine.comm, self.rt.device, values)
 
     def _train(self, until: Optional[int]) -> dict:
         cfg, rt, s = self.cfg, self.rt, self.state
