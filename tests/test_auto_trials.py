@@ -107,6 +107,41 @@ def test_the_measured_time_decides_and_every_rank_agrees(tmp_path):
         assert torch.equal(params[n], again[n]), n
 
 
+def _timed_with_step_sync(rank, world, tmp):
+    """time_plan on 2 ranks with the log reduction made to take 0.5 s: the trainer's end-of-step
+    collectives run inside the timed steps, the log reduction every logging.log_interval steps."""
+    import time
+
+    from megatron_topo.training import step_sync
+    from megatron_topo.training.trainer import build_engine, new_comm
+    cfg = _config(tmp, ZeroTopoConfig(preset="ddp"), 1, "sync")
+    cfg.logging.log_interval = 2
+    rt = local_runtime(rank, world)
+    calls = {"max": 0, "log": 0}
+    real_max, real_log = step_sync.start_reduce_max, step_sync.reduce_log
+
+    def start_reduce_max(*a):
+        calls["max"] += 1
+        return real_max(*a)
+
+    def reduce_log(*a):
+        calls["log"] += 1
+        time.sleep(0.5)
+        return real_log(*a)
+    step_sync.start_reduce_max, step_sync.reduce_log = start_reduce_max, reduce_log
+    plan = resolve_plan(cfg.zero_topo, rt.topo)
+    times = auto_trials.time_plan(cfg, rt, plan, new_comm(rt), 3, build_engine)
+    return times, calls
+
+
+def test_a_trial_step_runs_the_training_loops_end_of_step_collectives(tmp_path):
+    """Steps 1-4 (one warm-up, three timed): the pipelined agreement after each, the log reduction
+    after steps 2 and 4, so timed steps 1 and 3 (steps 2 and 4) hold its 0.5 s."""
+    for times, calls in run_distributed(_timed_with_step_sync, 2, tmp_path):
+        assert calls == {"max": 4, "log": 2}, calls
+        assert len(times) == 3 and times[0] >= 0.5 and times[2] >= 0.5, times
+
+
 def _live_engines(rank, world, tmp):
     import gc
 

@@ -6,7 +6,8 @@ series"); plans modelled a few per cent apart are therefore a coin toss for the 
 trainer builds each of the first ``zero_topo.auto_trials`` plans modelled within
 ``zero_topo.auto_trial_window`` of the fastest, one at a time, runs one warm-up step and
 ``zero_topo.auto_trial_steps`` timed optimizer steps of it on random tokens (same micro-batch,
-accumulation count, precision and links as the run) and keeps the slowest rank's time of each step.
+accumulation count, precision and links as the run, and the training loop's own end-of-step
+collectives, :mod:`.step_sync`) and keeps the slowest rank's time of each step.
 Every plan is then built and timed once more, in the reverse order (A B C C B A: a drift over the
 trials weighs on all alike, and no plan is timed only in the first pass, right after start-up). A
 plan's time is the lower of its two passes' medians: on a shared machine interference only ever adds
@@ -23,6 +24,7 @@ measured when the run started), so walltime-chained jobs do not pay for the tria
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import statistics
 import time
@@ -32,7 +34,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .. import preflight
+from .. import lifecycle, preflight
 from ..analysis import autoplan
 from ..analysis.autoplan import Ranked
 from ..config import Config, ConfigError
@@ -40,6 +42,7 @@ from ..zero_topo import checkpoint as ckpt
 from ..zero_topo import kernels
 from ..zero_topo.comm import Comm
 from ..zero_topo.sharding import Plan
+from . import step_sync
 from .batches import learning_rate, loss_fn
 from .runtime import Runtime, seed_everything
 
@@ -88,7 +91,14 @@ def _trial_cfg(cfg: Config) -> Config:
 def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
               build: Callable[..., object]) -> list[float]:
     """Build an engine for ``plan``, run one warm-up and ``steps`` timed optimizer steps on random
-    tokens; returns the slowest rank's seconds for each timed step. The engine is freed."""
+    tokens; returns the slowest rank's seconds for each timed step. The engine is freed.
+
+    A step is timed as the trainer times it: with the collectives the training loop runs after
+    every optimizer step (step_sync: the pipelined stop/save agreement every step, the log
+    reduction every ``logging.log_interval`` steps). They cost plans differently: measured on the
+    emulated NVLink-like cluster, a blocking log reduction every step added 15-20 % to a plan whose
+    16-bit post-step gather spans the node (PaRO-IIG + INT8 combine) and nothing to topo's, so trials
+    without them ranked that plan first, and the runs that trained it measured 1.14-1.22x their trial."""
     t, m = cfg.train, cfg.model
     accum = t.gradient_accumulation_steps
     gen = torch.Generator().manual_seed(t.seed + rt.rank)
@@ -97,6 +107,10 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
     eng = build(_trial_cfg(cfg), rt, plan, comm=comm)
     eng.train()
     lr = learning_rate(cfg, 1)
+    agree = lifecycle.Lifecycle(lifecycle.StopSignals(), rank=rt.rank, start_reduce_max=(
+        functools.partial(step_sync.start_reduce_max, comm, rt.device) if rt.distributed else None))
+    log_every = cfg.logging.log_interval
+    loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     times = []
     try:
         for i in range(1 + steps):
@@ -104,12 +118,18 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
             for k in range(accum):
                 x, y = tokens[k, :, :-1], tokens[k, :, 1:]
                 loss = loss_fn(eng(x), y)
+                loss_sum += loss.detach().double() / accum
                 eng.backward(loss / accum, last_micro_batch=k == accum - 1)
             eng.step(lr)
+            agree.poll()
+            if (i + 1) % log_every == 0:
+                step_sync.reduce_log(comm, rt.world_size, loss_sum / log_every, comm.reset_counters())
+                loss_sum.zero_()
             if rt.device.type == "cuda":
                 torch.cuda.synchronize(rt.device)
             if i:
                 times.append(time.perf_counter() - t0)
+        agree.close()
         for u in eng.units:  # the last step's post-step gathers land before their buffers are freed
             u.wait_publish()
     finally:
