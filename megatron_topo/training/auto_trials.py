@@ -24,7 +24,6 @@ measured when the run started), so walltime-chained jobs do not pay for the tria
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import statistics
 import time
@@ -107,8 +106,7 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
     eng = build(_trial_cfg(cfg), rt, plan, comm=comm)
     eng.train()
     lr = learning_rate(cfg, 1)
-    agree = lifecycle.Lifecycle(lifecycle.StopSignals(), rank=rt.rank, start_reduce_max=(
-        functools.partial(step_sync.start_reduce_max, comm, rt.device) if rt.distributed else None))
+    agree = step_sync.agreement(comm, rt, lifecycle.StopSignals())  # signals not installed: never stops
     log_every = cfg.logging.log_interval
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     times = []

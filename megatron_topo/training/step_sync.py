@@ -4,12 +4,15 @@ the logged loss and traffic counters. Both go through a tensor on the runtime de
 reduce no CPU tensors) and are left out of the traffic counters they report."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 
+from .. import lifecycle
 from ..zero_topo.comm import Comm
+from .runtime import Runtime
 
 
 def start_reduce_max(comm: Comm, device: torch.device, values: list) -> Callable[[], list]:
@@ -23,6 +26,14 @@ def start_reduce_max(comm: Comm, device: torch.device, values: list) -> Callable
             work.wait()
         return comm.to_host(t).tolist()
     return finish
+
+
+def agreement(comm: Comm, rt: Runtime, signals: lifecycle.StopSignals,
+              save_interval_minutes: float = 0.0) -> lifecycle.Lifecycle:
+    """The per-step stop/save agreement over ``comm``'s world (pipelined by one step; local in a
+    single process)."""
+    return lifecycle.Lifecycle(signals, save_interval_minutes, rank=rt.rank, start_reduce_max=(
+        functools.partial(start_reduce_max, comm, rt.device) if rt.distributed else None))
 
 
 def reduce_log(comm: Comm, world_size: int, loss_sum: torch.Tensor, comm_bytes: dict) -> tuple[float, dict]:

@@ -184,16 +184,11 @@ class Trainer(TrainerCheckpoints):
         end; the returned record then has ``stopped_by`` (the signal's name)."""
         signals = lifecycle.StopSignals().install()
         try:
-            self.lifecycle = lifecycle.Lifecycle(
-                signals, self.cfg.checkpoint.save_interval_minutes, rank=self.rt.rank,
-                start_reduce_max=self._start_reduce_max if self.rt.distributed else None)
+            self.lifecycle = step_sync.agreement(self.engine.comm, self.rt, signals,
+                                                 self.cfg.checkpoint.save_interval_minutes)
             return self._train(until)
         finally:
             signals.restore()
-
-    def _start_reduce_max(self, values: list):
-        """Launch the per-step MAX agreement over all ranks (step_sync.start_reduce_max)."""
-        return step_sync.start_reduce_max(self.engine.comm, self.rt.device, values)
 
     def _train(self, until: Optional[int]) -> dict:
         cfg, rt, s = self.cfg, self.rt, self.state
