@@ -221,8 +221,9 @@ def timed_note(ranked: Sequence[Ranked], z: ZeroTopoConfig) -> Optional[str]:
     if not short:
         return None
     return (f"preset auto: a run first times {len(short)} plans modelled within {z.auto_trial_window:.0%} of the "
-            f"fastest ({', '.join(r.label for r in short)}; {z.auto_trial_steps} steps each, zero_topo.auto_trials) "
-            f"and trains with the fastest measured")
+            f"fastest ({', '.join(r.label for r in short)}; {z.auto_trial_steps} steps per pass, two passes each, the "
+            f"two fastest up to {z.auto_trial_passes} while close, zero_topo.auto_trials) and trains with the fastest "
+            f"measured")
 
 
 def summary(ranked: Sequence[Ranked], system: SystemConfig) -> str:

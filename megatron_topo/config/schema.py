@@ -238,7 +238,10 @@ class ZeroTopoConfig:
                               "(0 or 1: the model's choice, untimed)", ge=0)
     auto_trial_steps: int = option(3, "preset auto: timed optimizer steps per plan and pass (after one warm-up "
                                    "step; every plan gets two passes, the second in reverse order); per pass the "
-                                   "median of the slowest rank's steps, the faster pass decides", ge=1)
+                                   "median of the slowest rank's steps, the fastest pass decides", ge=1)
+    auto_trial_passes: int = option(4, "preset auto: the most passes a plan is timed; after the two passes of "
+                                    "every plan, the two fastest get more while within 15 % of each other "
+                                    "(1: one pass, no reverse pass)", ge=1)
     auto_trial_window: float = option(0.25, "preset auto: time only plans modelled within this fraction of the "
                                       "fastest (0.25: the step models' validated error per plan)", ge=0.0)
     # bitwise-reproducible cross-replica sums (all-gather + sum in rank order, W x the traffic):
@@ -246,7 +249,7 @@ class ZeroTopoConfig:
     deterministic: bool = option(False, "bitwise-reproducible cross-replica sums (W x the traffic)")
 
 
-AUTO_TRIAL_KEYS = ("auto_trials", "auto_trial_steps", "auto_trial_window")  # preset auto only
+AUTO_TRIAL_KEYS = ("auto_trials", "auto_trial_steps", "auto_trial_passes", "auto_trial_window")  # preset auto only
 
 
 @dataclass

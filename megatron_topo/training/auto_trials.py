@@ -10,10 +10,15 @@ accumulation count, precision and links as the run, and the training loop's own 
 collectives, :mod:`.step_sync`) and keeps the slowest rank's time of each step.
 Every plan is then built and timed once more, in the reverse order (A B C C B A: a drift over the
 trials weighs on all alike, and no plan is timed only in the first pass, right after start-up). A
-plan's time is the lower of its two passes' medians: on a shared machine interference only ever adds
-time, so one disturbed pass (measured on the emulated cluster: +15-20 % for the first plan timed)
-does not decide; the run trains with the plan whose time is lowest. Every rank times the same steps
-and reduces the times with one MAX all-reduce, so every rank makes the same choice.
+plan's time is the lowest of its passes' medians: on a shared machine interference only ever adds
+time, so a disturbed pass does not decide. While the two fastest plans are within ``RACE_MARGIN`` of
+each other, they are timed again (the runner-up first), up to ``zero_topo.auto_trial_passes`` passes
+each. Measured on the emulated cluster (Frontier ratios, 1 micro-batch): topo_q's plan's pass medians
+spread 0.35-0.47 s, both of its first two passes were slow (0.41-0.47 s) in 5 of 11 runs, and each
+of those lost the choice to ZeRO++ (0.39-0.41 s in trials), whose own runs trained 1.08-1.17x
+topo_q's; the extra passes are spent only where the choice is that close. The run
+trains with the plan whose time is lowest. Every rank times the same steps and reduces the times
+with one MAX all-reduce, so every rank makes the same choice.
 
 A trial engine is a throw-away: its own sharded initialisation, freed before the next one is built;
 the run's engine is built afterwards exactly as for an explicit plan (the RNGs are re-seeded), so a
@@ -57,9 +62,25 @@ class Trial:
         return min(statistics.median(p) for p in self.passes)
 
 
+RACE_MARGIN = 0.15  # one plan's pass median varies up to about this much within a launch (module docstring)
+
+
 def pick(trials: Sequence[Trial]) -> Trial:
     """The fastest measured plan (ties: the model's order)."""
     return min(trials, key=lambda t: t.step_s)
+
+
+def more_passes(trials: Sequence[Trial], max_passes: int, margin: float = RACE_MARGIN) -> list[int]:
+    """Indices of the plans to time once more, runner-up first: the two fastest so far while the
+    runner-up is within ``margin`` of the fastest, each until it has ``max_passes`` passes; [] when the
+    choice is clear or both are timed out."""
+    if len(trials) < 2:
+        return []
+    order = sorted(range(len(trials)), key=lambda i: (trials[i].step_s, i))
+    best, runner_up = order[0], order[1]
+    if trials[runner_up].step_s > trials[best].step_s * (1.0 + margin):
+        return []
+    return [i for i in (runner_up, best) if len(trials[i].passes) < max_passes]
 
 
 def with_pass(trial: Trial, steps: Sequence[float]) -> Trial:
@@ -72,9 +93,9 @@ def summary(trials: Sequence[Trial], chosen: Trial, window: float) -> str:
     def passes(t: Trial) -> str:
         return " / ".join(f"{statistics.median(p):.3g}" for p in t.passes)
     parts = [f"{t.ranked.label} {t.step_s:.3g} s (passes {passes(t)}; model {t.ranked.step_s:.3g})" for t in trials]
-    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, twice each, the "
-            f"second pass in reverse order (the faster pass's median step, slowest rank): {'; '.join(parts)}; "
-            f"chose {chosen.ranked.label}")
+    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, twice each (the "
+            f"second pass in reverse order), the two fastest again while within {RACE_MARGIN:.0%} of each other "
+            f"(the fastest pass's median step, slowest rank): {'; '.join(parts)}; chose {chosen.ranked.label}")
 
 
 def _trial_cfg(cfg: Config) -> Config:
@@ -177,10 +198,16 @@ def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build
             log(f"preset auto: not timing {r.label}: {e}")
             continue
         trials.append(Trial(r, (tuple(time_plan(cfg, rt, plan, comm, z.auto_trial_steps, build)),)))
-    if len(trials) > 1:  # the second pass, in reverse order
+    def again(i: int) -> None:
+        more = time_plan(cfg, rt, autoplan.plan_of(trials[i].ranked, cfg, topo), comm, z.auto_trial_steps, build)
+        trials[i] = with_pass(trials[i], more)
+
+    if len(trials) > 1 and z.auto_trial_passes > 1:  # the second pass, in reverse order
         for i in reversed(range(len(trials))):
-            more = time_plan(cfg, rt, autoplan.plan_of(trials[i].ranked, cfg, topo), comm, z.auto_trial_steps, build)
-            trials[i] = with_pass(trials[i], more)
+            again(i)
+    while idx := more_passes(trials, z.auto_trial_passes):  # the same numbers on every rank: the same loop
+        for i in idx:
+            again(i)
     kernels.timer.reset()  # the run's kernel totals count its own steps only
     seed_everything(cfg.train.seed)  # the run starts from the same RNG state as without trials
     if not trials:
