@@ -15,7 +15,7 @@ time, so a disturbed pass does not decide. While the two fastest plans are withi
 each other, they are timed again (the runner-up first), up to ``zero_topo.auto_trial_passes`` passes
 each. Measured on the emulated cluster (Frontier ratios, 1 micro-batch): topo_q's plan's pass medians
 spread 0.35-0.47 s, both of its first two passes were slow (0.41-0.47 s) in 5 of 11 runs, and each
-of those lost the choice to ZeRO++ (0.39-0.41 s in trials), whose own runs trained 1.08-1.17x
+of those lost the choice to ZeRO++ (0.39-0.41 s in trials), whose own runs trained 1.05-1.17x
 topo_q's; the extra passes are spent only where the choice is that close. The run
 trains with the plan whose time is lowest. Every rank times the same steps and reduces the times
 with one MAX all-reduce, so every rank makes the same choice.
@@ -198,6 +198,7 @@ def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build
             log(f"preset auto: not timing {r.label}: {e}")
             continue
         trials.append(Trial(r, (tuple(time_plan(cfg, rt, plan, comm, z.auto_trial_steps, build)),)))
+
     def again(i: int) -> None:
         more = time_plan(cfg, rt, autoplan.plan_of(trials[i].ranked, cfg, topo), comm, z.auto_trial_steps, build)
         trials[i] = with_pass(trials[i], more)
