@@ -95,8 +95,9 @@ def test_close_plans_get_more_passes_and_a_twice_disturbed_one_is_not_lost(tmp_p
     calls, chosen, _ = _scripted_choice(tmp_path, monkeypatch, [[0.47, 0.45], [0.41, 0.40], [0.9, 0.9]],
                                         auto_trial_passes=2)
     assert calls == ["p0", "p1", "p2", "p2", "p1", "p0"] and chosen == "p1"
-    calls, chosen, _ = _scripted_choice(tmp_path, monkeypatch, [[0.47], [0.41], [0.9]], auto_trial_passes=1)
+    calls, chosen, lines = _scripted_choice(tmp_path, monkeypatch, [[0.47], [0.41], [0.9]], auto_trial_passes=1)
     assert calls == ["p0", "p1", "p2"] and chosen == "p1"
+    assert "fastest, once each (the fastest pass's" in lines[0], lines  # the line says what was done
     # a clear choice costs no extra pass
     calls, chosen, _ = _scripted_choice(tmp_path, monkeypatch, [[0.3, 0.3], [0.41, 0.40], [0.9, 0.9]])
     assert calls == ["p0", "p1", "p2", "p2", "p1", "p0"] and chosen == "p0"

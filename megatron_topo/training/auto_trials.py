@@ -93,9 +93,11 @@ def summary(trials: Sequence[Trial], chosen: Trial, window: float) -> str:
     def passes(t: Trial) -> str:
         return " / ".join(f"{statistics.median(p):.3g}" for p in t.passes)
     parts = [f"{t.ranked.label} {t.step_s:.3g} s (passes {passes(t)}; model {t.ranked.step_s:.3g})" for t in trials]
-    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, twice each (the "
-            f"second pass in reverse order), the two fastest again while within {RACE_MARGIN:.0%} of each other "
-            f"(the fastest pass's median step, slowest rank): {'; '.join(parts)}; chose {chosen.ranked.label}")
+    how = ("once each" if max(len(t.passes) for t in trials) == 1 else  # zero_topo.auto_trial_passes: 1
+           f"twice each (the second pass in reverse order), the two fastest again while within {RACE_MARGIN:.0%} "
+           f"of each other")
+    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, {how} (the fastest "
+            f"pass's median step, slowest rank): {'; '.join(parts)}; chose {chosen.ranked.label}")
 
 
 def _trial_cfg(cfg: Config) -> Config:
