@@ -153,11 +153,9 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
     numels = [u.numel for u in eng.units]
     formula = memory.state_bytes(numels, eng.plan, world_size, cfg.precision)
     limit = int(cfg.system.device_memory_gib * memory.GIB) if cfg.system is not None else None
-    m = cfg.model
-    est = memory.peak_estimate(numels, eng.plan, world_size, cfg.precision, hidden=m.hidden_size,
-                               heads=m.num_attention_heads, layers=m.num_layers, seq=m.seq_length,
-                               vocab=m.vocab_size, micro_batch=cfg.train.train_micro_batch_size_per_gpu,
-                               recompute=m.checkpoint_activations)
+    from .preflight import estimate
+
+    est = estimate(cfg, eng.plan, world_size, numels)
     return {
         "parameters": sum(numels),
         "world_size": world_size,

@@ -19,7 +19,6 @@ from typing import Optional
 import torch
 
 from .config import ConfigError
-from .model.hf import from_hf_key
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -55,34 +54,15 @@ def read_hf_config(path: str) -> dict:
 
 
 def model_keys_from_hf(hf: dict, where: str) -> dict:
-    """Our ModelConfig keys describing the HF GPT-NeoX model; ConfigError for what we cannot build."""
-    mt = hf.get("model_type")
-    if mt != "gpt_neox":
-        raise ConfigError(f"{where}: model_type {mt!r} is not supported; only GPT-NeoX (gpt_neox: GPT-NeoX-20B, "
-                          f"Pythia) checkpoints load")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    pct = hf.get("rotary_pct", rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
-    base = hf.get("rotary_emb_base", rope.get("rope_theta", hf.get("rope_theta", 10000)))
-    if rope.get("rope_type", "default") not in ("default", None):
-        raise ConfigError(f"{where}: rope_type {rope.get('rope_type')!r} is not supported (plain rotary only)")
-    h = int(hf["hidden_size"])
-    out = dict(
-        num_layers=int(hf["num_hidden_layers"]), hidden_size=h, num_attention_heads=int(hf["num_attention_heads"]),
-        vocab_size=int(hf["vocab_size"]), max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-        rotary_pct=float(pct), rotary_emb_base=int(float(base)), layernorm_epsilon=float(hf.get("layer_norm_eps", 1e-5)),
-        gpt_j_residual=bool(hf.get("use_parallel_residual", True)),
-        no_weight_tying=not bool(hf.get("tie_word_embeddings", False)),
-    )
-    unsupported = []
-    if int(hf.get("intermediate_size", 4 * h)) != 4 * h:
-        unsupported.append(f"intermediate_size {hf['intermediate_size']} (ours is 4 x hidden_size = {4 * h})")
-    if hf.get("hidden_act", "gelu") != "gelu":
-        unsupported.append(f"hidden_act {hf['hidden_act']!r} (ours is gelu)")
-    if hf.get("attention_bias", True) is not True:
-        unsupported.append("attention_bias false (ours has biases)")
-    if unsupported:
-        raise ConfigError(f"{where}: this GPT-NeoX variant cannot be built here: {'; '.join(unsupported)}")
-    return out
+    """Our ModelConfig keys describing the HF model (its spec's mapping); ConfigError for what we
+    cannot build."""
+    from .model.spec import spec_for_hf
+
+    spec = spec_for_hf(hf)
+    if spec is None:
+        raise ConfigError(f"{where}: model_type {hf.get('model_type')!r} is not supported; only GPT-NeoX (gpt_neox: "
+                          f"GPT-NeoX-20B, Pythia) checkpoints load")
+    return spec.model_keys_from_hf(hf, where)
 
 
 def apply_hf_model_config(cfg, path: str, origin: dict) -> list:
@@ -153,10 +133,12 @@ class HFWeights:
         return f.get_tensor(hf_name) if hasattr(f, "get_tensor") else f[hf_name]
 
 
-def _our_to_hf_names(weights: HFWeights) -> dict:
+def _our_to_hf_names(weights: HFWeights, cfg=None) -> dict:
+    from .model.hf import from_hf_key
+
     out = {}
     for k in weights.names():
-        out.setdefault(from_hf_key(k), k)
+        out.setdefault(from_hf_key(k, cfg), k)
     return out
 
 
@@ -165,7 +147,7 @@ def load_hf_into_engine(engine, path: str) -> None:
     state, then publish the working weights. Reads only the parameters overlapping this rank's
     range of each unit."""
     w = HFWeights(path)
-    by_ours = _our_to_hf_names(w)
+    by_ours = _our_to_hf_names(w, getattr(engine.module, "cfg", None))
     names = {id(p): n for n, p in engine.module.named_parameters()}
     missing = [names[id(s.param)] for u in engine.units for s in u.specs if names[id(s.param)] not in by_ours]
     if missing:

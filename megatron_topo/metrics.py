@@ -72,10 +72,12 @@ def gpt_flops(passes: float, sequences: int, seq_length: int, num_layers: int, h
 
 
 def flops_per_iteration(model_cfg: ModelConfig, global_batch_size: int, checkpoint_activations: bool) -> float:
-    """Model FLOPs of one optimizer step (:func:`gpt_flops`; 4 passes with activation recompute, else 3)."""
-    m = model_cfg
-    return gpt_flops(4.0 if checkpoint_activations else 3.0, global_batch_size, m.seq_length, m.num_layers,
-                     m.hidden_size, m.vocab_size)
+    """Model FLOPs of one optimizer step: the model spec's forward count (GPT-NeoX: :func:`gpt_flops`)
+    times 4 passes with activation recompute, else 3."""
+    from .model.spec import spec_for
+
+    return spec_for(model_cfg).forward_flops(model_cfg, global_batch_size,
+                                             passes=4.0 if checkpoint_activations else 3.0)
 
 
 def tflops_per_gpu(flops_per_iter: float, iter_time_s: float, world_size: int) -> float:

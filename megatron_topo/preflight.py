@@ -33,12 +33,16 @@ def device_memory_bytes(cfg: Config, device: torch.device) -> Optional[int]:
 
 
 def estimate(cfg: Config, plan: Plan, world_size: int, numels: Optional[list[int]] = None) -> dict:
+    from .model.spec import spec_for
+
     m = cfg.model
+    mb = cfg.train.train_micro_batch_size_per_gpu
     return memory.peak_estimate(numels if numels is not None else unit_numels(m), plan, world_size, cfg.precision,
                                 hidden=m.hidden_size, heads=m.num_attention_heads, layers=m.num_layers,
-                                seq=m.seq_length, vocab=m.vocab_size,
-                                micro_batch=cfg.train.train_micro_batch_size_per_gpu,
-                                recompute=m.checkpoint_activations)
+                                seq=m.seq_length, vocab=m.vocab_size, micro_batch=mb,
+                                recompute=m.checkpoint_activations,
+                                activations=spec_for(m).activation_bytes(m, mb, cfg.precision,
+                                                                         m.checkpoint_activations))
 
 
 def _fits(cfg: Config, plan: Plan, world: int, limit: int, numels: list[int]) -> bool:

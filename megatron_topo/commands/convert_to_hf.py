@@ -54,16 +54,10 @@ def parse_args(argv=None):
 
 
 def hf_config_dict(model_cfg, dtype: str, special_ids=None) -> dict:
-    from megatron_topo.model.hf import hf_config_kwargs
+    from megatron_topo.model.spec import spec_for
 
-    kw = hf_config_kwargs(model_cfg)
-    try:
-        import transformers
-
-        d = transformers.GPTNeoXConfig(**kw).to_dict()
-    except ImportError:
-        d = {"model_type": "gpt_neox", **kw}
-    d["architectures"] = ["GPTNeoXForCausalLM"]
+    arch, d = spec_for(model_cfg).hf_config(model_cfg)
+    d["architectures"] = [arch]
     d["torch_dtype"] = DTYPES[dtype]
     d.pop("dtype", None)
     d["dtype"] = DTYPES[dtype]
@@ -99,7 +93,10 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
     mcfg = load_model_config(st)
     tdt = getattr(torch, DTYPES[dtype])
-    entries = [(to_hf_key(name, "embed_out"), tuple(shape), tdt) for u in meta["units"]
+    from megatron_topo.model.spec import spec_for
+
+    head = spec_for(mcfg).hf_head_name()
+    entries = [(to_hf_key(name, head, mcfg), tuple(shape), tdt) for u in meta["units"]
                for name, _, _, shape in u["params"]]
     tok, special, why = _tokenizer(st, mcfg, tokenizer or {})
     if why and tokenizer and any(tokenizer.values()):
@@ -124,7 +121,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
         for _, state, params in iter_checkpoint_units(sp, meta, keys=("master",), verify=False):
             flat = state["master"]
             for name, off, numel, shape in params:
-                writer.put(to_hf_key(name, "embed_out"), flat[int(off):int(off) + int(numel)].view(*shape))
+                writer.put(to_hf_key(name, head, mcfg), flat[int(off):int(off) + int(numel)].view(*shape))
             del state, flat  # before the next unit is read: one unit in memory at a time
         writer.close()
         writer = None

@@ -6,29 +6,15 @@ Parameter layout and math follow HuggingFace ``GPTNeoXForCausalLM`` so weights m
 """
 from __future__ import annotations
 
-import math
-import zlib
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``cos.shape[-1]`` channels of each head; pass the rest through."""
-    rd = cos.shape[-1]
-    if rd == 0:
-        return x
-    x_rot, x_pass = x[..., :rd], x[..., rd:]
-    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+from .spec import (OUTPUT, ModelSpec, apply_rotary, init_by_role, init_std, parameter_seed,  # noqa: F401
+                   register, rotary_tables, rotate_half)
+from .spec import rotary_inv_freq as _inv_freq
 
 
 class Attention(nn.Module):
@@ -39,6 +25,7 @@ class Attention(nn.Module):
         self.dropout = cfg.attention_dropout
         self.query_key_value = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense.init_role = OUTPUT
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
@@ -57,6 +44,7 @@ class MLP(nn.Module):
         super().__init__()
         self.dense_h_to_4h = nn.Linear(cfg.hidden_size, 4 * cfg.hidden_size)
         self.dense_4h_to_h = nn.Linear(4 * cfg.hidden_size, cfg.hidden_size)
+        self.dense_4h_to_h.init_role = OUTPUT
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(x)))
@@ -108,10 +96,7 @@ class GPTNeoX(nn.Module):
         return [self.embed_in, *self.layers, self.head]
 
     def rotary(self, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = torch.arange(seq_len, device=device, dtype=torch.float)
-        freqs = torch.outer(pos, self.inv_freq.to(device))
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos(), emb.sin()
+        return rotary_tables(self.inv_freq, seq_len, device)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_in(input_ids)
@@ -131,29 +116,10 @@ class GPTNeoX(nn.Module):
 
     @torch.no_grad()
     def init_parameters(self, module: nn.Module, seed: int = 1234) -> None:
-        """GPT-NeoX init of ``module``'s parameters, in place: ``init_method`` for inputs,
-        ``output_layer_init_method`` for the attention/MLP output projections, zero biases, unit
-        LayerNorm. Each parameter draws from its own generator seeded by ``seed`` and its name,
-        so a module initialised alone (sharded init, one unit at a time) gets exactly the values
-        it gets inside the whole model, whatever the world size or plan."""
-        cfg = self.cfg
-        std_in = init_std(cfg.init_method, cfg)
-        std_out = init_std(cfg.output_layer_init_method, cfg)
-        names = {id(p): n for n, p in self.named_parameters()}
-        for p in module.parameters():
-            name = names[id(p)]
-            if name.endswith("bias"):
-                p.zero_()
-            elif "layernorm" in name or "layer_norm" in name:
-                p.fill_(1.0)
-            else:
-                if p.device.type == "meta":
-                    continue
-                gen = torch.Generator(device=p.device)
-                gen.manual_seed(parameter_seed(seed, name))
-                std = std_out if (name.endswith("attention.dense.weight") or name.endswith("dense_4h_to_h.weight")) \
-                    else std_in
-                p.normal_(0.0, std, generator=gen)
+        """GPT-NeoX init of ``module``'s parameters, in place, by role (``spec.init_by_role``):
+        ``init_method`` for inputs, ``output_layer_init_method`` for the attention/MLP output
+        projections, zero biases, unit LayerNorm; the same values alone as in the whole model."""
+        init_by_role(self, module, self.cfg, seed)
 
     def init_buffers(self, device) -> None:
         """(Re)compute the non-persistent buffers on ``device`` (after a meta-device build)."""
@@ -161,41 +127,16 @@ class GPTNeoX(nn.Module):
 
 
 def rotary_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
-    head_size = cfg.hidden_size // cfg.num_attention_heads
-    rot = int(head_size * cfg.rotary_pct)
-    rot -= rot % 2
-    exps = torch.arange(0, rot, 2, dtype=torch.float, device=device) / max(rot, 1)
-    return 1.0 / (cfg.rotary_emb_base ** exps)
+    return _inv_freq(cfg.hidden_size // cfg.num_attention_heads, cfg.rotary_pct, cfg.rotary_emb_base, device)
 
 
-def parameter_seed(seed: int, name: str) -> int:
-    """A 63-bit seed per (run seed, parameter name): stable across processes and Python runs."""
-    return (int(seed) * 0x9E3779B1 + zlib.crc32(name.encode())) % (2**63 - 1)
+def build_model(cfg: ModelConfig, device="cpu", seed: int | None = None) -> nn.Module:
+    """Build and initialise the model ``cfg`` describes (its spec's ``build``) on ``device``.
+    ``"meta"`` builds shapes only: the engine then materialises and initialises one unit at a
+    time (``init_parameters``) and keeps only its shards, so no rank ever holds the whole model."""
+    from .spec import spec_for
 
-
-def init_std(method: str, cfg: ModelConfig) -> float:
-    h, n = cfg.hidden_size, cfg.num_layers
-    if method == "small_init":  # Nguyen & Salazar: sqrt(2 / (5 d))
-        return math.sqrt(2.0 / (5.0 * h))
-    if method == "wang_init":  # Wang (Mesh-Transformer-JAX): 2 / (n_layers * sqrt(d))
-        return 2.0 / (n * math.sqrt(h))
-    std = getattr(cfg, "init_method_std", 0.02)
-    if method == "normal":
-        return std
-    if method == "scaled_normal":  # GPT-NeoX / Megatron: std / sqrt(2 n_layers)
-        return std / math.sqrt(2.0 * n)
-    raise ValueError(f"unknown init method {method!r}")
-
-
-def build_model(cfg: ModelConfig, device="cpu", seed: int | None = None) -> GPTNeoX:
-    """Build and initialise on ``device``. ``"meta"`` builds shapes only: the engine then
-    materialises and initialises one unit at a time (``init_parameters``) and keeps only its
-    shards, so no rank ever holds the whole model."""
-    with torch.device(device):
-        model = GPTNeoX(cfg)
-    if str(device) != "meta":
-        model.init_weights(seed if seed is not None else 1234)
-    return model
+    return spec_for(cfg).build(cfg, device, seed)
 
 
 def num_params(model: nn.Module) -> int:
@@ -205,11 +146,127 @@ def num_params(model: nn.Module) -> int:
 def unit_numels(cfg: ModelConfig) -> list[int]:
     """Trainable parameters each unit the engine wraps holds (built on the meta device: no memory).
     A tied weight counts once, in the first unit that has it, as the engine shards it."""
-    model = build_model(cfg, device="meta")
-    seen: set[int] = set()
-    out = []
-    for u in model.shard_units():
-        ps = [p for p in u.parameters() if p.requires_grad and id(p) not in seen]
-        seen.update(id(p) for p in ps)
-        out.append(sum(p.numel() for p in ps))
-    return out
+    from .spec import spec_for
+
+    return spec_for(cfg).unit_numels(cfg)
+
+
+class GPTNeoXSpec(ModelSpec):
+    """GPT-NeoX (GPT-NeoX-20B, Pythia): LayerNorm, partial rotary, GeLU 4h MLP with biases,
+    parallel or sequential residual; HF ``GPTNeoXForCausalLM``."""
+
+    name = "gpt_neox"
+    hf_model_types = ("gpt_neox",)
+    arch_keys = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "rotary_pct", "rotary_emb_base",
+                 "gpt_j_residual", "no_weight_tying", "norm", "layernorm_epsilon")
+
+    def module_class(self, cfg):
+        return GPTNeoX
+
+    def layer_matmul_params(self, cfg) -> int:
+        return 12 * cfg.hidden_size ** 2
+
+    def param_count(self, cfg) -> int:
+        """Per layer 12h^2 + 13h (QKV, dense, 4h MLP, biases, 2 LayerNorms); embedding V*h (+ an
+        untied head V*h); final LayerNorm 2h; rotary has no parameters."""
+        h, V = cfg.hidden_size, cfg.vocab_size
+        emb = V * h * (2 if cfg.no_weight_tying else 1)
+        return cfg.num_layers * (12 * h * h + 13 * h) + emb + 2 * h
+
+    def forward_flops(self, cfg, sequences: float, seq_length=None, passes: float = 1.0) -> float:
+        """``passes`` forward passes over ``sequences`` sequences, as GPT-NeoX logs them
+        (``metrics.gpt_flops``)."""
+        from ..metrics import gpt_flops
+
+        return gpt_flops(passes, sequences, seq_length or cfg.seq_length, cfg.num_layers, cfg.hidden_size,
+                         cfg.vocab_size)
+
+    def activation_bytes(self, cfg, micro_batch: int, precision: str, recompute: bool) -> int:
+        from ..zero_topo.memory import activation_bytes
+
+        return activation_bytes(cfg.hidden_size, cfg.num_attention_heads, cfg.num_layers, cfg.seq_length,
+                                cfg.vocab_size, micro_batch, precision, recompute)
+
+    # ---------------------------------------------------------------- HF GPTNeoXForCausalLM
+    def hf_head_name(self) -> str:
+        return "embed_out"
+
+    def to_hf_key(self, name: str, head_name: str | None = None) -> str:
+        """``head_name``: ``embed_out`` (the published GPT-NeoX checkpoints; transformers 5 renames
+        it on load) or ``lm_head`` (transformers >= 5 module name)."""
+        head_name = head_name or "embed_out"
+        if name.startswith("head.embed_out."):
+            return head_name + name[len("head.embed_out"):]
+        if name.startswith("head.final_layer_norm."):
+            return "gpt_neox." + name[len("head."):]
+        return "gpt_neox." + name
+
+    def from_hf_key(self, name: str) -> str:
+        if name.startswith("embed_out.") or name.startswith("lm_head."):
+            return "head.embed_out." + name.split(".", 1)[1]
+        name = name[len("gpt_neox."):] if name.startswith("gpt_neox.") else name
+        if name.startswith("final_layer_norm."):
+            return "head." + name
+        return name
+
+    def hf_config_kwargs(self, cfg) -> dict:
+        """Keyword arguments for ``transformers.GPTNeoXConfig`` describing the same model."""
+        return dict(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            intermediate_size=4 * cfg.hidden_size,
+            hidden_act="gelu",
+            rotary_pct=cfg.rotary_pct,
+            rotary_emb_base=cfg.rotary_emb_base,
+            max_position_embeddings=cfg.max_position_embeddings,
+            layer_norm_eps=cfg.layernorm_epsilon,
+            use_parallel_residual=cfg.gpt_j_residual,
+            tie_word_embeddings=not cfg.no_weight_tying,
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            attention_bias=True,
+        )
+
+    def hf_config(self, cfg) -> tuple:
+        kw = self.hf_config_kwargs(cfg)
+        try:
+            import transformers
+
+            d = transformers.GPTNeoXConfig(**kw).to_dict()
+        except ImportError:
+            d = {"model_type": "gpt_neox", **kw}
+        return "GPTNeoXForCausalLM", d
+
+    def model_keys_from_hf(self, hf: dict, where: str) -> dict:
+        """Our ModelConfig keys describing the HF GPT-NeoX model; ConfigError for what we cannot build."""
+        from ..config import ConfigError
+
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        pct = hf.get("rotary_pct", rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+        base = hf.get("rotary_emb_base", rope.get("rope_theta", hf.get("rope_theta", 10000)))
+        if rope.get("rope_type", "default") not in ("default", None):
+            raise ConfigError(f"{where}: rope_type {rope.get('rope_type')!r} is not supported (plain rotary only)")
+        h = int(hf["hidden_size"])
+        out = dict(
+            num_layers=int(hf["num_hidden_layers"]), hidden_size=h, num_attention_heads=int(hf["num_attention_heads"]),
+            vocab_size=int(hf["vocab_size"]), max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            rotary_pct=float(pct), rotary_emb_base=int(float(base)),
+            layernorm_epsilon=float(hf.get("layer_norm_eps", 1e-5)),
+            gpt_j_residual=bool(hf.get("use_parallel_residual", True)),
+            no_weight_tying=not bool(hf.get("tie_word_embeddings", False)),
+        )
+        unsupported = []
+        if int(hf.get("intermediate_size", 4 * h)) != 4 * h:
+            unsupported.append(f"intermediate_size {hf['intermediate_size']} (ours is 4 x hidden_size = {4 * h})")
+        if hf.get("hidden_act", "gelu") != "gelu":
+            unsupported.append(f"hidden_act {hf['hidden_act']!r} (ours is gelu)")
+        if hf.get("attention_bias", True) is not True:
+            unsupported.append("attention_bias false (ours has biases)")
+        if unsupported:
+            raise ConfigError(f"{where}: this GPT-NeoX variant cannot be built here: {'; '.join(unsupported)}")
+        return out
+
+
+register(GPTNeoXSpec())

@@ -1,4 +1,5 @@
-"""Name and config mapping between our GPT-NeoX and HuggingFace ``GPTNeoXForCausalLM``."""
+"""HF export/import helpers: name and config mapping (asked of the model spec), tokenizer files,
+streaming safetensors writers."""
 from __future__ import annotations
 
 import os
@@ -7,27 +8,25 @@ from typing import Optional
 from ..config import ModelConfig
 
 
-def to_hf_key(name: str, head_name: str = "embed_out") -> str:
-    """``head_name``: ``embed_out`` (the published GPT-NeoX checkpoints; transformers 5 renames it
-    on load) or ``lm_head`` (transformers >= 5 module name)."""
-    if name.startswith("head.embed_out."):
-        return head_name + name[len("head.embed_out"):]
-    if name.startswith("head.final_layer_norm."):
-        return "gpt_neox." + name[len("head."):]
-    return "gpt_neox." + name
+def _spec(cfg=None):
+    from .spec import get, spec_for
+
+    return spec_for(cfg) if cfg is not None else get("gpt_neox")
 
 
-def from_hf_key(name: str) -> str:
-    if name.startswith("embed_out.") or name.startswith("lm_head."):
-        return "head.embed_out." + name.split(".", 1)[1]
-    name = name[len("gpt_neox."):] if name.startswith("gpt_neox.") else name
-    if name.startswith("final_layer_norm."):
-        return "head." + name
-    return name
+def to_hf_key(name: str, head_name: str = "embed_out", cfg=None) -> str:
+    """Our parameter name -> the HF name (the spec of ``cfg``; GPT-NeoX when None). GPT-NeoX's
+    ``head_name``: ``embed_out`` (the published checkpoints; transformers 5 renames it on load) or
+    ``lm_head`` (transformers >= 5 module name)."""
+    return _spec(cfg).to_hf_key(name, head_name)
 
 
-def to_hf_state_dict(state: dict, head_name: str = "embed_out") -> dict:
-    return {to_hf_key(k, head_name): v for k, v in state.items()}
+def from_hf_key(name: str, cfg=None) -> str:
+    return _spec(cfg).from_hf_key(name)
+
+
+def to_hf_state_dict(state: dict, head_name: str = "embed_out", cfg=None) -> dict:
+    return {to_hf_key(k, head_name, cfg): v for k, v in state.items()}
 
 
 def hf_head_name(hf_model) -> str:
@@ -37,23 +36,7 @@ def hf_head_name(hf_model) -> str:
 
 def hf_config_kwargs(cfg: ModelConfig) -> dict:
     """Keyword arguments for ``transformers.GPTNeoXConfig`` describing the same model."""
-    return dict(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        intermediate_size=4 * cfg.hidden_size,
-        hidden_act="gelu",
-        rotary_pct=cfg.rotary_pct,
-        rotary_emb_base=cfg.rotary_emb_base,
-        max_position_embeddings=cfg.max_position_embeddings,
-        layer_norm_eps=cfg.layernorm_epsilon,
-        use_parallel_residual=cfg.gpt_j_residual,
-        tie_word_embeddings=not cfg.no_weight_tying,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        attention_bias=True,
-    )
+    return _spec(cfg).hf_config_kwargs(cfg)
 
 
 # ------------------------------------------------------------------------------ tokenizer export

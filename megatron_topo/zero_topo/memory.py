@@ -9,7 +9,7 @@ check every run makes before it allocates anything.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from . import layout as L
 from .sharding import Plan
@@ -90,9 +90,12 @@ def activation_bytes(hidden: int, heads: int, layers: int, seq: int, vocab: int,
 
 def peak_estimate(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str, *,
                   hidden: int, heads: int, layers: int, seq: int, vocab: int, micro_batch: int,
-                  recompute: bool) -> dict:
+                  recompute: bool, activations: Optional[int] = None) -> dict:
+    """``activations``: the model spec's activation bytes when given (else GPT-NeoX's formula
+    from the shape keywords)."""
     st = state_bytes(unit_numels, plan, world_size, precision)
-    act = activation_bytes(hidden, heads, layers, seq, vocab, micro_batch, precision, recompute)
+    act = activations if activations is not None else activation_bytes(hidden, heads, layers, seq, vocab,
+                                                                       micro_batch, precision, recompute)
     buf = gather_buffer_bytes(unit_numels, plan, world_size, precision)
     return {"model_states": st["total"], "states": st, "activations": act, "buffers": buf,
             "total": st["total"] + act + buf}

@@ -1,7 +1,8 @@
 """Model shape, plans on a GCD count, and model-state memory per device (docs/design.md §4.10)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Optional
 
 from ...config import ModelConfig, TopologyConfig, ZeroTopoConfig
 from ...metrics import gpt_flops
@@ -26,15 +27,22 @@ class Shape:
     seq_length: int
     vocab_size: int
     no_weight_tying: bool = True
+    # the model config this shape was taken from: its spec counts parameters and FLOPs (None: a
+    # GPT-NeoX shape given by its numbers alone, e.g. a paper's)
+    model: Optional[ModelConfig] = field(default=None, compare=False, hash=False, repr=False)
 
     @classmethod
     def from_config(cls, m: ModelConfig) -> "Shape":
-        return cls(m.num_layers, m.hidden_size, m.seq_length, m.vocab_size, m.no_weight_tying)
+        return cls(m.num_layers, m.hidden_size, m.seq_length, m.vocab_size, m.no_weight_tying, model=m)
 
     @property
     def params(self) -> int:
-        """GPT-NeoX: per layer 12h^2 + 13h (QKV, dense, 4h MLP, biases, 2 LayerNorms);
-        embedding V*h (+ an untied head V*h); final LayerNorm 2h; rotary has no parameters."""
+        """The model spec's exact count (GPT-NeoX: per layer 12h^2 + 13h (QKV, dense, 4h MLP,
+        biases, 2 LayerNorms); embedding V*h (+ an untied head V*h); final LayerNorm 2h)."""
+        if self.model is not None:
+            from ...model.spec import spec_for
+
+            return spec_for(self.model).param_count(self.model)
         h, V = self.hidden_size, self.vocab_size
         emb = V * h * (2 if self.no_weight_tying else 1)
         return self.num_layers * (12 * h * h + 13 * h) + emb + 2 * h
@@ -45,7 +53,12 @@ class Shape:
         return self.num_layers + 2
 
     def forward_flops(self, micro_batch: int) -> float:
-        """One forward pass of a micro-batch (``metrics.gpt_flops``, the formula GPT-NeoX logs)."""
+        """One forward pass of a micro-batch (the spec's count; GPT-NeoX: ``metrics.gpt_flops``, the
+        formula GPT-NeoX logs)."""
+        if self.model is not None:
+            from ...model.spec import spec_for
+
+            return spec_for(self.model).forward_flops(self.model, micro_batch, self.seq_length)
         return gpt_flops(1.0, micro_batch, self.seq_length, self.num_layers, self.hidden_size, self.vocab_size)
 
     def microbatch_flops(self, micro_batch: int, recompute: bool) -> float:

@@ -17,7 +17,7 @@ from ...atomic import fsync_dir
 from ..layout import shard_index
 from . import storage
 from .offline import read_config_yaml, unit_state_range
-from .storage import ARCH_KEYS, FORMAT_VERSION, LATEST, STATE_KEYS, CheckpointError
+from .storage import FORMAT_VERSION, LATEST, STATE_KEYS, CheckpointError
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -198,11 +198,14 @@ def _saved_config(sp: str, meta: dict) -> Optional[Config]:
 
 
 def check_resume(sp: str, meta: dict, cfg: Config) -> None:
-    """A resume must keep the architecture (every key in ARCH_KEYS; the plan, world size and
+    """A resume must keep the architecture (every key of the model spec's arch_keys; the plan, world size and
     precision may change) and have steps left to train."""
     saved = _saved_config(sp, meta)
     if saved is not None:
-        diff = [f"{k} {getattr(saved.model, k)!r} -> {getattr(cfg.model, k)!r}" for k in ARCH_KEYS
+        from ...model.spec import spec_for
+
+        keys = dict.fromkeys((*spec_for(saved.model).arch_keys, *spec_for(cfg.model).arch_keys))
+        diff = [f"{k} {getattr(saved.model, k)!r} -> {getattr(cfg.model, k)!r}" for k in keys
                 if getattr(saved.model, k) != getattr(cfg.model, k)]
         if diff:
             raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
