@@ -200,13 +200,13 @@ def test_repo_configs_keep_their_architecture_and_schedule(name, arch):
 def test_docs_table_is_generated_from_the_declarations():
     rows = neox_table()
     status = {k: s for k, s, _ in rows}
-    for k in ("scaled_upper_triang_masked_softmax_fusion", "bias_gelu_fusion", "pos_emb", "norm", "data_impl",
+    for k in ("scaled_upper_triang_masked_softmax_fusion", "bias_gelu_fusion", "pos_emb", "data_impl",
               "checkpoint_num_layers", "partition_activations", "synchronize_each_layer", "steps_per_print",
               "wall_clock_breakdown", "distributed_backend", "zero_optimization.allgather_partitions",
               "zero_optimization.reduce_scatter", "attention_config", "pipe_parallel_size", "model_parallel_size"):
         assert status[k] == "accepted", k
     for k in ("keep_last_n_checkpoints", "merge_file", "make_vocab_size_divisible_by", "tensorboard_dir",
-              "rotary_pct", "finetune", "no_load_optim", "train_batch_size", "scheduler.type",
+              "rotary_pct", "finetune", "no_load_optim", "train_batch_size", "scheduler.type", "norm", "num_kv_heads",
               "fp16.fp16"):  # (GPT-NeoX's duplicate of fp16.enabled: true enables fp16 here too)
         assert status[k] == "implemented", k
     assert status["sparsity_config"] == "rejected"

@@ -42,12 +42,10 @@ def _cross_checks(cfg: Config, problems: list) -> None:
         if n != m.num_layers:
             add(f"attention_config covers {n} layers but num_layers is {m.num_layers}; e.g. "
                 f"[[[\"global\"], {m.num_layers}]]")
-    if m.intermediate_size is not None and m.intermediate_size != 4 * m.hidden_size:
-        add(f"intermediate_size {m.intermediate_size} is not valid; the MLP width is 4 x hidden_size = "
-            f"{4 * m.hidden_size} (GPT-NeoX's regular MLP); drop the key or set it to {4 * m.hidden_size}")
-    if m.num_kv_heads is not None and m.num_kv_heads != m.num_attention_heads:
-        add(f"num_kv_heads {m.num_kv_heads} is not valid; grouped-query attention is not implemented, use "
-            f"num_kv_heads = num_attention_heads ({m.num_attention_heads}) or drop it")
+    if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:
+        from ..model.spec import spec_for
+
+        problems.extend(spec_for(m).check(m))  # the architecture's own rules (model/spec.py)
     if not d.train_data_paths:
         for name in ("train_data_weights", "valid_data_paths", "test_data_paths"):
             if getattr(d, name):

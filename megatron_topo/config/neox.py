@@ -91,7 +91,6 @@ REJECTED_KEYS = {
     "sparsity_config": "sparse attention is not implemented (dense causal attention only)",
     "num_unique_layers": "layer sharing is not implemented",
     "param_sharing_style": "layer sharing is not implemented",
-    "sliding_window_width": "sliding-window attention is not implemented",
     "label_data_paths": "label datasets are not implemented: targets are the inputs shifted by one",
     "soft_prompt_tuning": "soft prompt tuning is not implemented",
     "use_mup": "muP is not implemented",

@@ -42,8 +42,8 @@ class ModelConfig:
                                   neox="implemented")
     no_weight_tying: bool = option(False, "untied input/output embeddings (false: the output layer uses the "
                                    "embedding's weight, sharded once by the embedding unit)", neox="implemented")
-    norm: str = option("layernorm", "normalisation layer", choices=("layernorm",), neox="accepted",
-                       why="rmsnorm and scalenorm are not implemented")
+    norm: str = option("layernorm", "normalisation layer (rmsnorm: the llama architecture)",
+                       choices=("layernorm", "rmsnorm"), neox="implemented", why="scalenorm is not implemented")
     layernorm_epsilon: float = option(1e-5, "LayerNorm epsilon", gt=0.0, neox="implemented")
     init_method: str = option("normal", "weight init of the input-side layers", choices=INIT_METHODS,
                               neox="implemented", why="orthogonal and xavier inits are not implemented")
@@ -60,17 +60,35 @@ class ModelConfig:
     hidden_dropout: float = option(0.0, "dropout on residual branches", ge=0.0, lt=1.0, neox="implemented")
     attention_config: Optional[list[Any]] = option(None, "GPT-NeoX's per-layer attention types (global/flash; "
                                                    "checked with num_layers)", neox="accepted")
-    activation: str = option("gelu", "MLP activation", choices=("gelu",), neox="accepted",
-                             why="the MLP is GPT-NeoX's gelu MLP; other activations are not implemented")
-    mlp_type: str = option("regular", "MLP kind", choices=("regular",), neox="accepted",
-                           why="the gated llama MLP is not implemented")
-    intermediate_size: Optional[int] = option(None, "MLP width (must be 4 x hidden_size)", ge=1, neox="accepted")
-    num_kv_heads: Optional[int] = option(None, "key/value heads (must equal num_attention_heads)", ge=1,
-                                         neox="accepted")
-    use_bias_in_norms: bool = option(True, "LayerNorm biases", choices=(True,), neox="accepted",
-                                     why="norms always have biases")
-    use_bias_in_attn_linear: bool = option(True, "attention projection biases", choices=(True,), neox="accepted",
-                                           why="the attention projections always have biases")
+    # ---- architecture (model/spec.py): GPT-NeoX's keys pick and shape the model spec
+    arch: Optional[str] = option(None, "model spec: gpt_neox | llama (default: llama when norm is rmsnorm, "
+                                 "activation is swiglu/silu or mlp_type is llama, else gpt_neox)",
+                                 choices=("gpt_neox", "llama"))
+    activation: str = option("gelu", "MLP activation: gelu (gpt_neox), swiglu (gated, GPT-NeoX's ParallelMLP), "
+                             "silu (with mlp_type: llama)", choices=("gelu", "swiglu", "silu"), neox="implemented",
+                             why="other activations are not implemented")
+    mlp_type: str = option("regular", "MLP kind: llama is GPT-NeoX's LLaMAParallelMLP (SiLU-gated, no biases, "
+                           "width intermediate_size or 8h/3 rounded up to 256)", choices=("regular", "llama"),
+                           neox="implemented")
+    intermediate_size: Optional[int] = option(None, "MLP width before GPT-NeoX's sizing rule (gpt_neox: 4 x "
+                                              "hidden_size; swiglu: the inner width is int(2/3 x it) / 2, rounded "
+                                              "to mlp_multiple_of)", ge=1, neox="implemented")
+    mlp_multiple_of: int = option(1, "round the MLP width up to a multiple of this (GPT-NeoX's ParallelMLP)", ge=1,
+                                  neox="implemented")
+    num_kv_heads: Optional[int] = option(None, "key/value heads: grouped-query (1: multi-query) attention in the "
+                                         "llama architecture (gpt_neox: must equal num_attention_heads)", ge=1,
+                                         neox="implemented")
+    attention_type: Optional[str] = option(None, "GPT-NeoX's attention kind (llemma): the kind follows "
+                                           "num_kv_heads", choices=("multihead", "groupedquery", "multiquery"),
+                                           neox="accepted")
+    sliding_window_width: Optional[int] = option(None, "llama: each token attends to itself and the W - 1 tokens "
+                                                 "before it (HF Mistral's sliding window)", ge=1, neox="implemented")
+    rms_norm_epsilon: float = option(1e-8, "RMSNorm epsilon (GPT-NeoX's default)", gt=0.0, neox="implemented")
+    use_bias_in_norms: bool = option(True, "norm biases (LayerNorm; RMSNorm has none: set false)",
+                                     neox="implemented")
+    use_bias_in_attn_linear: bool = option(True, "attention projection biases (gpt_neox: always)",
+                                           neox="implemented")
+    use_bias_in_mlp: bool = option(True, "MLP biases (gpt_neox: always; mlp_type llama: never)", neox="implemented")
     gpt_j_tied: bool = option(False, "one LayerNorm for both parallel branches", choices=(False,), neox="accepted",
                               why="the parallel residual has a LayerNorm per branch, as GPT-NeoX-20B and Pythia")
     output_layer_parallelism: str = option("column", "tensor-parallel split of the output layer",

@@ -163,6 +163,29 @@ class GPTNeoXSpec(ModelSpec):
     def module_class(self, cfg):
         return GPTNeoX
 
+    def check(self, cfg) -> list:
+        out = []
+        h = cfg.hidden_size
+        if cfg.intermediate_size is not None and cfg.intermediate_size != 4 * h:
+            out.append(f"intermediate_size {cfg.intermediate_size} is not valid; the MLP width is 4 x hidden_size = "
+                       f"{4 * h} (GPT-NeoX's regular MLP); drop the key or set it to {4 * h}")
+        elif (4 * h) % cfg.mlp_multiple_of:
+            out.append(f"mlp_multiple_of {cfg.mlp_multiple_of} would round the MLP width 4 x hidden_size = {4 * h} "
+                       f"up; the gpt_neox architecture keeps 4 x hidden_size: use a divisor of it")
+        if cfg.num_kv_heads is not None and cfg.num_kv_heads != cfg.num_attention_heads:
+            out.append(f"num_kv_heads {cfg.num_kv_heads} is not valid for the gpt_neox architecture; grouped-query "
+                       f"attention is the llama architecture's (norm: rmsnorm, activation: swiglu), use num_kv_heads "
+                       f"= num_attention_heads ({cfg.num_attention_heads}) or drop it")
+        for key, what in (("use_bias_in_norms", "LayerNorm"), ("use_bias_in_attn_linear", "attention projections"),
+                          ("use_bias_in_mlp", "MLP")):
+            if not getattr(cfg, key):
+                out.append(f"{key}=false is not valid for the gpt_neox architecture (its {what} always have "
+                           f"biases, as HF GPTNeoX); set it to true or drop it")
+        if cfg.sliding_window_width:
+            out.append("sliding_window_width is not valid for the gpt_neox architecture; the sliding window is the "
+                       "llama architecture's (Mistral: norm: rmsnorm, activation: swiglu)")
+        return out
+
     def layer_matmul_params(self, cfg) -> int:
         return 12 * cfg.hidden_size ** 2
 

@@ -121,13 +121,19 @@ def get(name: str) -> ModelSpec:
 
 
 def _load() -> None:
-    from . import gpt_neox  # noqa: F401  (registers itself)
+    from . import gpt_neox, llama_spec  # noqa: F401  (each registers itself)
 
 
 def arch_of(cfg) -> str:
-    """``model.arch`` when set, else derived from GPT-NeoX's keys."""
+    """``model.arch`` when set, else derived from GPT-NeoX's keys: ``llama`` when the config asks
+    for RMSNorm, a gated (swiglu / silu) MLP or GPT-NeoX's llama MLP; ``gpt_neox`` otherwise."""
     arch = getattr(cfg, "arch", None)
-    return arch or "gpt_neox"
+    if arch:
+        return arch
+    if (getattr(cfg, "norm", "layernorm") == "rmsnorm" or getattr(cfg, "activation", "gelu") in ("swiglu", "silu")
+            or getattr(cfg, "mlp_type", "regular") == "llama"):
+        return "llama"
+    return "gpt_neox"
 
 
 def spec_for(cfg) -> ModelSpec:
