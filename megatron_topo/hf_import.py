@@ -1,4 +1,5 @@
-"""Start training from a HuggingFace GPT-NeoX / Pythia folder, or from a checkpoint's weights only.
+"""Start training from a HuggingFace GPT-NeoX / Pythia / Llama / Mistral folder, or from a checkpoint's
+weights only.
 
 ``finetune_from: PATH`` (or ``load: PATH`` naming an HF folder) gives GPT-NeoX's ``finetune``
 semantics: the weights are loaded, the step is 0 and the optimizer starts fresh. The weights go
@@ -60,8 +61,8 @@ def model_keys_from_hf(hf: dict, where: str) -> dict:
 
     spec = spec_for_hf(hf)
     if spec is None:
-        raise ConfigError(f"{where}: model_type {hf.get('model_type')!r} is not supported; only GPT-NeoX (gpt_neox: "
-                          f"GPT-NeoX-20B, Pythia) checkpoints load")
+        raise ConfigError(f"{where}: model_type {hf.get('model_type')!r} is not supported; GPT-NeoX (gpt_neox: "
+                          f"GPT-NeoX-20B, Pythia), Llama (llama) and Mistral (mistral) checkpoints load")
     return spec.model_keys_from_hf(hf, where)
 
 

@@ -253,6 +253,10 @@ class GPTNeoXSpec(ModelSpec):
         )
 
     def hf_config(self, cfg) -> tuple:
+        """(``GPTNeoXForCausalLM``, config dict) with the rotary settings under every name a
+        transformers version that has GPT-NeoX reads: ``rotary_pct``/``rotary_emb_base`` (4.x reads
+        only these, defaulting to 0.25 / 10000), ``partial_rotary_factor``/``rope_theta`` and
+        ``rope_parameters`` (5.x), ``rope_scaling: null``."""
         kw = self.hf_config_kwargs(cfg)
         try:
             import transformers
@@ -260,6 +264,10 @@ class GPTNeoXSpec(ModelSpec):
             d = transformers.GPTNeoXConfig(**kw).to_dict()
         except ImportError:
             d = {"model_type": "gpt_neox", **kw}
+        pct, base = float(cfg.rotary_pct), int(cfg.rotary_emb_base)
+        d["rope_parameters"] = {"rope_theta": float(base), "partial_rotary_factor": pct, "rope_type": "default"}
+        d.update(rotary_pct=pct, rotary_emb_base=base, partial_rotary_factor=pct, rope_theta=float(base),
+                 rope_scaling=None)
         return "GPTNeoXForCausalLM", d
 
     def model_keys_from_hf(self, hf: dict, where: str) -> dict:
