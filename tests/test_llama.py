@@ -215,3 +215,71 @@ def test_logits_equal_hf_and_training_equals_reference_under_every_preset_on_8_r
             torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5, msg=lambda m: f"{preset}: {m}")
             for n, w in ref.items():
                 torch.testing.assert_close(params[n], w, rtol=1e-5, atol=1e-6, msg=lambda m: f"{preset} {n}: {m}")
+
+
+# GPT-NeoX's Llama-family config files as they write them (every model key of the upstream files;
+# their training keys are other tests' business): accepted unchanged, with vocab_size supplied as
+# the SentencePiece tokenizer would give it.
+NEOX_COMMON = """\
+{{
+  "pipe_parallel_size": 1, "model_parallel_size": 1, "make_vocab_size_divisible_by": 1,
+  "max_position_embeddings": {seq}, "pos_emb": "rotary", "rotary_pct": 1, "no_weight_tying": true,
+  "gpt_j_residual": false, "output_layer_parallelism": "column", "norm": "rmsnorm", "rms_norm_epsilon": 1.0e-5,
+  "attention_config": [[["flash"], {layers}]], "scaled_upper_triang_masked_softmax_fusion": true,
+  "bias_gelu_fusion": false, "use_bias_in_norms": false, "use_bias_in_attn_linear": false,
+  "vocab_size": 32000, "train_micro_batch_size_per_gpu": 1,
+{model}
+}}
+"""
+
+
+def _neox_file(tmp_path, name):
+    import json
+
+    keys = dict(NEOX_LLAMA[name])
+    body = ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in keys.items())
+    p = tmp_path / (name.replace("/", "_") + ".yml")
+    p.write_text(NEOX_COMMON.format(seq=keys["seq_length"], layers=keys["num_layers"], model=body))
+    return p
+
+
+@pytest.mark.parametrize("name", sorted(NEOX_LLAMA))
+def test_neox_llama_files_load_unchanged(tmp_path, name):
+    from megatron_topo.config import load_config
+
+    cfg = load_config([str(_neox_file(tmp_path, name))])
+    spec = spec_for(cfg.model)
+    assert spec.name == "llama"
+    assert spec.param_count(cfg.model) == num_params(build_model(cfg.model, device="meta"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama2/70B", "mistral/7B"])
+def test_neox_llama_files_dry_run_at_8_ranks(tmp_path, name):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "train.py"), str(_neox_file(tmp_path, name)),
+                        "--dry-run", "--world-size", "8"], cwd=tmp_path, capture_output=True, text=True,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    cfg = ModelConfig(vocab_size=32000, norm="rmsnorm", use_bias_in_norms=False, use_bias_in_attn_linear=False,
+                      no_weight_tying=True, **NEOX_LLAMA[name])
+    assert report["parameters"] == spec_for(cfg).param_count(cfg)
+
+
+def test_frontier_llama_20b_config():
+    import os
+
+    from megatron_topo.config import load_config
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_config([os.path.join(root, "configs", n) for n in ("llama_20B.yml", "topo.yml", "frontier.yml")])
+    m = cfg.model
+    assert spec_for(m).name == "llama" and (m.num_layers, m.hidden_size, m.num_kv_heads, mlp_width(m)) == (
+        48, 6144, 8, 17920)
+    assert spec_for(m).param_count(m) == num_params(build_model(m, device="meta")) == 20_702_631_936
