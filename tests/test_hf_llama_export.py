@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from megatron_topo.commands import convert_to_hf
+from megatron_topo.commands import convert_to_hf, generate
 from megatron_topo.config import ModelConfig
 from megatron_topo.training import Trainer
 
@@ -65,6 +65,9 @@ def test_llama_export_loads_in_hf_and_imports_back(tmp_path, window):
         kw = dict(kw, use_bias_in_mlp=False)
     tr = _train(tmp_path, ModelConfig(**kw))
     want = _ours(tr, 96)
+    model, _ = generate.load_model(str(tmp_path / "ck"))  # tools/generate.py builds the checkpoint's spec
+    with torch.no_grad():
+        torch.testing.assert_close(model(_ids(96)), want, rtol=1e-5, atol=1e-5)
     out = tmp_path / "hf"
     assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out)]) == 0
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()

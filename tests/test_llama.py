@@ -283,3 +283,65 @@ def test_frontier_llama_20b_config():
     assert spec_for(m).name == "llama" and (m.num_layers, m.hidden_size, m.num_kv_heads, mlp_width(m)) == (
         48, 6144, 8, 17920)
     assert spec_for(m).param_count(m) == num_params(build_model(m, device="meta")) == 20_702_631_936
+
+
+@pytest.mark.parametrize("kw,arch,problem", [
+    (dict(), "gpt_neox", None),
+    (dict(norm="rmsnorm", use_bias_in_norms=False, activation="swiglu"), "llama", None),
+    (dict(mlp_type="llama", activation="silu", norm="rmsnorm", use_bias_in_norms=False), "llama", None),
+    (dict(arch="gpt_neox", norm="rmsnorm"), "gpt_neox", "arch: gpt_neox builds LayerNorm"),
+    (dict(activation="swiglu"), "llama", "norm='layernorm' with a gated MLP"),
+    (dict(norm="rmsnorm", activation="swiglu"), "llama", "use_bias_in_norms=true is not valid with norm: rmsnorm"),
+    (dict(norm="rmsnorm", use_bias_in_norms=False, activation="silu"), "llama", "activation='silu' with "
+     "mlp_type='regular' is not valid"),
+    (dict(num_kv_heads=2), "gpt_neox", "num_kv_heads 2 is not valid for the gpt_neox architecture"),
+    (dict(sliding_window_width=8), "gpt_neox", "sliding_window_width is not valid for the gpt_neox"),
+    (dict(use_bias_in_mlp=False), "gpt_neox", "use_bias_in_mlp=false is not valid for the gpt_neox"),
+    (dict(norm="rmsnorm", use_bias_in_norms=False, activation="swiglu", gpt_j_residual=True), "llama",
+     "gpt_j_residual=true is not valid for the llama"),
+])
+def test_the_spec_is_derived_from_neox_keys_and_checks_them(kw, arch, problem):
+    cfg = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, **kw)
+    spec = spec_for(cfg)
+    assert spec.name == arch
+    problems = spec.check(cfg)
+    assert (problems == []) if problem is None else any(problem in p for p in problems), problems
+
+
+def test_llama_dry_run_counts_activations_with_its_spec():
+    from megatron_topo.config import Config
+    from megatron_topo.dryrun import dry_run
+
+    cfg = Config()
+    cfg.model = llama_cfg(checkpoint_activations=True)
+    r = dry_run(cfg, 8)
+    spec = spec_for(cfg.model)
+    assert r["parameters"] == spec.param_count(cfg.model)
+    mb = cfg.train.train_micro_batch_size_per_gpu
+    assert r["estimate_bytes_per_rank"]["activations"] == spec.activation_bytes(cfg.model, mb, cfg.precision, True)
+    # GPT-NeoX's layer through the same accounting: 34 s b h + 5 a s^2 b (the memory module's formula)
+    from megatron_topo.zero_topo.memory import activation_bytes
+
+    neox = ModelConfig(num_layers=3, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=128,
+                       norm="rmsnorm", use_bias_in_norms=False, activation="swiglu", intermediate_size=384)
+    assert mlp_width(neox) == 128  # swiglu: int(384 * 2/3) // 2
+    got = spec_for(neox).activation_bytes(neox, 2, "bf16", False)
+    s, b, h, f = 32, 2, 64, 128
+    per_layer = s * b * (14 * h + 4 * h + 8 * f) + 5 * 4 * s * s * b
+    assert got == 3 * per_layer + b * s * 128 * (2 + 4 + 4)
+    assert activation_bytes(64, 4, 3, 32, 128, 2, "bf16", False) == 3 * (s * b * h * 34 + 5 * 4 * s * s * b) + \
+        b * s * 128 * 10
+
+
+def test_activation_checkpointing_same_gradients():
+    cfg = llama_cfg()
+    ids = torch.randint(0, cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2))
+    grads = []
+    for ckpt in (False, True):
+        model = build_model(cfg, seed=1)
+        model.checkpoint_activations = ckpt
+        model.train()
+        torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)

@@ -64,7 +64,7 @@ def load_model(checkpoint: str, device: str = "cpu"):
     import torch
 
     from megatron_topo.config import ConfigError, load_config
-    from megatron_topo.model import GPTNeoX
+    from megatron_topo.model.spec import spec_for
     from megatron_topo.zero_topo.checkpoint import CheckpointError, read_full_state
 
     st = read_full_state(checkpoint)
@@ -75,15 +75,16 @@ def load_model(checkpoint: str, device: str = "cpu"):
         cfg = load_config([path])
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    with torch.device(device):
-        model = GPTNeoX(cfg.model)  # rotary buffers built here; weights replaced below
+    with torch.device(device):  # the architecture the config names (its spec's module)
+        model = spec_for(cfg.model).module_class(cfg.model)(cfg.model)  # rotary buffers built here
     try:
         missing, unexpected = model.load_state_dict(st["params"], strict=False)
     except RuntimeError as e:
         raise CheckpointError(f"{st['step_dir']}: weights do not fit config.yml's model: "
                               f"{str(e).strip().splitlines()[-1].strip()}") from None
-    if not cfg.model.no_weight_tying:  # tied: the head's weight is the embedding's (stored once)
-        missing = [m for m in missing if m != "head.embed_out.weight"]
+    # tied: the head's weight is the embedding's (stored once, under the embedding's name)
+    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+    missing = [m for m in missing if m not in tied]
     if missing or unexpected:
         raise CheckpointError(f"{st['step_dir']}: parameters do not match config.yml "
                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")

@@ -166,6 +166,10 @@ class GPTNeoXSpec(ModelSpec):
     def check(self, cfg) -> list:
         out = []
         h = cfg.hidden_size
+        if cfg.norm != "layernorm" or cfg.activation != "gelu" or cfg.mlp_type != "regular":
+            out.append(f"arch: gpt_neox builds LayerNorm and GPT-NeoX's gelu MLP, not norm={cfg.norm!r}, "
+                       f"activation={cfg.activation!r}, mlp_type={cfg.mlp_type!r}; drop arch (the llama architecture "
+                       f"is picked by rmsnorm/swiglu) or those keys")
         if cfg.intermediate_size is not None and cfg.intermediate_size != 4 * h:
             out.append(f"intermediate_size {cfg.intermediate_size} is not valid; the MLP width is 4 x hidden_size = "
                        f"{4 * h} (GPT-NeoX's regular MLP); drop the key or set it to {4 * h}")
