@@ -67,7 +67,9 @@ def kv_heads(cfg) -> int:
 
 
 class RMSNorm(nn.Module):
-    """HF's LlamaRMSNorm: ``w * x / sqrt(mean(x^2) + eps)``, computed in fp32."""
+    """HF's LlamaRMSNorm: ``w * x / sqrt(mean(x^2) + eps)``, computed in fp32. (GPT-NeoX's RMSNorm
+    divides by ``sqrt(mean(x^2)) + eps``: the same to a relative ~eps / (2 rms) -- 5e-6 at GPT-NeoX's
+    Llama configs' eps 1e-5 and unit rms; HF's form is the one exports and imports must match.)"""
 
     is_norm = True
 
