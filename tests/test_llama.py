@@ -345,3 +345,20 @@ def test_activation_checkpointing_same_gradients():
         grads.append([p.grad.clone() for p in model.parameters()])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ({}, "KeyError: 'hidden_size'"),
+    (dict(rms_norm_eps="abc"), "could not convert string to float: 'abc'"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu' (ours is silu)"),
+    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "rope_type 'llama3' is not supported"),
+])
+def test_unreadable_hf_llama_config_is_one_line(bad, needle):
+    from megatron_topo.hf_import import model_keys_from_hf
+
+    hf = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+          "intermediate_size": 64, "vocab_size": 50}
+    hf = {} if not bad else {**hf, **bad}
+    with pytest.raises(ConfigError) as e:
+        model_keys_from_hf({"model_type": "llama", **hf}, "hf/config.json")
+    assert "\n" not in str(e.value) and needle in str(e.value) and str(e.value).startswith("hf/config.json: ")

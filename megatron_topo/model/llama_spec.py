@@ -151,6 +151,15 @@ class LlamaSpec(ModelSpec):
     def model_keys_from_hf(self, hf: dict, where: str) -> dict:
         from ..config import ConfigError
 
+        try:
+            return self._model_keys(hf, where)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:  # a missing or mistyped field: one line
+            raise ConfigError(f"{where}: not a readable {hf.get('model_type')} config "
+                              f"({type(e).__name__}: {e})") from None
+
+    def _model_keys(self, hf: dict, where: str) -> dict:
+        from ..config import ConfigError
+
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
             raise ConfigError(f"{where}: rope_type {rope.get('rope_type', rope.get('type'))!r} is not supported "
