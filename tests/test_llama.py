@@ -362,3 +362,20 @@ def test_unreadable_hf_llama_config_is_one_line(bad, needle):
     with pytest.raises(ConfigError) as e:
         model_keys_from_hf({"model_type": "llama", **hf}, "hf/config.json")
     assert "\n" not in str(e.value) and needle in str(e.value) and str(e.value).startswith("hf/config.json: ")
+
+
+def test_flops_are_gpt_neox_formula_with_the_layers_own_weights():
+    from megatron_topo.metrics import flops_per_iteration, gpt_flops
+
+    # MHA + an MLP of inner width 8h/3 has GPT-NeoX's 12 h^2 matmul weights per layer: the same count
+    cfg = ModelConfig(num_layers=3, hidden_size=96, num_attention_heads=4, seq_length=64, vocab_size=500,
+                      norm="rmsnorm", use_bias_in_norms=False, mlp_type="llama", activation="silu",
+                      intermediate_size=256)
+    spec = spec_for(cfg)
+    assert spec.layer_matmul_params(cfg) == 12 * 96 * 96
+    assert spec.forward_flops(cfg, 8, passes=3.0) == pytest.approx(gpt_flops(3.0, 8, 64, 3, 96, 500), rel=1e-12)
+    # grouped-query attention removes 2 h (h - kv width) weights per layer, and the logged TFLOPS follow
+    gqa = ModelConfig(**{**vars(cfg), "num_kv_heads": 1})
+    assert spec.layer_matmul_params(gqa) == 12 * 96 * 96 - 2 * 96 * (96 - 24)
+    assert flops_per_iteration(gqa, 8, True) == pytest.approx(spec.forward_flops(gqa, 8, passes=4.0), rel=1e-12)
+    assert flops_per_iteration(gqa, 8, True) < flops_per_iteration(cfg, 8, True)
