@@ -114,3 +114,20 @@ def test_gpt_neox_config_json_has_the_legacy_rotary_keys(tmp_path):
         hf, _ = _hf_from(str(out), drop=drop)
         with torch.no_grad():
             torch.testing.assert_close(hf(input_ids=_ids(96)).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_resume_refuses_another_llama_architecture(tmp_path):
+    """The llama spec's arch_keys guard a resume: another sliding window or RMSNorm epsilon (same
+    tensor shapes, another function) is refused before anything is loaded."""
+    from megatron_topo.zero_topo.checkpoint import CheckpointError
+
+    _train(tmp_path, ModelConfig(**LLAMA), steps=1)
+    for change in (dict(sliding_window_width=4), dict(rms_norm_epsilon=1e-6)):
+        cfg = small_config(tmp_path, **{"train.train_iters": 3})
+        cfg.model = ModelConfig(**{**LLAMA, **change})
+        cfg.checkpoint.load = str(tmp_path / "ck")
+        cfg.logging.log_dir = str(tmp_path / "again")
+        with pytest.raises(CheckpointError) as e:
+            Trainer(cfg, local_runtime(0, 1), datasets=datasets(cfg), log=lambda *a, **k: None)
+        key = next(iter(change))
+        assert "the model config differs from the checkpoint's" in str(e.value) and key in str(e.value)
