@@ -9,16 +9,13 @@ follows GPT-NeoX's sizing rule (:func:`mlp_width`), so GPT-NeoX's Llama configs 
 """
 from __future__ import annotations
 
-import math
-from typing import Optional
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
-from .spec import OUTPUT, ModelSpec, apply_rotary, init_by_role, register, rotary_inv_freq, rotary_tables
+from .spec import OUTPUT, apply_rotary, init_by_role, rotary_inv_freq, rotary_tables
 
 
 def gated(cfg) -> bool:
