@@ -129,10 +129,24 @@ def quantize_gradient(u: ShardedUnit, G: torch.Tensor, bits: int, blk: int,
         x.add_(u.ef_reduce)
     q, sc = kernels.quantize_reordered(x, bits, blk, perm, backend=u.backend)
     deq = kernels.dequantize(q, sc, bits, blk, x.numel(), backend=u.backend)  # slot i = slice perm[i]
-    idx = torch.as_tensor(list(perm), device=u.device)
+    # the permutation as a device index, built when the unit was (no host-to-device copy, so no
+    # host synchronisation, inside backward)
+    idx = u.ef_perm
     x.view(len(perm), -1).index_add_(0, idx, deq.view(len(perm), -1), alpha=-1.0)
     u.ef_reduce = x
     return q, sc
+
+
+def reduce_perm_index(plan: Plan, ranks_per_node: int, device: torch.device) -> Optional[torch.Tensor]:
+    """The slice order of a quantized reduction as a device tensor, for error feedback's
+    residual (None when the plan keeps no in-node residual). Built once, outside backward."""
+    if not plan.error_feedback or plan.grad_factor == 1 or plan.grad_bits == 16:
+        return None
+    if plan.grad_factor <= ranks_per_node:
+        perm = L.reduce_perm(plan.weight_factor, plan.grad_factor)
+    else:
+        perm = L.two_hop_perm(plan.weight_factor, plan.grad_factor, ranks_per_node)
+    return torch.as_tensor(list(perm), dtype=torch.long, device=device)
 
 
 def select_reduce(plan: Plan, ranks_per_node: int) -> ReduceFn:

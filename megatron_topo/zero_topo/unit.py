@@ -101,6 +101,7 @@ class ShardedUnit:
         # quantization (padded unit, original order) and of the last quantized combine (grad shard)
         self.ef_reduce: Optional[torch.Tensor] = None
         self.ef_combine: Optional[torch.Tensor] = None
+        self.ef_perm = transports.reduce_perm_index(plan, comm.topo.ranks_per_node, device)
         # the transports this plan runs (transports.py), chosen once
         self.reduce_transport = transports.select_reduce(plan, comm.topo.ranks_per_node)
         self.combine_transport = transports.select_combine(plan, groups.replicas.size, comm.topo.world_size)
