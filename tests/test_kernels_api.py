@@ -58,6 +58,28 @@ def test_argument_validation():
         kernels.dequantize_sum_requantize(qs, ss, 8, 64, out_bits=2)
 
 
+def test_dequantize_into_out():
+    """``out=``: the same bits written into the caller's buffer (the engine dequantizes a gathered
+    unit straight into its flat buffer); a wrong buffer is refused."""
+    x = torch.randn(3000)
+    backends = ["reference"] + (["cpu_fast"] if kernels.cpu_fast_available() else [])
+    for backend in backends:
+        for bits, dtype in ((8, torch.bfloat16), (4, torch.float32)):
+            q, s = kernels.quantize(x, bits, 64, backend=backend)
+            want = kernels.dequantize(q, s, bits, 64, 3000, dtype=dtype, backend=backend)
+            out = torch.full((3000,), 7.0, dtype=dtype)
+            got = kernels.dequantize(q, s, bits, 64, 3000, dtype=dtype, backend=backend, out=out)
+            assert got is out
+            assert_bitwise_equal(out, want)
+        with pytest.raises(ValueError, match="out must be a contiguous torch.float32 tensor of 3000"):
+            kernels.dequantize(q, s, 4, 64, 3000, backend=backend, out=torch.empty(3000, dtype=torch.bfloat16))
+        with pytest.raises(ValueError, match="out must be a contiguous"):
+            kernels.dequantize(q, s, 4, 64, 3000, backend=backend, out=torch.empty(6000)[::2])
+    qm, sm = q.to("meta"), s.to("meta")
+    out = torch.empty(3000, device="meta")
+    assert kernels.dequantize(qm, sm, 4, 64, 3000, out=out) is out
+
+
 def test_backend_resolution(monkeypatch):
     x = torch.zeros(4)
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)

@@ -164,9 +164,12 @@ def quantize(x: torch.Tensor, bits: int, block_size: int,
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
-               dtype: torch.dtype = torch.float32, backend: str | None = None) -> torch.Tensor:
-    """Flat tensor of ``numel`` elements in ``dtype`` (q_fp32 * scale, then cast)."""
-    return _call("dequantize", backend, _tensor_arg(q, "q"), q, scales, bits, block_size, numel, dtype)
+               dtype: torch.dtype = torch.float32, backend: str | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Flat tensor of ``numel`` elements in ``dtype`` (q_fp32 * scale, then cast); written into
+    ``out`` (contiguous, ``numel`` elements of ``dtype``) when given, and ``out`` returned."""
+    return _call("dequantize", backend, _tensor_arg(q, "q"), q, scales, bits, block_size, numel, dtype,
+                 out=out)
 
 
 def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,

@@ -161,9 +161,15 @@ def check_quantize_args(x: torch.Tensor, bits, block_size,
 
 
 def check_dequantize_args(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int,
-                          numel: int, dtype: torch.dtype) -> None:
+                          numel: int, dtype: torch.dtype, out: torch.Tensor | None = None) -> None:
     check_payload(q, scales, bits, block_size, numel)
     check_out_dtype(dtype)
+    if out is not None:
+        if out.dtype != dtype or out.numel() != numel or not out.is_contiguous():
+            raise ValueError(f"out must be a contiguous {dtype} tensor of {numel} elements, got "
+                             f"{out.dtype} with {out.numel()} elements (contiguous={out.is_contiguous()})")
+        if out.device != q.device:
+            raise ValueError(f"out on {out.device} but inputs on {q.device}")
 
 
 def check_dequantize_sum_args(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,

@@ -299,13 +299,13 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor,
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """Same as :func:`zero_topo.kernels.reference.dequantize`."""
-    check_dequantize_args(q, scales, bits, block_size, numel, dtype)
+    check_dequantize_args(q, scales, bits, block_size, numel, dtype, out)
     _check_cpu(q, scales)
     lib = _lib()
     qf, sf = q.reshape(-1).contiguous(), scales.reshape(-1).contiguous()
-    out = torch.empty(numel, dtype=dtype)
+    out = torch.empty(numel, dtype=dtype) if out is None else out
     nb = num_blocks(numel, block_size)
     qp, sp, op, dt = qf.data_ptr(), sf.data_ptr(), out.data_ptr(), _DT[dtype]
     _run(lib.mt_dequantize, nb, block_size,

@@ -20,8 +20,8 @@ def quantize_reordered(x, bits, block_size, perm):
     return _quantized(x.numel(), bits, block_size, x.device)
 
 
-def dequantize(q, scales, bits, block_size, numel, dtype=torch.float32):
-    return torch.empty(numel, dtype=dtype, device=q.device)
+def dequantize(q, scales, bits, block_size, numel, dtype=torch.float32, out=None):
+    return out if out is not None else torch.empty(numel, dtype=dtype, device=q.device)
 
 
 def dequantize_sum(q_stack, scales_stack, bits, block_size, numel, out=None, accumulate=False):

@@ -209,12 +209,14 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor,
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Flat tensor of ``numel`` elements in ``dtype``: (q_fp32 * scale).to(dtype)."""
-    check_dequantize_args(q, scales, bits, block_size, numel, dtype)
+               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Flat tensor of ``numel`` elements in ``dtype``: (q_fp32 * scale).to(dtype) (into ``out``
+    when given)."""
+    check_dequantize_args(q, scales, bits, block_size, numel, dtype, out)
     nb, nfull = num_blocks(numel, block_size), numel // block_size
     q2, s = _payload_rows(q.reshape(-1), bits, block_size), scales.reshape(-1)
-    out = torch.empty(numel, dtype=dtype, device=q.device)
+    given = out
+    out = torch.empty(numel, dtype=dtype, device=q.device) if out is None else out.view(-1)
     rows = out[:nfull * block_size].view(nfull, block_size)
     ws = _Workspace(min(_rows_per_chunk(block_size), max(nb, 1)), block_size, q.device)
     for r0 in range(0, nb, ws.rows):
@@ -227,7 +229,7 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int
         rows[r0:full].copy_(b[:full - r0])
         if full < r1:  # ragged last block: drop the padding
             out[nfull * block_size:].copy_(b[-1, :numel - nfull * block_size])
-    return out
+    return out if given is None else given
 
 
 def _sum_into(q_stack, scales_stack, bits, block_size, numel, result, accumulate):

@@ -287,10 +287,10 @@ def _sum(q_stack, scales_stack, bits, block_size, numel, out, accumulate):
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    check_dequantize_args(q, scales, bits, block_size, numel, dtype)
+               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+    check_dequantize_args(q, scales, bits, block_size, numel, dtype, out)
     _require(q, scales)
-    out = torch.empty(numel, dtype=dtype, device=q.device)
+    out = torch.empty(numel, dtype=dtype, device=q.device) if out is None else out
     return _sum(q.reshape(1, -1), scales.reshape(1, -1), bits, block_size, numel, out, False)
 
 
