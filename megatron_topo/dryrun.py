@@ -52,6 +52,35 @@ class PeakMemory(TorchDispatchMode):
     def _free(self, key: int) -> None:
         self.current -= self.live.pop(key, 0)
 
+    def _resized(self, storage, old: int) -> None:
+        """A storage resized in place (the engine releases a gathered unit's storage after use
+        and gives it back for the next gather, docs/design.md §4.6). One created before the
+        tracker started counts from here on by its change in size."""
+        key, n = storage._cdata, storage.nbytes()
+        if key not in self.live:
+            self.live[key] = old
+            weakref.finalize(storage, self._free, key)
+        self.current += n - self.live[key]
+        self.live[key] = n
+        self.peak = max(self.peak, self.current)
+
+    def __enter__(self):
+        real, tracker = torch.UntypedStorage.resize_, self
+
+        def resize_(storage, nbytes):
+            old = storage.nbytes()
+            out = real(storage, nbytes)
+            tracker._resized(storage, old)
+            return out
+
+        self._real_resize = real
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._real_resize
+        return super().__exit__(*exc)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):

@@ -106,10 +106,18 @@ class ShardedUnit:
         self.reduce_transport = transports.select_reduce(plan, comm.topo.ranks_per_node)
         self.combine_transport = transports.select_combine(plan, groups.replicas.size, comm.topo.world_size)
         self.publish_transport = transports.select_publish(plan, groups.post_gather.size)
+        # the gathered unit (w > 1) lives in one flat buffer kept for the unit's lifetime whose
+        # storage is allocated by each gather and released (resized to 0 bytes) by each free, as
+        # FSDP does: the module's parameters, and whatever autograd saved from them in forward,
+        # view that storage, so the backward gather refills it in place and the forward's full
+        # weights are not kept alive by autograd until backward (docs/design.md §4.6)
+        self._flat: Optional[torch.Tensor] = None
         if plan.weight_factor == 1:  # replicated weights: the module always views the primary
             self.full = self.primary
             self._set_views(self.primary)
         else:
+            self._flat = torch.empty(lay.padded, dtype=dtype, device=device)
+            _release(self._flat)
             self._set_empty()
 
     # -------------------------------------------------------------------------- params
@@ -169,7 +177,7 @@ class ShardedUnit:
             keep_secondary = self.has_secondary
         if bits == 16:
             shard = src if src is not None else self.primary
-            full = torch.empty(Ltot, dtype=self.dtype, device=self.device)
+            full = self._allocate_flat()
             work = self.comm.all_gather(full, shard, grp, async_op=True)
 
             def finish() -> torch.Tensor:
@@ -188,7 +196,8 @@ class ShardedUnit:
             work = [w1, w2]
 
             def finish() -> torch.Tensor:
-                full = kernels.dequantize(qall, sall, bits, blk, Ltot, dtype=self.dtype, backend=self.backend)
+                full = self._allocate_flat()
+                kernels.dequantize(qall, sall, bits, blk, Ltot, dtype=self.dtype, backend=self.backend, out=full)
                 if src is None:
                     a, b = self.primary_range
                     full[a:b].copy_(self.primary)  # the local shard stays exact
@@ -222,11 +231,29 @@ class ShardedUnit:
         self.full = full
         self._set_views(full)
 
+    def _allocate_flat(self) -> torch.Tensor:
+        """Give the flat buffer its storage back; returns an alias to write the gathered unit
+        into (its own version counter: refilling the buffer is not an in-place change of the
+        weights autograd saved, which get the same values back)."""
+        flat = self._flat
+        st = flat.untyped_storage()
+        nbytes = flat.numel() * flat.element_size()
+        if st.nbytes() != nbytes:
+            st.resize_(nbytes)
+        return flat.data
+
     def free_full(self) -> None:
-        if self.plan.weight_factor == 1 or self.full is None:
+        if self.plan.weight_factor == 1:
             return
-        self.full = None
-        self._set_empty()
+        if self.full is not None:
+            self.full = None
+            self._set_empty()
+        if self.gather_handle is None:  # an in-flight gather still writes into the storage
+            _release(self._flat)
+
+    def flat_storage_bytes(self) -> int:
+        """Bytes the gathered-unit buffer holds now (0 when freed or with replicated weights)."""
+        return 0 if self._flat is None else self._flat.untyped_storage().nbytes()
 
     def invalidate_secondary(self) -> None:
         self.secondary = None
@@ -329,3 +356,10 @@ class ShardedUnit:
             if s.decay and a < b:
                 out.append((a - lo, b - lo))
         return out
+
+
+def _release(t: torch.Tensor) -> None:
+    """Free ``t``'s storage, keeping the tensor (and every view of it) valid to refill."""
+    st = t.untyped_storage()
+    if st.nbytes():
+        st.resize_(0)
