@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from . import kernels
 from . import layout as L
+from . import packed
 from .comm import Group, Handle, TwoStageHandle
 from .sharding import Plan
 
@@ -67,16 +68,18 @@ def quantized_all_to_all_reduce(u: ShardedUnit, scale: float) -> Handle:
     G = u.flat_grad(scale)
     perm = L.reduce_perm(plan.weight_factor, gsz)
     q, sc = quantize_gradient(u, G, bits, blk, perm)
-    rq, rs = torch.empty_like(q), torch.empty_like(sc)
-    w1 = u.comm.all_to_all(rq, q, u.g.grad, async_op=True)
-    w2 = u.comm.all_to_all(rs, sc, u.g.grad, async_op=True)
-    acc, n = u.grad_acc, u.layout.grad_numel
+    send = packed.pack(q, sc, gsz)  # payload and scales in one collective
+    recv = torch.empty_like(send)
+    work = u.comm.all_to_all(recv, send, u.g.grad, async_op=True)
+    acc, n, qn, qdtype = u.grad_acc, u.layout.grad_numel, q.numel() // gsz, q.dtype
+    del q, sc
 
-    def finish() -> None:
+    def finish(_keep: torch.Tensor = send) -> None:
+        rq, rs = packed.unpack(recv, gsz, qn, qdtype)
         kernels.dequantize_sum(rq.view(gsz, -1), rs.view(gsz, -1), bits, blk, n,
                                out=acc, accumulate=True, backend=u.backend)
 
-    return Handle([w1, w2], finish)
+    return Handle([work], finish)
 
 
 class TwoHopReduce(TwoStageHandle):
@@ -90,25 +93,32 @@ class TwoHopReduce(TwoStageHandle):
         self.P, self.k = P, plan.grad_factor // P
         perm = L.two_hop_perm(plan.weight_factor, plan.grad_factor, P)
         q, sc = quantize_gradient(u, G, self.bits, self.blk, perm)
-        self.send = (q, sc)  # the send buffers live until the collectives are done
-        self.rq, self.rs = torch.empty_like(q), torch.empty_like(sc)
-        self.rq2: Optional[torch.Tensor] = None
-        self.rs2: Optional[torch.Tensor] = None
-        first = [u.comm.all_to_all(self.rq, q, u.g.node, async_op=True),
-                 u.comm.all_to_all(self.rs, sc, u.g.node, async_op=True)]
+        self.qdtype = q.dtype
+        # payload and scales in one collective per hop (packed.py); the send buffer lives until
+        # the collective is done
+        self.send: Optional[torch.Tensor] = packed.pack(q, sc, self.P)
+        self.qn = q.numel() // self.P
+        self.recv: Optional[torch.Tensor] = torch.empty_like(self.send)
+        self.recv2: Optional[torch.Tensor] = None
+        first = [u.comm.all_to_all(self.recv, self.send, u.g.node, async_op=True)]
         super().__init__(first, self._second_hop, self._finish)
 
     def _second_hop(self) -> list[Optional[dist.Work]]:
         u, P = self.unit, self.P
-        q2, s2 = kernels.dequantize_sum_requantize(self.rq.view(P, -1), self.rs.view(P, -1), self.bits,
+        rq, rs = packed.unpack(self.recv, P, self.qn, self.qdtype)
+        self.send = self.recv = None  # the first hop is done
+        q2, s2 = kernels.dequantize_sum_requantize(rq.view(P, -1), rs.view(P, -1), self.bits,
                                                    self.blk, backend=u.backend)
-        self.rq2, self.rs2 = torch.empty_like(q2), torch.empty_like(s2)
-        return [u.comm.all_to_all(self.rq2, q2, u.g.two_hop_peers, async_op=True),
-                u.comm.all_to_all(self.rs2, s2, u.g.two_hop_peers, async_op=True)]
+        self.qn2 = q2.numel() // self.k
+        self.send = packed.pack(q2, s2, self.k)
+        self.recv2 = torch.empty_like(self.send)
+        return [u.comm.all_to_all(self.recv2, self.send, u.g.two_hop_peers, async_op=True)]
 
     def _finish(self) -> None:
         u, k = self.unit, self.k
-        kernels.dequantize_sum(self.rq2.view(k, -1), self.rs2.view(k, -1), self.bits, self.blk,
+        rq2, rs2 = packed.unpack(self.recv2, k, self.qn2, self.qdtype)
+        self.send = self.recv2 = None
+        kernels.dequantize_sum(rq2.view(k, -1), rs2.view(k, -1), self.bits, self.blk,
                                u.layout.grad_numel, out=u.grad_acc, accumulate=True, backend=u.backend)
 
 
@@ -229,30 +239,31 @@ class QuantizedCombine(TwoStageHandle):
         q, sc = kernels.quantize(src, self.bits, self.blk, backend=u.backend)
         if plan.error_feedback:
             u.ef_combine = src - kernels.dequantize(q, sc, self.bits, self.blk, src.numel(), backend=u.backend)
-        self.send = (q, sc)  # the send buffers live until the collectives are done
-        self.rq, self.rs = torch.empty_like(q), torch.empty_like(sc)
-        first = [u.comm.all_to_all(self.rq, q, rep, async_op=True),
-                 u.comm.all_to_all(self.rs, sc, rep, async_op=True)]
+        # payload and scales in one collective per stage (packed.py); the send buffer lives
+        # until the collective is done
+        self.qdtype, self.qn = q.dtype, q.numel() // self.r
+        self.send: Optional[torch.Tensor] = packed.pack(q, sc, self.r)
+        self.recv: Optional[torch.Tensor] = torch.empty_like(self.send)
+        first = [u.comm.all_to_all(self.recv, self.send, rep, async_op=True)]
         self.mine = torch.empty(self.m, dtype=torch.float32, device=u.device)
         self.gather = (o_lo, o_hi) != (i * self.m, (i + 1) * self.m)
-        self.qall: Optional[torch.Tensor] = None
-        self.sall: Optional[torch.Tensor] = None
-        self.send2: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.gathered: Optional[torch.Tensor] = None
         super().__init__(first, self._second, self._finish)
 
     def _second(self) -> list[Optional[dist.Work]]:
         u, r, bits, blk = self.unit, self.r, self.bits, self.blk
-        kernels.dequantize_sum(self.rq.view(r, -1), self.rs.view(r, -1), bits, blk, self.m, out=self.mine,
+        rq, rs = packed.unpack(self.recv, r, self.qn, self.qdtype)
+        self.send = self.recv = None  # the first stage is done: its buffers go now
+        kernels.dequantize_sum(rq.view(r, -1), rs.view(r, -1), bits, blk, self.m, out=self.mine,
                                backend=u.backend)
+        del rq, rs
         if not self.gather:
             return []
         q2, s2 = kernels.quantize(self.mine, bits, blk, backend=u.backend)
-        self.qall = torch.empty(q2.numel() * r, dtype=q2.dtype, device=u.device)
-        self.sall = torch.empty(s2.numel() * r, dtype=s2.dtype, device=u.device)
-        self.send2 = (q2, s2)  # lives until the collectives are done
-        rep = u.g.replicas
-        return [u.comm.all_gather(self.qall, q2, rep, async_op=True),
-                u.comm.all_gather(self.sall, s2, rep, async_op=True)]
+        self.qn = q2.numel()
+        self.send = packed.pack(q2, s2)
+        self.gathered = packed.empty_like_packed(q2, s2, r)
+        return [u.comm.all_gather(self.gathered, self.send, u.g.replicas, async_op=True)]
 
     def _finish(self) -> torch.Tensor:
         if not self.gather:
@@ -260,7 +271,9 @@ class QuantizedCombine(TwoStageHandle):
         # every replica holding this optimizer shard must apply the same gradient, so the
         # slice this rank summed is taken from the gathered INT8 copy too, like everyone's
         u, acc = self.unit, self.unit.grad_acc
-        acc.copy_(kernels.dequantize(self.qall, self.sall, self.bits, self.blk, acc.numel(), backend=u.backend))
+        qall, sall = packed.unpack(self.gathered, self.r, self.qn, self.qdtype)
+        self.send = self.gathered = None
+        kernels.dequantize(qall, sall, self.bits, self.blk, acc.numel(), backend=u.backend, out=acc)
         return acc[self.o_lo:self.o_hi]
 
 
@@ -319,12 +332,13 @@ def publish_quantized(u: ShardedUnit, master: torch.Tensor, new: torch.Tensor) -
     slots = L.post_gather_slots(grp.ranks, *u.plan.factors)
     bits, blk, n = u.plan.publish_bits, u.plan.quant_block_size, new.numel()
     q, sc = kernels.quantize(new, bits, blk, backend=u.backend)
-    qall = torch.empty(q.numel() * grp.size, dtype=q.dtype, device=u.device)
-    sall = torch.empty(sc.numel() * grp.size, dtype=sc.dtype, device=u.device)
-    works = [u.comm.all_gather(qall, q, grp, async_op=True), u.comm.all_gather(sall, sc, grp, async_op=True)]
-    me = grp.index(u.comm.rank)
+    send, recv = packed.pack(q, sc), packed.empty_like_packed(q, sc, grp.size)  # one collective
+    works = [u.comm.all_gather(recv, send, grp, async_op=True)]
+    me, qn, qdtype = grp.index(u.comm.rank), q.numel() * q.element_size(), q.dtype
+    del q, sc
 
-    def place(_keep: tuple[torch.Tensor, torch.Tensor] = (q, sc)) -> None:
+    def place(_keep: torch.Tensor = send) -> None:
+        qall, sall = packed.unpack(recv, grp.size, qn, qdtype)
         qv, sv = qall.view(grp.size, -1), sall.view(grp.size, -1)
         for j, slot in enumerate(slots):
             dst = u.primary[slot * n:(slot + 1) * n]

@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from . import kernels
 from . import layout as L
+from . import packed
 from . import transports
 from .comm import Comm, Group, Handle, TwoStageHandle
 from .sharding import Plan
@@ -189,13 +190,14 @@ class ShardedUnit:
                 q, sc = src
             else:
                 q, sc = kernels.quantize(self.primary, bits, blk, backend=self.backend)
-            qall = torch.empty(q.numel() * grp.size, dtype=q.dtype, device=self.device)
-            sall = torch.empty(sc.numel() * grp.size, dtype=sc.dtype, device=self.device)
-            w1 = self.comm.all_gather(qall, q, grp, async_op=True)
-            w2 = self.comm.all_gather(sall, sc, grp, async_op=True)
-            work = [w1, w2]
+            # payload and scales in one collective (packed.py)
+            send, recv = packed.pack(q, sc), packed.empty_like_packed(q, sc, grp.size)
+            work = self.comm.all_gather(recv, send, grp, async_op=True)
+            qn, qdtype = q.numel() * q.element_size(), q.dtype
+            del q, sc
 
-            def finish() -> torch.Tensor:
+            def finish(_keep: torch.Tensor = send) -> torch.Tensor:
+                qall, sall = packed.unpack(recv, grp.size, qn, qdtype)
                 full = self._allocate_flat()
                 kernels.dequantize(qall, sall, bits, blk, Ltot, dtype=self.dtype, backend=self.backend, out=full)
                 if src is None:

@@ -53,7 +53,7 @@ class CpuRates:
 
 def call_steps(c: Collective, n_units: int) -> int:
     """Ring steps of one occurrence of ``c`` over the whole model (every unit, payload and scales)."""
-    return n_units * c.launches * c.steps
+    return n_units * c.steps
 
 
 def gloo_link_bytes(c: Collective, plan: Plan, topo: Topology) -> dict:

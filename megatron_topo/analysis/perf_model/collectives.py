@@ -22,8 +22,7 @@ class Collective:
     level: str
     ranks_per_node: int  # members of one group on one node
     groups_per_node: int  # groups with members on one node (all run at once)
-    launches: int = 1  # collectives per unit (2 when quantized: payload + scales)
-    scale_bytes: float = 0.0  # the scales' buffer (second launch); counted only where asked for
+    scale_bytes: float = 0.0  # the scales, packed with the payload (one launch); counted only where asked for
 
     @property
     def per_micro_batch(self) -> bool:
@@ -40,10 +39,10 @@ class Collective:
         return ring_bytes(self.op, self.wire_bytes, d) + ring_bytes(self.op, self.scale_bytes, d)
 
 
-def _collective(name, op, phase, S, group, topo: Topology, launches=1, scales=0.0) -> Collective:
+def _collective(name, op, phase, S, group, topo: Topology, scales=0.0) -> Collective:
     size, level, rpn = _group_info(group if isinstance(group, range) else tuple(group), topo)
     return Collective(name, op, phase, float(S), size, level, rpn,
-                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), launches, scales)
+                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), scales)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -88,11 +87,11 @@ def unit_collectives(numel: float, plan: Plan, topo: Topology, elem_bytes: int =
     out: list[Collective] = []
 
     def add(name, op, phase, n, bits, group, block=plan.quant_block_size):
-        """``n`` elements at ``bits`` over ``group``: payload, scales and launches."""
+        """``n`` elements at ``bits`` over ``group``: payload and scales (one collective)."""
         if bits >= 16:
             out.append(_collective(name, op, phase, float(elem_bytes * n), group, topo))
         else:
-            out.append(_collective(name, op, phase, n * bits / 8, group, topo, 2, 4 * n / block if scales else 0.0))
+            out.append(_collective(name, op, phase, n * bits / 8, group, topo, 4 * n / block if scales else 0.0))
 
     if w > 1:
         add("forward_all_gather", "all_gather", "forward", L, plan.weight_bits, _block0(w))
@@ -161,9 +160,8 @@ def latency(c: Collective, system: SystemConfig) -> float:
 
 def collective_time(c: Collective, topo: Topology, system: SystemConfig, n_units: int,
                     nic_sharing: str = "ring") -> float:
-    """Seconds one rank spends in ``c`` for a whole model (all units): per unit the payload's ring
-    steps at the level's latency, the scales' (``launches - 1``) at the small-message latency."""
+    """Seconds one rank spends in ``c`` for a whole model (all units): per unit one collective's
+    ring steps at the level's latency (a quantized one carries its scales packed with the payload)."""
     if c.group_size <= 1:
         return 0.0
-    small = (c.launches - 1) * c.steps * system.latency_small_message_us * 1e-6
-    return n_units * (latency(c, system) + small) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
+    return n_units * latency(c, system) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
