@@ -341,11 +341,23 @@ class ZeroTopoEngine:
             for g in grads:
                 g.mul_(coef)
         self.optimizer.step(grads, lr=lr)
+        publishing: list[ShardedUnit] = []
         for u, master in zip(self.units, self.optimizer.params):
             u.start_publish(master)
+            self._bound_publishes(publishing, u)
         if self.scaler:
             self.scaler.update(overflow=False)
         return stats
+
+    def _bound_publishes(self, publishing: list[ShardedUnit], u: ShardedUnit) -> None:
+        """An INT8 publish holds its receive buffer until the unit's next gather: keep at most
+        ``max_in_flight`` of them, finishing the oldest (unit order, the same on every rank; no
+        collective is issued) when one more goes out (memory.publish_buffer_bytes)."""
+        if not u.publish_receives():
+            return
+        publishing.append(u)
+        while len(publishing) > max(1, self.max_in_flight):
+            publishing.pop(0).wait_publish()
 
     @torch.no_grad()
     def republish(self) -> None:

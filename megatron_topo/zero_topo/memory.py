@@ -99,3 +99,20 @@ def peak_estimate(unit_numels: Sequence[int], plan: Plan, world_size: int, preci
     buf = gather_buffer_bytes(unit_numels, plan, world_size, precision)
     return {"model_states": st["total"], "states": st, "activations": act, "buffers": buf,
             "total": st["total"] + act + buf}
+
+
+def publish_buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str,
+                         in_flight: int = 2) -> int:
+    """The INT8 post-step publish's buffers alive at once (``publish_bits: 8``; 0 otherwise):
+    the engine keeps at most ``in_flight`` (its ``max_in_flight``) publishes in flight, each
+    holding its packed receive buffer (the primary shard at 8 bits + scales, ``L/w + 4·L/(w·B)``),
+    its packed send buffer (``L/o + 4·L/(o·B)``) and the compute-dtype shard it sends
+    (``e·L/o``); finishing one unpacks a receive buffer once more, transiently."""
+    w, o = plan.weight_factor, plan.optimizer_factor
+    if plan.publish_bits >= 16 or o == w or not unit_numels:
+        return 0
+    e, B = DTYPE_BYTES[precision], plan.quant_block_size
+    big = max(padded_units(unit_numels, plan, world_size))
+    recv = _quantized_bytes(big // w, plan.publish_bits, B)
+    send = _quantized_bytes(big // o, plan.publish_bits, B)
+    return max(1, in_flight) * (recv + send + e * big // o) + recv

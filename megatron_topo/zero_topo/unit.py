@@ -334,6 +334,11 @@ class ShardedUnit:
         self.grad_acc.zero_()
         self.publish_handle = self.publish_transport(self, master, new)
 
+    def publish_receives(self) -> bool:
+        """A publish is in flight whose receive buffer is more than the primary shard itself
+        (the INT8 publish: payload and scales, dequantized into the shard when it is waited for)."""
+        return self.publish_handle is not None and self.publish_transport is transports.publish_quantized
+
     def wait_publish(self) -> None:
         if self.publish_handle is not None:
             h, self.publish_handle = self.publish_handle, None
