@@ -126,12 +126,16 @@ def test_alpha_beta_on_an_arbitrary_system():
     assert pm.collective_time(c, topo, bw_only, 10, "rank") == pytest.approx(c.bytes_sent / (8e9 / 8))
     # one world ring per node: the node's 8 GB/s, capped by the 2 GB/s hop inside the node
     assert pm.collective_time(c, topo, bw_only, 10) == pytest.approx(c.bytes_sent / 2e9)
-    lat_only = uniform_system(bw_gbs=1e12, nics=4, latency_us=3.0)
+    lat_only = uniform_system(bw_gbs=1e12, nics=4, latency_us=3.0, latency_small_message_us=0.5)
     lat = pm.collective_time(c, topo, lat_only, 10)
     assert lat == pytest.approx(10 * 15 * 3e-6, rel=1e-3)  # units x (d-1) steps x alpha, + ~0 bytes
-    # a quantized gather is one collective too (scales packed with the payload): one ring's latency
+    # a quantized gather is one collective too (scales packed with the payload): one ring's latency;
+    # DeepSpeed's scales go apart, their ring steps at the small-message latency
     q = {x.name: x for x in pm.plan_collectives(PSI, pm.preset_plan("zeropp", topo), topo)}["forward_all_gather"]
     assert pm.collective_time(q, topo, lat_only, 10) == pytest.approx(10 * 15 * 3e-6, rel=1e-3)
+    assert pm.collective_time(q, topo, lat_only, 10, separate_scales=True) == pytest.approx(
+        10 * 15 * (3e-6 + 0.5e-6), rel=1e-3)
+    assert pm.collective_time(c, topo, lat_only, 10, separate_scales=True) == pytest.approx(lat)  # 16-bit
 
 
 def test_free_communication_gives_compute_bound_tflops():

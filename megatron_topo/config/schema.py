@@ -285,6 +285,9 @@ class SystemConfig:
     latency_intra_gpu_us: float = option(2.0, "per-message latency between GCDs of a package", ge=0.0)
     latency_intra_node_us: float = option(5.0, "per-message latency inside a node", ge=0.0)
     latency_inter_node_us: float = option(10.0, "per-message latency between nodes", ge=0.0)
+    latency_small_message_us: float = option(5.0, "per ring step of a tiny collective: the quantization scales "
+                                             "DeepSpeed sends apart from their payload (perf model, stack deepspeed)",
+                                             ge=0.0)
     # added for the performance model (megatron_topo/analysis/perf_model/)
     compute_efficiency: float = option(0.40, "achieved fraction of peak_tflops in GEMM-heavy training",
                                        gt=0.0, le=1.0)

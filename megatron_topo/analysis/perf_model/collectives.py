@@ -23,6 +23,7 @@ class Collective:
     ranks_per_node: int  # members of one group on one node
     groups_per_node: int  # groups with members on one node (all run at once)
     scale_bytes: float = 0.0  # the scales, packed with the payload (one launch); counted only where asked for
+    quantized: bool = False  # block-quantized payload (DeepSpeed sends its scales in a second collective)
 
     @property
     def per_micro_batch(self) -> bool:
@@ -39,10 +40,10 @@ class Collective:
         return ring_bytes(self.op, self.wire_bytes, d) + ring_bytes(self.op, self.scale_bytes, d)
 
 
-def _collective(name, op, phase, S, group, topo: Topology, scales=0.0) -> Collective:
+def _collective(name, op, phase, S, group, topo: Topology, scales=0.0, quantized=False) -> Collective:
     size, level, rpn = _group_info(group if isinstance(group, range) else tuple(group), topo)
     return Collective(name, op, phase, float(S), size, level, rpn,
-                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), scales)
+                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), scales, quantized)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -91,7 +92,8 @@ def unit_collectives(numel: float, plan: Plan, topo: Topology, elem_bytes: int =
         if bits >= 16:
             out.append(_collective(name, op, phase, float(elem_bytes * n), group, topo))
         else:
-            out.append(_collective(name, op, phase, n * bits / 8, group, topo, 4 * n / block if scales else 0.0))
+            out.append(_collective(name, op, phase, n * bits / 8, group, topo, 4 * n / block if scales else 0.0,
+                                   quantized=True))
 
     if w > 1:
         add("forward_all_gather", "all_gather", "forward", L, plan.weight_bits, _block0(w))
@@ -159,9 +161,12 @@ def latency(c: Collective, system: SystemConfig) -> float:
 
 
 def collective_time(c: Collective, topo: Topology, system: SystemConfig, n_units: int,
-                    nic_sharing: str = "ring") -> float:
+                    nic_sharing: str = "ring", separate_scales: bool = False) -> float:
     """Seconds one rank spends in ``c`` for a whole model (all units): per unit one collective's
-    ring steps at the level's latency (a quantized one carries its scales packed with the payload)."""
+    ring steps at the level's latency (our engine packs a quantized collective's scales with its
+    payload); with ``separate_scales`` (DeepSpeed, the paper's software) a quantized collective's
+    scales go in a second one whose ring steps cost the small-message latency."""
     if c.group_size <= 1:
         return 0.0
-    return n_units * latency(c, system) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)
+    small = c.steps * system.latency_small_message_us * 1e-6 if separate_scales and c.quantized else 0.0
+    return n_units * (latency(c, system) + small) + c.bytes_sent / bandwidth(c, topo, system, nic_sharing)

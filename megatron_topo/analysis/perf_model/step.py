@@ -129,7 +129,8 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     passes = 4.0 if recompute else 3.0
     t_f, t_b = compute / passes, compute * (passes - 1) / passes
     colls = plan_collectives(psi, plan, topo)
-    times = {c.name: collective_time(c, topo, system, n, nic_sharing) for c in colls}
+    times = {c.name: collective_time(c, topo, system, n, nic_sharing, separate_scales=stack == "deepspeed")
+             for c in colls}
     fwd, bwd, fwd_first, bwd_last = compose_passes(colls, times, t_f, t_b, n, plan.prefetch, step_overlap,
                                                    serial=stack == "deepspeed", tail=combine_tail(plan, topo))
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
