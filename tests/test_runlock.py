@@ -149,3 +149,26 @@ def test_two_runs_on_one_folder_the_second_refuses_in_one_line(cache, tmp_path):
     assert f"process {k.pid} on {socket.gethostname()} has exited" in out and "taking over the lock" in out
     assert f"done: step {n + 1}" in out
     assert [r["step"] for r in _records(tmp_path) if "loss" in r] == list(range(1, n + 2))  # every step once
+
+
+def test_a_bad_or_busy_rendezvous_port_is_one_line(tmp_path):
+    """MASTER_PORT out of range, or taken by another job on the node: one line, exit 2, no traceback."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    busy = socket.socket()
+    busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    busy.bind(("0.0.0.0", 0))
+    busy.listen()
+    try:
+        for port, expect in (("99999", "MASTER_PORT='99999' is not a port number (valid: 1..65535"),
+                             (str(busy.getsockname()[1]), f"MASTER_PORT {busy.getsockname()[1]} on 127.0.0.1 is "
+                                                          f"already in use")):
+            env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port, OMP_NUM_THREADS="1")
+            r = subprocess.run([PY, os.path.join(root, "train.py"), os.path.join(root, "configs", "tiny.yml"),
+                                "--set", f"log_dir={tmp_path / 'run'}", "--set", "save=null",
+                                "--set", "distributed.device=cpu", "--set", "distributed.collective_timeout_s=20"],
+                               env=env, capture_output=True, text=True, timeout=200, cwd=tmp_path)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {expect}"), r.stderr
+    finally:
+        busy.close()

@@ -7,7 +7,12 @@ folder outside the repository.
   (b) a job with a 2-minute limit gets Slurm's warning signal (--signal=B:USR1), the batch shell
       forwards it, every rank stops after its step and saves; RESUBMIT=1 chains the next job;
   (c) the chained job resumes from that step (and stops and saves on a USR1 from scancel);
-  (d) a resubmission on one node (2 ranks instead of 4) resumes from there and finishes.
+  (d) a resubmission on one node (2 ranks instead of 4) resumes from there and finishes;
+  (e) a job stopped before training does not resubmit itself;
+  (f) a chain with a relative WORK_DIR and a preset file relative to the submit folder, RESUBMIT=3:
+      two USR1 stops chain two jobs, the documented stop (USR2) saves and ends the chain; every
+      step is logged once and every link's log is in the submit folder;
+  (g) two jobs on one run folder: the second refuses in one line, the first is untouched.
 
 Skips (saying why) only where Slurm cannot run: not root, or slurm-wlm/munge missing and not
 installable. Every daemon it starts is stopped by PID at the end.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -124,14 +130,29 @@ class Cluster:
         path = self.submit_dir / f"neox20b-topo-{jid}.out"
         return path.read_text() if path.exists() else ""
 
-    def latest(self) -> int:
-        name = (self.work / "checkpoints" / "tiny-topo" / "latest").read_text().strip()
+    def latest(self, run="tiny-topo") -> int:
+        name = (self.work / "checkpoints" / run / "latest").read_text().strip()
         return int(name[len("global_step"):])
 
-    def steps_logged(self) -> list[int]:
-        path = self.work / "runs" / "tiny-topo" / "metrics.jsonl"
+    def steps_logged(self, run="tiny-topo") -> list[int]:
+        path = self.work / "runs" / run / "metrics.jsonl"
         return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()] \
             if path.exists() else []
+
+    def wait_steps(self, jid, n, run="tiny-topo", timeout=150):
+        """Until the run has logged more than n steps (the job trains)."""
+        t0 = time.monotonic()
+        while max(self.steps_logged(run), default=0) <= n and time.monotonic() - t0 < timeout:
+            assert self.state(jid) in ("PENDING", "RUNNING", "CONFIGURING"), self.out(jid)
+            time.sleep(0.5)
+        assert max(self.steps_logged(run), default=0) > n, self.out(jid)
+
+    def signal(self, jid, sig):
+        subprocess.run(["scancel", "--batch", f"--signal={sig}", jid], env=self.env, check=True, timeout=30)
+
+    def queued(self) -> list[str]:
+        r = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True, text=True, timeout=30)
+        return r.stdout.split()
 
 
 def _one(pattern, text):
@@ -190,3 +211,69 @@ def test_submit_walltime_signal_resubmit_and_resume_on_another_node_count(slurm,
     assert c.steps_logged() == list(range(1, m + 4))
     print(f"\nreal Slurm: job {a} fresh -> step 3; job {b} (2 min) SIGUSR1 -> saved step {n}, chained job "
           f"{chained}; job {chained} resumed {n} -> saved {m}; job {d} on 1 node resumed {m} -> {m + 3}")
+
+
+def test_chains_keep_their_run_stop_commands_and_one_owner_per_run_folder(slurm, tmp_path):
+    c = Cluster(slurm, tmp_path)
+    del c.env["MASTER_PORT"]  # the scripts pick one per job
+    c.work = c.submit_dir / "relwork"
+    c.env["WORK_DIR"] = "relwork"  # relative to the submit folder
+    shutil.copy(os.path.join(REPO, "configs", "topo.yml"), c.submit_dir / "mypreset.yml")
+    run = "tiny-mypreset"
+    ckpt, logs = c.work / "checkpoints" / run, c.work / "runs" / run
+    args = ("mypreset.yml", "--set", "train_iters=100000", *TRAIN)
+
+    # (e) stopped before training (the signal comes while the job starts up): no resubmission
+    e = c.sbatch("--nodes=1", *PER_NODE, SCRIPT, *args, env={"RESUBMIT": "2"})
+    while c.state(e) in ("PENDING", "CONFIGURING"):
+        time.sleep(0.2)
+    c.signal(e, "USR1")
+    assert c.wait(e) == "COMPLETED", c.out(e)
+    out = c.out(e)
+    assert "not resubmitting" in out and "resubmitted" not in out, out
+    assert "trained no step" in out or "before training started" in out, out
+    assert not (ckpt / "latest").exists() and c.queued() == []
+
+    # (f) RESUBMIT=3: USR1 -> job 2 -> USR1 -> job 3 -> USR2 (documented stop: save, no chain)
+    a = c.sbatch("--nodes=2", *PER_NODE, SCRIPT, *args, env={"RESUBMIT": "3"})
+    links = [a]
+    for k in range(3):
+        jid = links[-1]
+        c.wait_steps(jid, max(c.steps_logged(run), default=0) + 1, run)
+        c.signal(jid, "USR2" if k == 2 else "USR1")
+        assert c.wait(jid) == "COMPLETED", c.out(jid)
+        out = c.out(jid)  # every link's log in the submit folder
+        n = c.latest(run)
+        assert f"stopped by SIGUSR{2 if k == 2 else 1} at step {n}; checkpoint {ckpt}/global_step{n}" in out, out
+        if k:
+            assert f"resumed from {ckpt}/global_step" in out and "starting fresh" not in out, out
+        if k < 2:
+            links.append(_one(r"^slurm: resubmitted as job (\d+) ", out))
+            c.jobs.append(links[-1])
+        else:
+            assert "resubmitted" not in out and "not resubmitting" in out, out
+    assert c.queued() == []
+    m = c.latest(run)
+    assert c.steps_logged(run) == list(range(1, m + 1))  # every step once, in order
+    assert not (c.submit_dir / "relwork" / "relwork").exists()  # no nested WORK_DIR
+    jobs_log = (logs / "slurm_jobs.log").read_text().splitlines()
+    assert [ln.split()[1] for ln in jobs_log] == links, jobs_log
+    assert f"chain: {' '.join(links)};" in jobs_log[-1]
+
+    # (g) two jobs on one run folder: the second stops in one line naming the first; the first goes on
+    g1 = c.sbatch("--nodes=1", *PER_NODE, SCRIPT, *args)
+    c.wait_steps(g1, m + 1, run)
+    before = sorted(os.listdir(ckpt))
+    g2 = c.sbatch("--nodes=1", *PER_NODE, SCRIPT, *args, env={"RESUBMIT": "1"})
+    assert c.wait(g2) == "FAILED", c.out(g2)
+    errors = [ln for ln in c.out(g2).splitlines() if ln.startswith("error:")]  # (srun adds its own line)
+    assert len(errors) == 1 and errors[0].startswith("error: checkpoint.save "), c.out(g2)
+    assert f"belongs to a running job (Slurm job {g1}," in errors[0], errors
+    assert "Traceback" not in c.out(g2) and "resubmitted" not in c.out(g2)
+    assert c.state(g1) == "RUNNING" and sorted(os.listdir(ckpt)) == before
+    c.signal(g1, "USR2")
+    assert c.wait(g1) == "COMPLETED", c.out(g1)
+    last = c.latest(run)
+    assert last > m and c.steps_logged(run) == list(range(1, last + 1))
+    print(f"\nreal Slurm: job {e} stopped in start-up, no chain; chain {links} ({m} steps, USR1, USR1, USR2); "
+          f"job {g2} refused while {g1} owned the run; {g1} -> step {last}")
