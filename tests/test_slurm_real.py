@@ -4,7 +4,7 @@ two slurmd "nodes" on this machine (scripts/local_slurm.sh), the scripts' CPU si
 folder outside the repository.
 
   (a) the first submission starts fresh (no checkpoint yet), trains and checkpoints;
-  (b) a job with a 2-minute limit gets Slurm's warning signal (--signal=B:USR1), the batch shell
+  (b) a job with a 3-minute limit gets Slurm's warning signal (--signal=B:USR1), the batch shell
       forwards it, every rank stops after its step and saves; RESUBMIT=1 chains the next job;
   (c) the chained job resumes from that step (and stops and saves on a USR1 from scancel);
   (d) a resubmission on one node (2 ranks instead of 4) resumes from there and finishes;
@@ -172,12 +172,13 @@ def test_submit_walltime_signal_resubmit_and_resume_on_another_node_count(slurm,
     assert f"no checkpoint in {ckpt}: starting fresh" in out, out
     assert "4 ranks" in out and "done: step 3" in out and c.latest() == 3
 
-    # (b) a 2-minute job: Slurm's warning (B:USR1@65; slurmctld checks every 30 s and signals when
-    # less than 65 + 30 s are left, i.e. 25-55 s into the job) reaches the batch shell, which
-    # forwards it; the ranks stop after their step and save
-    b = c.sbatch("--nodes=2", *PER_NODE, "--time=2", SCRIPT, "--set", "train_iters=100000", *TRAIN,
-                 env={"SBATCH_SIGNAL": "B:USR1@65", "RESUBMIT": "1"})
-    assert c.wait(b) == "COMPLETED", c.out(b)  # ended by itself, not TIMEOUT
+    # (b) a 3-minute job: Slurm's warning (B:USR1@60; slurmctld checks every 30 s and signals when
+    # less than 60 + 30 s are left, i.e. 90-120 s into the job, after the ranks started training: a
+    # warning during start-up would stop the job before its first step, see (e)) reaches the batch
+    # shell, which forwards it; the ranks stop at the next micro-batch and save
+    b = c.sbatch("--nodes=2", *PER_NODE, "--time=3", SCRIPT, "--set", "train_iters=100000", *TRAIN,
+                 env={"SBATCH_SIGNAL": "B:USR1@60", "RESUBMIT": "1"})
+    assert c.wait(b, timeout=240) == "COMPLETED", c.out(b)  # ended by itself, not TIMEOUT
     out = c.out(b)
     assert f"resumed from {ckpt}/global_step3 at step 3" in out, out
     assert "slurm: got SIGUSR1" in out
@@ -209,7 +210,7 @@ def test_submit_walltime_signal_resubmit_and_resume_on_another_node_count(slurm,
     assert f"done: step {m + 3}" in out and c.latest() == m + 3
     # one metrics.jsonl for the whole run: every step once, in order, across the four jobs
     assert c.steps_logged() == list(range(1, m + 4))
-    print(f"\nreal Slurm: job {a} fresh -> step 3; job {b} (2 min) SIGUSR1 -> saved step {n}, chained job "
+    print(f"\nreal Slurm: job {a} fresh -> step 3; job {b} (3 min) SIGUSR1 -> saved step {n}, chained job "
           f"{chained}; job {chained} resumed {n} -> saved {m}; job {d} on 1 node resumed {m} -> {m + 3}")
 
 
