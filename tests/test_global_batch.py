@@ -71,3 +71,23 @@ def test_a_resume_on_another_world_size_keeps_the_global_batch(cache, tmp_path):
     lines = [ln for e in errs for ln in e.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: global batch 16"), errs
     assert "nearest valid: 2 ranks or 4 ranks" in lines[0]
+
+
+def test_an_error_under_the_launcher_is_one_line_without_torchrun_traceback(tmp_path):
+    """python -m megatron_topo.launch (torchrun's arguments), 2 ranks, an unreachable global batch:
+    exit 2, one `error:` line for the job, no ChildFailedError traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from .test_lifecycle import ROOT
+
+    r = subprocess.run([sys.executable, "-m", "megatron_topo.launch", "--standalone", "--nproc_per_node", "2",
+                        os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs", "tiny.yml"),
+                        "--set", f"log_dir={tmp_path / 'run'}", "--set", "save=null", "--set", "train_batch_size=12"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    text = r.stdout + r.stderr
+    assert r.returncode == 2, text
+    errors = [ln for ln in text.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "nearest valid: 1 rank or 3 ranks" in errors[0], text
+    assert "Traceback" not in text and "ChildFailedError" not in text, text

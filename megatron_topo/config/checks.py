@@ -106,7 +106,7 @@ def check_batch_size(cfg: Config, world_size: int, ranks_per_node: int = 1,
         ok = sorted({d for i in range(1, int(q ** 0.5) + 1) if q % i == 0 for d in (i, q // i)})
         below = [n for n in ok if n < n_now]
         above = [n for n in ok if n > n_now]
-        near = " or ".join(f"{n} {unit}" + (f" ({n * rpn} ranks)" if rpn > 1 else "")
+        near = " or ".join(f"{n} {unit if n > 1 else unit[:-1]}" + (f" ({n * rpn} ranks)" if rpn > 1 else "")
                            for n in ([below[-1]] if below else []) + ([above[0]] if above else []))
         raise ConfigError(
             f"global batch {target} ({source}) cannot be reached on {world_size} ranks with micro-batch {micro}: "
