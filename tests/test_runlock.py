@@ -172,3 +172,21 @@ def test_a_bad_or_busy_rendezvous_port_is_one_line(tmp_path):
             assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {expect}"), r.stderr
     finally:
         busy.close()
+
+
+def test_save_holding_another_runs_checkpoints_is_refused_also_with_load_elsewhere(cache, tmp_path):  # noqa: F811
+    """load=A save=B where B holds another run's checkpoints: one line, exit 2; B untouched (main at
+    1d0c977 deleted B's step and moved B's latest to this run's)."""
+    for name in ("A", "B"):
+        rc, out, err = _run(_args(cache, tmp_path, 2, save=str(tmp_path / name), log_dir=str(tmp_path / f"run{name}")),
+                            tmp_path, tag=name)
+        assert rc == 0, out + err
+    before = {p: (tmp_path / "B" / p).stat().st_mtime_ns for p in os.listdir(tmp_path / "B")}
+    rc, out, err = _run(_args(cache, tmp_path, 4, load=str(tmp_path / "A"), save=str(tmp_path / "B"),
+                              log_dir=str(tmp_path / "runC")), tmp_path, tag="c")
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, out + err
+    assert lines[0] == (f"error: checkpoint.save {tmp_path / 'B'} already holds checkpoints (latest step 2) and this "
+                        f"run resumes from load={tmp_path / 'A'}; saving there would mix two runs: save elsewhere with "
+                        f"--set save=DIR, or continue the run in {tmp_path / 'B'} with --set load={tmp_path / 'B'}")
+    assert {p: (tmp_path / "B" / p).stat().st_mtime_ns for p in os.listdir(tmp_path / "B")} == before
