@@ -120,6 +120,7 @@ run_training() {
     fi
     after="$(latest_step)"
     if [ "$LAUNCH_RC" -eq 0 ] || [ "$after" != "$before" ]; then  # a job refused before training leaves no line
+        mkdir -p "$LOG_DIR" 2>/dev/null || true
         echo "job ${SLURM_JOB_ID:-local} started $started, ended $(date '+%F %T'); chain: $CHAIN_JOBS;" \
              "$NODES nodes x $RANKS_PER_NODE ranks; checkpoint step ${before:-none} -> ${after:-none};" \
              "exit $LAUNCH_RC${STOP_SIGNAL:+ (SIG$STOP_SIGNAL)}; log ${job_log:-?}" >> "$LOG_DIR/slurm_jobs.log" || true

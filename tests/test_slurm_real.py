@@ -12,7 +12,7 @@ folder outside the repository.
   (f) a chain with a relative WORK_DIR and a preset file relative to the submit folder, RESUBMIT=3:
       two USR1 stops chain two jobs, the documented stop (USR2) saves and ends the chain; every
       step is logged once and every link's log is in the submit folder;
-  (g) two jobs on one run folder: the second refuses in one line, the first is untouched.
+  (g) meanwhile a second job on the same run folder refuses in one line; the chain's job is untouched.
 
 Skips (saying why) only where Slurm cannot run: not root, or slurm-wlm/munge missing and not
 installable. Every daemon it starts is stopped by PID at the end.
@@ -173,10 +173,11 @@ def test_submit_walltime_signal_resubmit_and_resume_on_another_node_count(slurm,
     assert "4 ranks" in out and "done: step 3" in out and c.latest() == 3
 
     # (b) a 3-minute job: Slurm's warning (B:USR1@60; slurmctld checks every 30 s and signals when
-    # less than 60 + 30 s are left, i.e. 90-120 s into the job, after the ranks started training: a
+    # less than 60 + 30 s are left, i.e. 90-120 s into the job, after the ranks started training (5000
+    # steps: a small sample index, quick to build; never reached): a
     # warning during start-up would stop the job before its first step, see (e)) reaches the batch
     # shell, which forwards it; the ranks stop at the next micro-batch and save
-    b = c.sbatch("--nodes=2", *PER_NODE, "--time=3", SCRIPT, "--set", "train_iters=100000", *TRAIN,
+    b = c.sbatch("--nodes=2", *PER_NODE, "--time=3", SCRIPT, "--set", "train_iters=5000", *TRAIN,
                  env={"SBATCH_SIGNAL": "B:USR1@60", "RESUBMIT": "1"})
     assert c.wait(b, timeout=240) == "COMPLETED", c.out(b)  # ended by itself, not TIMEOUT
     out = c.out(b)
@@ -222,12 +223,17 @@ def test_chains_keep_their_run_stop_commands_and_one_owner_per_run_folder(slurm,
     shutil.copy(os.path.join(REPO, "configs", "topo.yml"), c.submit_dir / "mypreset.yml")
     run = "tiny-mypreset"
     ckpt, logs = c.work / "checkpoints" / run, c.work / "runs" / run
-    args = ("mypreset.yml", "--set", "train_iters=100000", *TRAIN)
+    args = ("--nodes=1", *PER_NODE, SCRIPT, "mypreset.yml", "--set", "train_iters=5000", *TRAIN)
+
+    def started(jid):  # the batch shell runs (its banner is out: its signal traps are set)
+        t0 = time.monotonic()
+        while "megatron_topo: job" not in c.out(jid) and time.monotonic() - t0 < 120:
+            assert c.state(jid) in ("PENDING", "RUNNING", "CONFIGURING"), c.out(jid)
+            time.sleep(0.2)
 
     # (e) stopped before training (the signal comes while the job starts up): no resubmission
-    e = c.sbatch("--nodes=1", *PER_NODE, SCRIPT, *args, env={"RESUBMIT": "2"})
-    while c.state(e) in ("PENDING", "CONFIGURING"):
-        time.sleep(0.2)
+    e = c.sbatch(*args, env={"RESUBMIT": "2"})
+    started(e)
     c.signal(e, "USR1")
     assert c.wait(e) == "COMPLETED", c.out(e)
     out = c.out(e)
@@ -235,46 +241,47 @@ def test_chains_keep_their_run_stop_commands_and_one_owner_per_run_folder(slurm,
     assert "trained no step" in out or "before training started" in out, out
     assert not (ckpt / "latest").exists() and c.queued() == []
 
-    # (f) RESUBMIT=3: USR1 -> job 2 -> USR1 -> job 3 -> USR2 (documented stop: save, no chain)
-    a = c.sbatch("--nodes=2", *PER_NODE, SCRIPT, *args, env={"RESUBMIT": "3"})
-    links = [a]
-    for k in range(3):
+    # (f) RESUBMIT=3: job 1 -USR1-> job 2 -USR1-> job 3, which (g) a second job on the same run
+    # cannot disturb, and which the documented stop (USR2) saves and ends without chaining
+    links = [c.sbatch(*args, env={"RESUBMIT": "3"})]
+    for k in range(2):
         jid = links[-1]
         c.wait_steps(jid, max(c.steps_logged(run), default=0) + 1, run)
-        c.signal(jid, "USR2" if k == 2 else "USR1")
+        c.signal(jid, "USR1")
         assert c.wait(jid) == "COMPLETED", c.out(jid)
         out = c.out(jid)  # every link's log in the submit folder
         n = c.latest(run)
-        assert f"stopped by SIGUSR{2 if k == 2 else 1} at step {n}; checkpoint {ckpt}/global_step{n}" in out, out
-        if k:
-            assert f"resumed from {ckpt}/global_step" in out and "starting fresh" not in out, out
-        if k < 2:
-            links.append(_one(r"^slurm: resubmitted as job (\d+) ", out))
-            c.jobs.append(links[-1])
-        else:
-            assert "resubmitted" not in out and "not resubmitting" in out, out
-    assert c.queued() == []
+        assert f"stopped by SIGUSR1 at step {n}; checkpoint {ckpt}/global_step{n}" in out, out
+        assert ("starting fresh" in out) == (k == 0), out
+        links.append(_one(r"^slurm: resubmitted as job (\d+) ", out))
+        c.jobs.append(links[-1])
+    third = links[-1]
+    c.wait_steps(third, c.latest(run) + 1, run)
+    assert f"resumed from {ckpt}/global_step{c.latest(run)}" in c.out(third)
+
+    # (g) a second job on the run folder stops in one line naming the owner; the owner goes on
+    before = sorted(d for d in os.listdir(ckpt) if d.startswith("global_step"))
+    before.sort(key=lambda d: int(d[len("global_step"):]))
+    g = c.sbatch(*args, env={"RESUBMIT": "1"})
+    assert c.wait(g) == "FAILED", c.out(g)
+    errors = [ln for ln in c.out(g).splitlines() if ln.startswith("error:")]  # (srun adds its own line)
+    assert len(errors) == 1 and errors[0].startswith(f"error: checkpoint.save {ckpt} belongs to a running job "
+                                                     f"(Slurm job {third}, "), c.out(g)
+    assert "Traceback" not in c.out(g) and "resubmitted" not in c.out(g)
+    assert c.state(third) == "RUNNING" and json.loads((ckpt / ".megatron_topo.lock").read_text())["job"] == third
+    assert c.latest(run) >= int(before[-1][len("global_step"):])  # only the owner's saves moved it on
+
+    c.signal(third, "USR2")
+    assert c.wait(third) == "COMPLETED", c.out(third)
+    out = c.out(third)
     m = c.latest(run)
+    assert f"stopped by SIGUSR2 at step {m}; checkpoint {ckpt}/global_step{m}" in out, out
+    assert "resubmitted" not in out and "not resubmitting" in out, out
+    assert c.queued() == []
     assert c.steps_logged(run) == list(range(1, m + 1))  # every step once, in order
     assert not (c.submit_dir / "relwork" / "relwork").exists()  # no nested WORK_DIR
     jobs_log = (logs / "slurm_jobs.log").read_text().splitlines()
-    assert [ln.split()[1] for ln in jobs_log] == links, jobs_log
+    assert [ln.split()[1] for ln in jobs_log] == [e, *links], jobs_log  # the refused job left no line
     assert f"chain: {' '.join(links)};" in jobs_log[-1]
-
-    # (g) two jobs on one run folder: the second stops in one line naming the first; the first goes on
-    g1 = c.sbatch("--nodes=1", *PER_NODE, SCRIPT, *args)
-    c.wait_steps(g1, m + 1, run)
-    before = sorted(os.listdir(ckpt))
-    g2 = c.sbatch("--nodes=1", *PER_NODE, SCRIPT, *args, env={"RESUBMIT": "1"})
-    assert c.wait(g2) == "FAILED", c.out(g2)
-    errors = [ln for ln in c.out(g2).splitlines() if ln.startswith("error:")]  # (srun adds its own line)
-    assert len(errors) == 1 and errors[0].startswith("error: checkpoint.save "), c.out(g2)
-    assert f"belongs to a running job (Slurm job {g1}," in errors[0], errors
-    assert "Traceback" not in c.out(g2) and "resubmitted" not in c.out(g2)
-    assert c.state(g1) == "RUNNING" and sorted(os.listdir(ckpt)) == before
-    c.signal(g1, "USR2")
-    assert c.wait(g1) == "COMPLETED", c.out(g1)
-    last = c.latest(run)
-    assert last > m and c.steps_logged(run) == list(range(1, last + 1))
-    print(f"\nreal Slurm: job {e} stopped in start-up, no chain; chain {links} ({m} steps, USR1, USR1, USR2); "
-          f"job {g2} refused while {g1} owned the run; {g1} -> step {last}")
+    print(f"\nreal Slurm: job {e} stopped in start-up, no chain; chain {links} -> step {m} (USR1, USR1, USR2); "
+          f"job {g} refused while {third} owned the run")

@@ -72,8 +72,7 @@ def _train(args, signals) -> int:
     except (ConfigError, DataError, CheckpointError, TrainingError, runlock.LockError, OtherRankFailed) as e:
         if rt is not None and rt.heartbeat is not None:
             rt.heartbeat.stop()  # leaving on purpose: the other ranks must not report this rank as lost
-        if once_per_job(None if isinstance(e, OtherRankFailed) else e, rt) and not isinstance(e, OtherRankFailed):
-            print_errors(e)
+        report_once(None if isinstance(e, OtherRankFailed) else e, rt)
         return 2 if not isinstance(e, TrainingError) else 1
     except Exception as e:
         # a vanished peer or a collective time-out: one line naming the lost rank, then exit at
@@ -176,14 +175,19 @@ def take_run_folders(cfg, rt, lock) -> None:
         raise OtherRankFailed()
 
 
-def once_per_job(e, rt) -> bool:
-    """Whether this rank prints the error line of ``e``: every rank of a distributed run usually
-    fails with the same line (a bad config, a refused folder): rank 0 prints it, and another rank
-    only when its line differs from rank 0's. The ranks compare through the rendezvous store (no
-    collective: the ranks may have failed at different points); rank 0 keeps the store up for up
-    to 3 s until the others have looked. Without a store every rank prints."""
+def report_once(e, rt) -> None:
+    """Print the error lines of ``e`` once per job: every rank of a distributed run usually fails
+    with the same line (a bad config, a refused folder): rank 0 prints it, and another rank only when
+    its line differs from rank 0's. The ranks compare through the rendezvous store (no collective:
+    they may have failed at different points). Rank 0 prints first, then publishes its line and
+    keeps the store up for up to 3 s until the others have looked; a rank whose error is rank 0's
+    verdict (``e`` None: OtherRankFailed) waits up to 3 s for rank 0 to print before it exits, so
+    a launcher that kills the remaining ranks (srun --kill-on-bad-exit, torchrun) does not cut
+    rank 0's line. Without a store every rank prints."""
     if rt is None or not rt.distributed:
-        return True
+        if e is not None:
+            print_errors(e)
+        return
     import datetime
     import hashlib
     import time
@@ -194,25 +198,35 @@ def once_per_job(e, rt) -> bool:
         import torch.distributed as dist
 
         store = dist.distributed_c10d._get_default_store()
+    except Exception:
+        if e is not None:
+            print_errors(e)
+        return
+    try:
         if rt.rank == 0:
-            store.set(key, "0")
+            if e is not None:
+                print_errors(e)
+                sys.stderr.flush()
+                store.set(key, "1")
+            store.set("megatron_topo/error/printed", "1")
             t0 = time.monotonic()
             while store.add("megatron_topo/error/seen", 0) < rt.world_size - 1 and time.monotonic() - t0 < 3:
                 time.sleep(0.05)
-            return True
-        if e is None:  # OtherRankFailed: rank 0 printed the reason
-            store.add("megatron_topo/error/seen", 1)
-            return False
+            return
         store.set_timeout(datetime.timedelta(seconds=3))
         try:
-            store.get(key)  # rank 0 printed the same line
+            store.get(key if e is not None else "megatron_topo/error/printed")
             same = True
         except Exception:
             same = False
-        store.add("megatron_topo/error/seen", 1)
-        return not same
-    except Exception:  # no store or rank 0 gone: print it
-        return e is not None
+        try:
+            store.add("megatron_topo/error/seen", 1)
+        except Exception:
+            pass
+    except Exception:  # rank 0 gone: say it here
+        same = False
+    if e is not None and not same:
+        print_errors(e)
 
 
 def print_errors(e) -> None:
