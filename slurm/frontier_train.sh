@@ -10,7 +10,7 @@
 #                                             from the latest one, or start fresh when there is none)
 #   $WORK_DIR/runs/<model>-<preset>          metrics.jsonl (resubmissions append) + TensorBoard
 #   $WORK_DIR/data_cache                      dataset index caches (tools/prepare_data.py, before srun)
-#   $WORK_DIR/runs/<model>-<preset>/slurm_jobs.log   one line per job that trained or stopped cleanly:
+#   $WORK_DIR/runs/<model>-<preset>/slurm_jobs.log   one line per job that ended cleanly (exit 0):
 #                                             job id, the chain's job ids, nodes, steps, exit, the job
 #                                             log (every link's log stays in the first job's submit folder)
 # Relative paths in the YAML files (data_path, vocab_file, ...) are relative to $WORK_DIR.
@@ -119,7 +119,7 @@ run_training() {
         LAUNCH_RC=0
     fi
     after="$(latest_step)"
-    if [ "$LAUNCH_RC" -eq 0 ] || [ "$after" != "$before" ]; then  # a job refused before training leaves no line
+    if [ "$LAUNCH_RC" -eq 0 ]; then  # a job that failed (e.g. refused: another job owns the run) leaves no line
         mkdir -p "$LOG_DIR" 2>/dev/null || true
         echo "job ${SLURM_JOB_ID:-local} started $started, ended $(date '+%F %T'); chain: $CHAIN_JOBS;" \
              "$NODES nodes x $RANKS_PER_NODE ranks; checkpoint step ${before:-none} -> ${after:-none};" \
