@@ -29,7 +29,7 @@ for c in "${cmds[@]}"; do
     bash -c "$c" > "$dir/out.log" 2> "$dir/err.log"
     rc=$?
     set -e
-    errs=$(grep -c '^error:' "$dir/err.log" "$dir/out.log" | awk -F: '{s += $2} END {print s}')
+    errs=$(cat "$dir/err.log" "$dir/out.log" | grep -c '^error:' || true)
     echo "check_readme: exit $rc, $errs error lines, $(( $(date +%s) - t0 )) s: $c"
     if [ "$rc" -ne 0 ] || [ "$errs" -ne 0 ]; then
         fail=1
