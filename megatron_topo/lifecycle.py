@@ -1,8 +1,11 @@
 """Walltime safety for the training loop.
 
-``StopSignals`` turns SIGTERM, SIGUSR1 and SIGINT into a request to stop: the handler only records
-the signal, the loop finishes its current step, every rank agrees (one MAX all-reduce), the
-trainer saves and ``train.py`` exits 0 with one line. Slurm sends SIGUSR1 ahead of the time limit
+``StopSignals`` turns SIGTERM, SIGUSR1, SIGUSR2 and SIGINT into a request to stop: the handler only
+records the signal, the loop stops at the next micro-batch (the partial step is discarded) or
+after the current step, every rank agrees (one MAX all-reduce), the trainer saves and
+``train.py`` exits 0 with one line. ``train.py`` installs the handlers when it starts, so a signal
+that arrives while the run starts up (data, plan, engine, loading a checkpoint) is kept: the run
+then stops before its first step with one line (nothing new to save). Slurm sends SIGUSR1 ahead of the time limit
 (``#SBATCH --signal=B:USR1@...`` in slurm/, forwarded to the ranks) and SIGTERM when it cancels or
 preempts a job; Ctrl-C is SIGINT.
 
@@ -18,7 +21,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
 def signal_name(signum: int) -> str:
@@ -94,6 +97,7 @@ class Lifecycle:
         self.last_save = clock()
         self.stop_signal: Optional[int] = None  # agreed: the signal that stops the run
         self._pending: Optional[Callable[[], list]] = None
+        self._micro_pending: Optional[Callable[[], list]] = None
 
     def saved(self) -> None:
         """Restart the time-based interval (call after every checkpoint)."""
@@ -116,8 +120,38 @@ class Lifecycle:
             self.stop_signal = sig
         return bool(sig), bool(due)
 
+    def poll_micro(self) -> bool:
+        """Between two micro-batches of a step: whether every rank agreed to stop now (the partial
+        step is then discarded). Pipelined by one micro-batch like :meth:`poll`; collective when
+        distributed (every rank calls it before the same micro-batches)."""
+        local_sig = self.signals.signum or 0
+        if self.start_reduce_max is None:
+            sig = local_sig
+        else:
+            pending, self._micro_pending = self._micro_pending, self.start_reduce_max([local_sig])
+            sig = int(pending()[0]) if pending is not None else 0
+        if sig and self.stop_signal is None:
+            self.stop_signal = sig
+        return bool(sig)
+
+    def end_micro(self) -> None:
+        """Wait for the micro-batch reduction still in flight (at the end of every step)."""
+        if self._micro_pending is not None:
+            self._micro_pending()
+            self._micro_pending = None
+
+    def agree_now(self) -> bool:
+        """Whether a stop signal reached any rank (an immediate MAX reduction, not pipelined);
+        collective when distributed. Before the first step: a signal that came during start-up."""
+        local_sig = self.signals.signum or 0
+        sig = int(self.start_reduce_max([local_sig])()[0]) if self.start_reduce_max is not None else local_sig
+        if sig and self.stop_signal is None:
+            self.stop_signal = sig
+        return bool(sig)
+
     def close(self) -> None:
-        """Wait for the reduction still in flight (every rank calls it once, after the loop)."""
+        """Wait for the reductions still in flight (every rank calls it once, after the loop)."""
+        self.end_micro()
         if self._pending is not None:
             self._pending()
             self._pending = None

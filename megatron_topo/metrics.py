@@ -168,10 +168,15 @@ class MetricsWriter:
     ``fresh=True`` (a run that did not resume from a checkpoint) never appends to another run's
     records: an existing non-empty ``metrics.jsonl`` is first renamed to ``metrics.jsonl.N`` (the
     first unused N >= 1; ``self.moved_to`` names it), and so is the default TensorBoard folder.
+
+    ``resume_step=N`` (a run resumed from the checkpoint of step N) keeps every step once: records
+    of steps after N, written by a job that was killed after its last checkpoint, are moved to
+    ``metrics.jsonl.superseded`` (appended, in file order; ``self.superseded`` counts them) and
+    TensorBoard drops its events after step N (``purge_step``).
     """
 
     def __init__(self, log_dir: str, tensorboard_dir: Optional[str] = None, enabled: bool = True, *,
-                 tensorboard: bool = True, fresh: bool = False):
+                 tensorboard: bool = True, fresh: bool = False, resume_step: Optional[int] = None):
         self.enabled = enabled
         self.log_dir = log_dir
         self.tensorboard_dir = tensorboard_dir or os.path.join(log_dir, "tensorboard")
@@ -179,6 +184,7 @@ class MetricsWriter:
         self._file = None
         self._tb = None
         self.moved_to = None
+        self.superseded = 0
         if not enabled:
             return
         os.makedirs(log_dir, exist_ok=True)
@@ -191,6 +197,8 @@ class MetricsWriter:
             if tensorboard_dir is None and os.path.isdir(self.tensorboard_dir) \
                     and not os.path.exists(f"{self.tensorboard_dir}.{n}"):
                 os.replace(self.tensorboard_dir, f"{self.tensorboard_dir}.{n}")
+        if resume_step is not None and not fresh:
+            self.superseded = _move_superseded(self.path, int(resume_step))
         needs_newline = False
         if os.path.isfile(self.path) and os.path.getsize(self.path) > 0:
             with open(self.path, "rb") as f:
@@ -207,7 +215,8 @@ class MetricsWriter:
                 warnings.warn(f"TensorBoard unavailable ({e}); writing {self.path} only")
             else:
                 os.makedirs(self.tensorboard_dir, exist_ok=True)
-                self._tb = SummaryWriter(log_dir=self.tensorboard_dir)
+                self._tb = SummaryWriter(log_dir=self.tensorboard_dir, purge_step=(
+                    int(resume_step) + 1 if resume_step is not None and not fresh else None))
 
     def log(self, step: int, values: dict) -> None:
         if not self.enabled:
@@ -246,6 +255,56 @@ class MetricsWriter:
         self.close()
 
 
+def _move_superseded(path: str, step: int) -> int:
+    """Move the records of steps after ``step`` from ``path`` to ``path.superseded``; returns how many.
+
+    Lines that are not records (a crash mid-write) stay where they are. The kept lines are written
+    to a temporary file that replaces ``path`` (atomic), after the moved ones reached the side file.
+    """
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return 0
+    keep, moved = [], []
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+                later = isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step
+            except ValueError:
+                later = False
+            (moved if later else keep).append(line if line.endswith("\n") else line + "\n")
+    if not moved:
+        return 0
+    with open(f"{path}.superseded", "a", encoding="utf-8", errors="surrogateescape") as f:
+        f.writelines(moved)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.writelines(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(moved)
+
+
+def drop_superseded(records: list[dict]) -> tuple[list[dict], int]:
+    """The records of one run's history: where a step is lower than one before it (a job resumed
+    from an earlier checkpoint; files written before resumes moved such records aside), the earlier
+    records of that step and later are dropped. Returns (records, how many were dropped)."""
+    out: list[dict] = []
+    dropped = 0
+    for rec in records:
+        s = rec.get("step")
+        if out and isinstance(s, (int, float)) and not isinstance(s, bool):
+            last = out[-1].get("step")
+            if isinstance(last, (int, float)) and s < last:
+                n = len(out)
+                out = [r for r in out if not (isinstance(r.get("step"), (int, float)) and r["step"] >= s)]
+                dropped += n - len(out)
+        out.append(rec)
+    return out, dropped
+
+
 # ----------------------------------------------------------------------------------- reader
 def metrics_path(path_or_run_dir: str) -> str:
     """``RUN_DIR/metrics.jsonl`` for a directory, the path itself otherwise."""
@@ -260,8 +319,9 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
 
     A line that is not valid JSON (a crash mid-write) is skipped with a warning naming the file
     and line. ``last_per_step=True`` returns one record per step, sorted by step, merging the
-    records of a step in file order so later values win (a resumed run repeats the steps after
-    its checkpoint; an eval record may share a step with the training record).
+    records of a step in file order so later values win (an eval record may share a step with the
+    training record), after dropping the records a resume superseded (:func:`drop_superseded`: a
+    file written before resumes moved them aside repeats the steps after a checkpoint).
     Raises ``FileNotFoundError`` when there is no metrics file.
     """
     path = metrics_path(path_or_run_dir)
@@ -283,6 +343,7 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
                 continue
             out.append(_restore(rec))
     if last_per_step:
+        out = drop_superseded(out)[0]
         by_step: dict = {}
         for rec in out:
             by_step.setdefault(rec["step"], {}).update(rec)

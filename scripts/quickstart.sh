@@ -6,7 +6,9 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=1
 RUN=runs/tiny
-.venv/bin/torchrun --standalone --nproc_per_node 8 train.py \
+# megatron_topo.launch is torchrun that exits with the failed rank's status instead of printing
+# torchrun's ChildFailedError traceback (the rank printed its own error line, once)
+.venv/bin/python -m megatron_topo.launch --standalone --nproc_per_node 8 train.py \
     configs/tiny.yml configs/topo.yml configs/local_cpu.yml --set log_dir=$RUN --set save=$RUN/checkpoints \
     --set auto_resume=true "$@"   # a second run continues this one (train_iters reached: nothing to do)
 .venv/bin/python tools/plot_metrics.py "$RUN" --out "$RUN/loss.png"

@@ -15,6 +15,7 @@
 #SBATCH --cpus-per-task=7
 #SBATCH --gpus-per-node=8
 #SBATCH -C nvme                        # node-local NVMe at /mnt/bb/$USER (MIOpen cache, STAGE_VENV)
+#SBATCH --network=disable_rdzv_get    # on the allocation, as OLCF puts it: for FI_CXI_RDZV_PROTO=alt_read
 #SBATCH --job-name=neox10b-topo
 #SBATCH --output=%x-%j.out
 # Data, caches, runs and checkpoints go to WORK_DIR, by default Orion scratch of --account:

@@ -15,6 +15,7 @@
 #SBATCH --cpus-per-task=7
 #SBATCH --gpus-per-node=8
 #SBATCH -C nvme
+#SBATCH --network=disable_rdzv_get    # on the allocation, as OLCF puts it: for FI_CXI_RDZV_PROTO=alt_read
 #SBATCH --job-name=collectives
 #SBATCH --output=%x-%j.out
 # Results go to WORK_DIR/runs/collectives-<N>n-<job> (WORK_DIR: Orion scratch of --account by

@@ -17,7 +17,8 @@ export LOCAL_WORLD_SIZE="$per_node"
 if [ -n "${MIOPEN_USER_DB_PATH:-}" ]; then
     mkdir -p "$MIOPEN_USER_DB_PATH"
 fi
-# Slurm's walltime warning (SIGUSR1, forwarded by the batch script) must not kill a rank that has
-# not yet installed its handler (train.py does when training starts): ignore it until then.
-trap '' USR1
+# Slurm's walltime warning (SIGUSR1) and the stop signal (SIGUSR2), forwarded by the batch script,
+# must not kill a rank that has not yet installed its handlers (train.py does when it starts):
+# ignore them until then (the batch shell repeats them every 10 s).
+trap '' USR1 USR2
 exec "$@"

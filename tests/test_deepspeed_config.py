@@ -103,12 +103,14 @@ def test_saved_config_records_the_resolved_plan(tmp_path):
     assert resolve_plan(again.zero_topo, NODE16, again.zero_optimization) == plan
 
 
-def test_train_batch_size_is_checked_against_the_world(tmp_path):
+def test_train_batch_size_derives_the_accumulation_for_the_world(tmp_path):
     cfg = load_config([write_json(tmp_path, {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
                                              "gradient_accumulation_steps": 4})])
-    check_batch_size(cfg, 4)
-    with pytest.raises(ConfigError, match=r"train_batch_size 32 != .* x world size 2 = 16"):
-        check_batch_size(cfg, 2)
+    assert check_batch_size(cfg, 4) is None and cfg.train.gradient_accumulation_steps == 4
+    assert "gradient_accumulation_steps 4 -> 8" in check_batch_size(cfg, 2)  # DeepSpeed: the global batch stays
+    assert cfg.train.gradient_accumulation_steps == 8
+    with pytest.raises(ConfigError, match=r"global batch 32 .* cannot be reached on 3 ranks.*nearest valid: 2 ranks or 4"):
+        check_batch_size(cfg, 3)
     with pytest.raises(ConfigError, match="not a multiple of"):
         load_config([write_json(tmp_path, {"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, "c.json")])
 

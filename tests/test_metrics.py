@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megatron_topo.config import ModelConfig
-from megatron_topo.metrics import (MetricsWriter, flops_per_iteration, mfu, peak_memory_bytes, read_metrics,
+from megatron_topo.metrics import (MetricsWriter, drop_superseded, flops_per_iteration, mfu, peak_memory_bytes, read_metrics,
                                    tflops_per_gpu)
 
 SMALL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=512)
@@ -132,10 +132,41 @@ def test_last_per_step_merges_records_of_a_step(tmp_path):
     w = MetricsWriter(str(tmp_path), tensorboard=False)
     w.log(10, {"loss": 3.0, "tokens_per_sec": 100.0})
     w.log(10, {"eval_loss": 3.5})  # an eval record at the same step
-    w.log(5, {"loss": 4.0})
+    w.log(11, {"loss": 2.9})
     w.close()
     recs = read_metrics(str(tmp_path), last_per_step=True)
-    assert recs == [{"step": 5, "loss": 4.0}, {"step": 10, "loss": 3.0, "tokens_per_sec": 100.0, "eval_loss": 3.5}]
+    assert recs == [{"step": 10, "loss": 3.0, "tokens_per_sec": 100.0, "eval_loss": 3.5}, {"step": 11, "loss": 2.9}]
+
+
+def test_a_resume_supersedes_the_steps_after_its_checkpoint(tmp_path):
+    """A job killed after its checkpoint of step 2 logged steps 3-5; the job resumed from step 2
+    moves those records aside (metrics.jsonl then holds every step once) and a file written before
+    this rule reads back as one history (the resumed steps win, the superseded ones are dropped)."""
+    run = tmp_path / "run"
+    w = MetricsWriter(str(run), tensorboard=False)
+    for s in range(1, 6):
+        w.log(s, {"loss": float(s)})
+    w.log(4, {"eval_loss": 9.0})  # eval of the killed job at a superseded step
+    w.close()
+    older = (run / "metrics.jsonl").read_text()
+    w = MetricsWriter(str(run), tensorboard=False, resume_step=2)
+    assert w.superseded == 4
+    for s in range(3, 7):
+        w.log(s, {"loss": 10.0 + s})
+    w.close()
+    assert [r["step"] for r in read_metrics(str(run))] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in read_metrics(str(run))] == [1.0, 2.0, 13.0, 14.0, 15.0, 16.0]
+    moved = [json.loads(x) for x in (run / "metrics.jsonl.superseded").read_text().splitlines()]
+    assert [r["step"] for r in moved] == [3, 4, 5, 4]
+    # the same history in one file (before this rule): read back as one curve, no eval_loss leak
+    spliced = tmp_path / "old"
+    spliced.mkdir()
+    (spliced / "metrics.jsonl").write_text(older + "".join(
+        json.dumps({"step": s, "loss": 10.0 + s}) + "\n" for s in range(3, 7)))
+    recs = read_metrics(str(spliced), last_per_step=True)
+    assert [(r["step"], r["loss"]) for r in recs] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0), (6, 16.0)]
+    assert all("eval_loss" not in r for r in recs)
+    assert drop_superseded([{"step": 1}, {"step": 2}, {"step": 2}, {"step": 1}])[1] == 3
 
 
 def test_read_metrics_missing(tmp_path):

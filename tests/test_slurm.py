@@ -63,6 +63,8 @@ fi
 
 FAKE_MODULE = r"""#!/bin/bash
 printf '%s\n' "$*" >> "$FAKE_LOG/module_calls"
+# FAKE_MISSING_MODULES: modules this site does not have
+if [ "$1" = is-avail ] && [[ " ${FAKE_MISSING_MODULES:-} " == *" $2 "* ]]; then exit 1; fi
 """
 
 FAKE_SRUN = r"""#!/bin/bash
@@ -179,7 +181,7 @@ def test_sbatch_header(script):
     text = open(os.path.join(SLURM, script)).read()
     head = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     for needed in ("--account=", "--partition=", "--nodes=48", "--time=", "--ntasks-per-node=8",
-                   "--cpus-per-task=7", "--gpus-per-node=8", "-C nvme"):
+                   "--cpus-per-task=7", "--gpus-per-node=8", "-C nvme", "--network=disable_rdzv_get"):
         assert any(needed in line for line in head), f"{script}: no #SBATCH {needed}"
     if script != "frontier_collectives.sh":  # training jobs ask for the walltime warning, to the batch shell
         assert any(line.split()[1].startswith("--signal=B:USR1@") for line in head), head
@@ -197,7 +199,7 @@ FRONTIER_ENV = {  # value, source: HPE's shs-ccl-docs (ccl_env.sh / rccl_tuning_
     "HSA_FORCE_FINE_GRAIN_PCIE": "1", "FI_MR_CACHE_MONITOR": "userfaultfd", "FI_CXI_DISABLE_HOST_REGISTER": "1",
     "FI_CXI_DEFAULT_CQ_SIZE": "131072", "FI_CXI_DEFAULT_TX_SIZE": "2048", "FI_CXI_RDZV_PROTO": "alt_read",
     "FI_CXI_RX_MATCH_MODE": "hybrid", "FI_CXI_RDZV_EAGER_SIZE": "0", "FI_CXI_RDZV_GET_MIN": "0",
-    "FI_CXI_RDZV_THRESHOLD": "0", "HSA_ENABLE_SDMA": "0", "NCCL_NET": "AWS Libfabric",
+    "FI_CXI_RDZV_THRESHOLD": "0", "NCCL_NET": "AWS Libfabric",
 }
 
 
@@ -209,16 +211,18 @@ def test_launch_under_fake_slurm(fake_slurm, script, model):
     log = fake_slurm["log"]
     modules = _lines(os.path.join(log, "module_calls"))
     loads = [m for m in modules if m.startswith("load ")]
-    assert [m.split()[1].split("/")[0] for m in loads] == ["PrgEnv-gnu", "rocm", "craype-accel-amd-gfx90a",
-                                                          "aws-ofi-rccl"]  # the plugin module after rocm
+    # one pinned block [OLCF-26]; the plugin module after rocm
+    assert [m.split()[1] for m in loads] == ["PrgEnv-gnu/8.7.0", "cpe/26.03", "rocm/7.1.1", "craype-accel-amd-gfx90a",
+                                             "rccl-net-plugin"]
     calls = _lines(os.path.join(log, "scontrol_calls"))
     assert f"show job {fake_slurm['job']} -o" in calls and "show hostnames frontier[00001-00048]" in calls
 
     srun = _lines(os.path.join(log, "srun_args"))
     opts = srun[: srun.index(os.path.join(REPO, "slurm", "srun_task.sh"))]
     for o in ("--nodes=48", "--ntasks=384", "--ntasks-per-node=8", "--cpus-per-task=7",
-              "--gpus-per-task=1", "--gpu-bind=closest", "--distribution=block", "--network=disable_rdzv_get"):
+              "--gpus-per-task=1", "--gpu-bind=closest", "--distribution=block"):
         assert o in opts, (o, opts)
+    assert not any(o.startswith("--network") for o in opts)  # on the allocation (#SBATCH), where OLCF puts it
     cmd = srun[len(opts):]
     assert cmd[1] == os.path.join(fake_slurm["venv"], "bin", "python")
     assert cmd[2:7] == ["-u", os.path.join(REPO, "train.py"), _cfg(model), _cfg("topo.yml"), _cfg("frontier.yml")]
@@ -234,10 +238,11 @@ def test_launch_under_fake_slurm(fake_slurm, script, model):
         assert env["RANK"] == env["SLURM_PROCID"] == str(rank)
         assert env["WORLD_SIZE"] == "384" and env["LOCAL_WORLD_SIZE"] == "8"
         assert env["LOCAL_RANK"] == str(rank % 8)
-        assert env["MASTER_ADDR"] == "frontier00001" and env["MASTER_PORT"] == "29500"
+        # a port per job (two jobs on one node never collide)
+        assert env["MASTER_ADDR"] == "frontier00001" and env["MASTER_PORT"] == str(10000 + int(fake_slurm["job"]) % 20000)
         for k, v in FRONTIER_ENV.items():
             assert env.get(k) == v, (k, env.get(k))
-        for dropped in ("FI_CXI_ATS", "FI_CXI_DISABLE_CQ_HUGETLB"):  # no current source recommends them
+        for dropped in ("FI_CXI_ATS", "FI_CXI_DISABLE_CQ_HUGETLB", "HSA_ENABLE_SDMA"):  # no current source
             assert dropped not in env
         assert env["LD_LIBRARY_PATH"].split(":")[0] == fake_slurm["plugin"]
         miopen = env["MIOPEN_USER_DB_PATH"]
@@ -341,7 +346,8 @@ def test_multi_node_without_a_network_plugin_stops(fake_slurm):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("slurm: error: no loadable RCCL network plugin"), r.stderr
-    assert "module aws-ofi-rccl loaded" in lines[0] and f"PLUGIN_DIR={fake_slurm['plugin']}" in lines[0]
+    assert "module rccl-net-plugin loaded" in lines[0] and f"PLUGIN_DIR={fake_slurm['plugin']}" in lines[0]
+    assert "PLUGIN_MODULE=" in lines[0] and "rocm/7.1.1" in lines[0]  # what it tried and how to override
     assert not os.path.exists(os.path.join(fake_slurm["log"], "srun_args"))
     r = fake_slurm["submit"]("frontier_10b.sh", sbatch_args=("--nodes=1",))  # one node: RCCL needs no network
     assert r.returncode == 0, r.stderr
@@ -359,12 +365,21 @@ def test_a_plugin_that_does_not_load_is_not_a_plugin(fake_slurm, tmp_path):
     assert r.returncode == 2 and "no loadable RCCL network plugin" in r.stderr, r.stderr
 
 
-def test_rocm7_takes_aws_ofi_nccl(fake_slurm):
-    r = fake_slurm["submit"]("frontier_20b.sh", extra_env={"ROCM_MODULE": "rocm/7.0.2"})
+@pytest.mark.parametrize("rocm,fallback", [("rocm/7.0.2", "aws-ofi-nccl"), ("rocm/6.2.4", "aws-ofi-rccl")])
+def test_plugin_module_fallbacks_by_rocm_version(fake_slurm, rocm, fallback):
+    """rccl-net-plugin first [OLCF-26]; where a site lacks it, the older module for the ROCm major."""
+    r = fake_slurm["submit"]("frontier_20b.sh", extra_env={"ROCM_MODULE": rocm,
+                                                           "FAKE_MISSING_MODULES": "rccl-net-plugin"})
     assert r.returncode == 0, r.stderr
     loads = [m for m in _lines(os.path.join(fake_slurm["log"], "module_calls")) if m.startswith("load ")]
-    assert loads.index("load rocm/7.0.2") < loads.index("load aws-ofi-nccl")
-    assert "load aws-ofi-rccl" not in loads
+    assert loads.index(f"load {rocm}") < loads.index(f"load {fallback}")
+    assert "load rccl-net-plugin" not in loads and len([m for m in loads if "ofi" in m]) == 1
+    os.remove(os.path.join(fake_slurm["plugin"], "librccl-net.so"))
+    r = fake_slurm["submit"]("frontier_20b.sh", sbatch_args=("--nodes=2",), extra_env={
+        "ROCM_MODULE": rocm, "FAKE_MISSING_MODULES": f"rccl-net-plugin {fallback}"})
+    assert r.returncode == 2 and f"modules tried: rccl-net-plugin {fallback} (none available)" in r.stderr, r.stderr
+    r = fake_slurm["submit"]("frontier_20b.sh", sbatch_args=("--nodes=2",), extra_env={"PLUGIN_MODULE": "my-plugin"})
+    assert r.returncode == 2 and "module my-plugin loaded" in r.stderr, r.stderr
 
 
 def test_cpu_site_profile(fake_slurm):
@@ -415,7 +430,7 @@ def test_collectives_job_under_fake_slurm(fake_slurm):
     assert args == ["-u", os.path.join(REPO, "tools", "measure_collectives.py"), "--sizes-mb", "16,64,128,256,512,1024",
                     "--iters", "10", "--out", out]
     assert env["RANK"] == "383" and env["WORLD_SIZE"] == "384" and env["MASTER_ADDR"] == "frontier00001"
-    for k in ("NCCL_SOCKET_IFNAME", "FI_CXI_RDZV_PROTO", "HSA_ENABLE_SDMA"):
+    for k in ("NCCL_SOCKET_IFNAME", "FI_CXI_RDZV_PROTO", "NCCL_NET"):
         assert env.get(k) == FRONTIER_ENV[k], k
     r = fake_slurm["submit"]("frontier_collectives.sh", "--sizes-mb", "1,2", sbatch_args=("--nodes=2",))
     args, env = _launched(log, 9)

@@ -6,7 +6,9 @@ Each RUN_DIR must hold the ``metrics.jsonl`` written by ``megatron_topo.metrics.
 (a path to the .jsonl file itself works too). One subplot per metric, one line per run; the
 legend shows ``--labels`` or the run directory's name. ``--smooth N`` draws an N-point trailing
 moving average over the faint raw curve; ``eval_loss`` is drawn dashed in the loss panel. A
-resumed run's repeated steps count once (the last record of each step wins). Bad input prints one line on stderr and exits 2.
+resumed run's steps count once: a job resumed from an earlier checkpoint supersedes the records
+its predecessor wrote after that checkpoint (train.py moves them to metrics.jsonl.superseded; in an
+older file they are dropped here, with a note), and the records of one step merge. Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import warnings
 
 from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.atomic import atomic_path
-from megatron_topo.metrics import metrics_path, read_metrics
+from megatron_topo.metrics import drop_superseded, metrics_path, read_metrics
 
 # panel -> (title, keys tried in order: the canonical key first, then common spellings)
 PANELS = {
@@ -99,8 +101,12 @@ def load_runs(run_dirs: list[str]) -> list[list[dict]]:
                 shown = repr(s) if len(repr(s)) <= 40 else repr(s)[:40] + "..."
                 raise PlotError(f"{path}: a record has step {shown}; steps must be integers (a metrics.jsonl "
                                 f"written by megatron_topo.metrics.MetricsWriter)")
+        recs, dropped = drop_superseded(recs)  # one curve per run: a resume supersedes later steps
+        if dropped:
+            print(f"plot_metrics: note: {path}: {dropped} records of steps that a resumed job trained again "
+                  f"are not drawn (superseded by the resume)", file=sys.stderr)
         by_step: dict = {}
-        for r in recs:  # a resumed run repeats steps: the last record of each step wins
+        for r in recs:  # an eval record shares its step with the training record
             by_step.setdefault(int(r["step"]), {}).update(r)
         recs = [by_step[s] for s in sorted(by_step)]
         if not recs:

@@ -37,6 +37,19 @@ def main(argv=None) -> int:
     if args.dry_run:
         return dry_run(args)
 
+    # stop signals are kept from here on: one that arrives while the run starts up stops it before
+    # its first step (lifecycle.StopSignals); srun_task.sh ignores SIGUSR1/SIGUSR2 until this point
+    from megatron_topo.lifecycle import StopSignals
+
+    signals = StopSignals().install()
+    try:
+        return _train(args, signals)
+    finally:
+        signals.restore()
+
+
+def _train(args, signals) -> int:
+    from megatron_topo import runlock
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.data import DataError
     from megatron_topo.fault_injection import active as active_faults
@@ -45,19 +58,21 @@ def main(argv=None) -> int:
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     rt = None
+    lock = runlock.RunLock(log=lambda m: print(m, flush=True))
     try:
         cfg = load_config(args.configs, args.overrides)
         active_faults()  # a malformed MEGATRON_TOPO_FAULT fails here, not mid-run
         rt = setup_runtime(cfg)
+        take_run_folders(cfg, rt, lock)  # one owner per run folder, before anything is written
         trainer = Trainer(cfg, rt)
-        last = trainer.train()
-    except KeyboardInterrupt:  # Ctrl-C before training started (in it, SIGINT stops after the step and saves)
-        print("error: interrupted before training started; nothing saved", file=sys.stderr)
+        last = trainer.train(signals=signals)
+    except KeyboardInterrupt:  # a third Ctrl-C (the first stops at the next micro-batch and saves)
+        print("error: interrupted; nothing saved since the last checkpoint", file=sys.stderr)
         return 130
-    except (ConfigError, DataError, CheckpointError, TrainingError) as e:
+    except (ConfigError, DataError, CheckpointError, TrainingError, runlock.LockError, OtherRankFailed) as e:
         if rt is not None and rt.heartbeat is not None:
             rt.heartbeat.stop()  # leaving on purpose: the other ranks must not report this rank as lost
-        print_errors(e)
+        report_once(None if isinstance(e, OtherRankFailed) else e, rt)
         return 2 if not isinstance(e, TrainingError) else 1
     except Exception as e:
         # a vanished peer or a collective time-out: one line naming the lost rank, then exit at
@@ -79,9 +94,15 @@ def main(argv=None) -> int:
                   f"micro-batch, shard more (zero_topo.preset: zero3 or topo) or add ranks", file=sys.stderr)
             return 1
         raise
+    finally:
+        lock.release()
     if rt.heartbeat is not None:
         rt.heartbeat.stop()
-    if rt.rank == 0 and last.get("stopped_by"):  # SIGTERM/SIGUSR1/SIGINT: saved, exit 0
+    if rt.rank == 0 and last.get("before_training"):  # a signal during start-up: nothing trained
+        where = f"the checkpoint {last['checkpoint']} stands" if last.get("checkpoint") else "nothing saved"
+        print(f"stopped by {last['stopped_by']} before training started (step {trainer.state.step}); "
+              f"no step trained; {where}", flush=True)
+    elif rt.rank == 0 and last.get("stopped_by"):  # SIGTERM/SIGUSR1/SIGUSR2/SIGINT: saved, exit 0
         where = f"checkpoint {last['checkpoint']}" if last.get("checkpoint") else "no checkpoint (checkpoint.save is unset)"
         print(f"stopped by {last['stopped_by']} at step {trainer.state.step}; {where}", flush=True)
     elif rt.rank == 0:
@@ -118,6 +139,94 @@ def dry_run(args) -> int:
     except (ConfigError, ValueError) as e:
         print_errors(e)
         return 2
+
+
+class OtherRankFailed(Exception):
+    """Rank 0 stopped the run before training (its error line says why); this rank exits quietly."""
+
+
+def take_run_folders(cfg, rt, lock) -> None:
+    """Rank 0 locks the run's save and log folders (megatron_topo.runlock); every rank learns the
+    outcome through one collective, so a refused run stops on every rank with rank 0's one line."""
+    import torch
+
+    from megatron_topo import runlock
+
+    err = None
+    if rt.rank == 0:
+        try:
+            for folder, what in runlock.run_folders(cfg):
+                lock.acquire(folder, what)
+        except (runlock.LockError, OSError) as e:
+            lock.release()
+            err = e if isinstance(e, runlock.LockError) else runlock.LockError(
+                f"cannot lock the run folder: {e.filename or ''}: {e.strerror or e}")
+    if rt.distributed:
+        import torch.distributed as dist
+
+        t = torch.tensor([1.0 if err else 0.0], device=rt.device)
+        dist.all_reduce(t)
+        failed = t.item() > 0
+    else:
+        failed = err is not None
+    if err is not None:
+        raise err
+    if failed:
+        raise OtherRankFailed()
+
+
+def report_once(e, rt) -> None:
+    """Print the error lines of ``e`` once per job: every rank of a distributed run usually fails
+    with the same line (a bad config, a refused folder): rank 0 prints it, and another rank only when
+    its line differs from rank 0's. The ranks compare through the rendezvous store (no collective:
+    they may have failed at different points). Rank 0 prints first, then publishes its line and
+    keeps the store up for up to 3 s until the others have looked; a rank whose error is rank 0's
+    verdict (``e`` None: OtherRankFailed) waits up to 3 s for rank 0 to print before it exits, so
+    a launcher that kills the remaining ranks (srun --kill-on-bad-exit, torchrun) does not cut
+    rank 0's line. Without a store every rank prints."""
+    if rt is None or not rt.distributed:
+        if e is not None:
+            print_errors(e)
+        return
+    import datetime
+    import hashlib
+    import time
+
+    lines = [] if e is None else (getattr(e, "problems", None) or [str(e)])
+    key = "megatron_topo/error/" + hashlib.sha1("\n".join(lines).encode()).hexdigest()
+    try:
+        import torch.distributed as dist
+
+        store = dist.distributed_c10d._get_default_store()
+    except Exception:
+        if e is not None:
+            print_errors(e)
+        return
+    try:
+        if rt.rank == 0:
+            if e is not None:
+                print_errors(e)
+                sys.stderr.flush()
+                store.set(key, "1")
+            store.set("megatron_topo/error/printed", "1")
+            t0 = time.monotonic()
+            while store.add("megatron_topo/error/seen", 0) < rt.world_size - 1 and time.monotonic() - t0 < 3:
+                time.sleep(0.05)
+            return
+        store.set_timeout(datetime.timedelta(seconds=3))
+        try:
+            store.get(key if e is not None else "megatron_topo/error/printed")
+            same = True
+        except Exception:
+            same = False
+        try:
+            store.add("megatron_topo/error/seen", 1)
+        except Exception:
+            pass
+    except Exception:  # rank 0 gone: say it here
+        same = False
+    if e is not None and not same:
+        print_errors(e)
 
 
 def print_errors(e) -> None:

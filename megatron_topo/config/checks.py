@@ -67,28 +67,55 @@ def _cross_checks(cfg: Config, problems: list) -> None:
         add(f"zero_topo.{changed[0]}={getattr(z, changed[0])} applies to zero_topo.preset: auto only, and the preset "
             f"is {z.preset}; drop it or set preset: auto")
     if t.train_batch_size is not None:
-        per = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps
+        per = t.train_micro_batch_size_per_gpu
         if per and t.train_batch_size % per:
-            add(f"train_batch_size {t.train_batch_size} is not a multiple of train_micro_batch_size_per_gpu x "
-                f"gradient_accumulation_steps = {per}: no world size gives it")
+            add(f"train_batch_size {t.train_batch_size} is not a multiple of train_micro_batch_size_per_gpu "
+                f"{per}: no world size gives it")
     if c.finetune_from and c.load:
         add(f"finetune_from ({c.finetune_from}) and load ({c.load}) both name the starting point; keep one "
             f"(load with finetune: true is the same as finetune_from)")
 
 
-def check_batch_size(cfg: Config, world_size: int) -> None:
-    """DeepSpeed's rule, checked once the world is known: train_batch_size = micro-batch x
-    accumulation x world size."""
+def check_batch_size(cfg: Config, world_size: int, ranks_per_node: int = 1,
+                     keep_global: Optional[int] = None, keep_from: str = "") -> Optional[str]:
+    """DeepSpeed's rule once the world is known: train_batch_size = micro-batch x accumulation x
+    world size, with the accumulation count derived from the global batch (as DeepSpeed does when
+    the accumulation is not given), so the global batch stays the same on any node count.
+
+    The global batch is ``train_batch_size`` when set, else ``keep_global`` (a resumed run's global
+    batch from its checkpoint, when the world changed; ``keep_from`` says where it came from), else
+    whatever micro-batch x gradient_accumulation_steps x world size gives. Sets
+    ``cfg.train.gradient_accumulation_steps`` and returns a line saying what changed (None when
+    nothing did); a world that cannot reach the global batch is a ConfigError naming the nearest
+    world sizes (node counts of ``ranks_per_node`` ranks) that can."""
     t = cfg.train
-    if t.train_batch_size is None:
-        return
-    got = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * world_size
-    if got != t.train_batch_size:
-        per = t.train_micro_batch_size_per_gpu * world_size
-        hint = (f"gradient_accumulation_steps {t.train_batch_size // per} gives it" if t.train_batch_size % per == 0
-                else f"no accumulation count gives it with micro-batch {t.train_micro_batch_size_per_gpu} on "
-                     f"{world_size} ranks")
+    target = t.train_batch_size if t.train_batch_size is not None else keep_global
+    if target is None:
+        return None
+    source = "train_batch_size" if t.train_batch_size is not None else keep_from or "kept"
+    micro = t.train_micro_batch_size_per_gpu
+    per = micro * world_size
+    if target % per:
+        rpn = max(1, ranks_per_node)
+        q = target // micro  # n nodes work when n x rpn divides target / micro
+        if q % rpn:  # no node count of rpn ranks works: name world sizes instead
+            rpn = 1
+        unit = "nodes" if rpn > 1 else "ranks"
+        n_now = max(1, world_size // rpn)
+        q //= rpn
+        ok = sorted({d for i in range(1, int(q ** 0.5) + 1) if q % i == 0 for d in (i, q // i)})
+        below = [n for n in ok if n < n_now]
+        above = [n for n in ok if n > n_now]
+        near = " or ".join(f"{n} {unit if n > 1 else unit[:-1]}" + (f" ({n * rpn} ranks)" if rpn > 1 else "")
+                           for n in ([below[-1]] if below else []) + ([above[0]] if above else []))
         raise ConfigError(
-            f"train_batch_size {t.train_batch_size} != train_micro_batch_size_per_gpu {t.train_micro_batch_size_per_gpu}"
-            f" x gradient_accumulation_steps {t.gradient_accumulation_steps} x world size {world_size} = {got}; "
-            f"change one of them ({hint})")
+            f"global batch {target} ({source}) cannot be reached on {world_size} ranks with micro-batch {micro}: "
+            f"{target} is not a multiple of {micro} x {world_size}; nearest valid: {near or 'none'}"
+            + ("; or set train_batch_size to change the global batch" if t.train_batch_size is None else
+               "; or change train_batch_size / train_micro_batch_size_per_gpu"))
+    accum = target // per
+    if accum == t.gradient_accumulation_steps:
+        return None
+    old, t.gradient_accumulation_steps = t.gradient_accumulation_steps, accum
+    return (f"global batch {target} ({source}) on {world_size} ranks x micro-batch {micro}: "
+            f"gradient_accumulation_steps {old} -> {accum}")

@@ -2,6 +2,7 @@
 only, saving the trainer state with the engine's."""
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from typing import Optional
@@ -31,21 +32,47 @@ class TrainerCheckpoints:
         c = self.cfg.checkpoint
         if c.load and c.load != self.weights_from:
             ckpt.resolve(c.load)
+            if c.save and os.path.realpath(c.save) != os.path.realpath(c.load) and ckpt.holds_checkpoints(c.save):
+                raise ckpt.CheckpointError(
+                    f"checkpoint.save {c.save} already holds checkpoints ({self._latest_of(c.save)}) and this run "
+                    f"resumes from load={c.load}; saving there would mix two runs: save elsewhere with --set "
+                    f"save=DIR, or continue the run in {c.save} with --set load={c.save}")
             return c.load
         if c.save and ckpt.holds_checkpoints(c.save):
             if c.auto_resume:
                 ckpt.resolve(c.save)
                 return c.save
-            try:
-                latest = f"latest step {ckpt.read_meta(ckpt.resolve(c.save))['step']}"
-            except ckpt.CheckpointError as e:
-                latest = f"unreadable: {e}"
+            latest = self._latest_of(c.save)
             raise ckpt.CheckpointError(
                 f"checkpoint.save {c.save} already holds checkpoints ({latest}) and this run starts fresh; "
                 f"resume it with --set load={c.save} or --set auto_resume=true, or save elsewhere with --set save=DIR")
         if c.auto_resume:
             self.log(f"no checkpoint in {c.save or '(checkpoint.save unset)'}: starting fresh")
         return None
+
+    @staticmethod
+    def _latest_of(root: str) -> str:
+        try:
+            return f"latest step {ckpt.read_meta(ckpt.resolve(root))['step']}"
+        except (ckpt.CheckpointError, KeyError, TypeError) as e:
+            return f"unreadable: {e}"
+
+    def _kept_global_batch(self) -> tuple:
+        """(global batch, where from) of the checkpoint this run resumes, when it was saved on
+        another world size and the config sets no train_batch_size: the run keeps its global
+        batch on the new node count. (None, "") otherwise."""
+        if not self.resume_from or self.cfg.train.train_batch_size is not None:
+            return None, ""
+        try:
+            meta = ckpt.read_meta(ckpt.resolve(self.resume_from))
+        except ckpt.CheckpointError:
+            return None, ""  # reported where the checkpoint is loaded
+        trainer = meta.get("trainer") if isinstance(meta, dict) else None
+        kept = trainer.get("global_batch") if isinstance(trainer, dict) else None
+        world = meta.get("world_size")
+        if not isinstance(kept, int) or isinstance(kept, bool) or kept < 1 or world == self.rt.world_size:
+            return None, ""
+        return kept, f"the checkpoint's, saved on {world} ranks"
 
     def _load_weights(self, path: str):
         """GPT-NeoX's finetune / no_load_optim: the weights of an HF folder or of one of our
@@ -76,7 +103,7 @@ class TrainerCheckpoints:
             return None
         s = self.state
         trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
-                         "consumed_valid": s.consumed_valid}
+                         "consumed_valid": s.consumed_valid, "global_batch": self.batches_per_step}
         path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rt.rank,
                          self.rt.barrier, keep_last=c.keep_last)
         if self.lifecycle is not None:

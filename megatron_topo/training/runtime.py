@@ -63,11 +63,22 @@ def setup_runtime(cfg: Config) -> Runtime:
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if not os.environ.get(var):
                 raise ConfigError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
-        if not str(os.environ["MASTER_PORT"]).isdigit():
-            raise ConfigError(f"MASTER_PORT={os.environ['MASTER_PORT']!r} is not a port number")
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
-                                device_id=device if use_cuda else None)
+        port = str(os.environ["MASTER_PORT"])
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ConfigError(f"MASTER_PORT={port!r} is not a port number (valid: 1..65535; the Slurm scripts "
+                              f"pick one per job)")
+        try:
+            dist.init_process_group(backend, rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
+                                    device_id=device if use_cuda else None)
+        except Exception as e:  # the rendezvous port is taken: one line, not torch's traceback
+            text = str(e)
+            if "EADDRINUSE" in text or "address already in use" in text.lower():
+                raise ConfigError(
+                    f"MASTER_PORT {port} on {os.environ['MASTER_ADDR']} is already in use (another job or run on "
+                    f"this node?); pick another port (export MASTER_PORT=N; the Slurm scripts derive it from "
+                    f"the job id)") from None
+            raise
     topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     heartbeat = faults.Heartbeat.start(rank, world) if distributed else None
     return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)

@@ -61,13 +61,17 @@ class Trainer(TrainerCheckpoints):
         self.log = log if rt.rank == 0 else (lambda *a, **k: None)
         self.lifecycle: Optional[lifecycle.Lifecycle] = None  # set while train() runs
         ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
-        check_batch_size(cfg, rt.world_size)  # DeepSpeed's train_batch_size, now that the world is known
         self.weights_from = weights_source(cfg)  # finetune_from / an HF `load` / finetune, no_load_optim
         self.resume_from = self._resume_source()  # `load`, `save` under auto_resume, or None: fresh
         if self.resume_from and self.resume_from != cfg.checkpoint.load:
             self.weights_from = None  # an interrupted fine-tuning run resumes from its own save folder
         elif self.weights_from:
             self.resume_from = None
+        # DeepSpeed's train_batch_size, now that the world is known: the accumulation count is
+        # derived from the global batch (train_batch_size, or a resumed run's when the world changed)
+        batch_note = check_batch_size(cfg, rt.world_size, rt.topo.ranks_per_node, *self._kept_global_batch())
+        if batch_note:
+            self.log(batch_note)
         seed_everything(cfg.train.seed)
         plan, ranked = autoplan.resolve(cfg, rt.topo)  # preset auto: the modelled fastest plan that fits
         comm = new_comm(rt)
@@ -95,9 +99,14 @@ class Trainer(TrainerCheckpoints):
         lg = cfg.logging
         # metrics.jsonl belongs to its run: a resumed run appends, a fresh one moves an older file aside
         self.writer = M.MetricsWriter(lg.log_dir, lg.tensorboard_dir, enabled=rt.rank == 0,
-                                      fresh=not self.resume_from)
+                                      fresh=not self.resume_from,
+                                      resume_step=self.state.step if self.resume_from else None)
         if self.writer.moved_to:
             self.log(f"{self.writer.path} held an earlier run's records: moved to {self.writer.moved_to}")
+        if self.writer.superseded:
+            self.log(f"{self.writer.path}: {self.writer.superseded} records of steps after {self.state.step} "
+                     f"(trained after the last checkpoint by a job that did not save them) moved to "
+                     f"{self.writer.path}.superseded")
         if rt.rank == 0:
             write_effective_config(self.effective_cfg, lg.log_dir)
         self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step,
@@ -116,11 +125,19 @@ class Trainer(TrainerCheckpoints):
         eng.train()
         losses = []
         step, accum = self.state.step + 1, t.gradient_accumulation_steps
+        life = self.lifecycle
         for m in range(accum):
+            # a stop signal is honoured at the next micro-batch (all ranks agree, pipelined by one
+            # micro-batch); the partial step is discarded and the run saves the last whole step
+            if m and life is not None and life.poll_micro():
+                self._discard_partial_step()
+                return None
             x, y = self.train_batches.micro(self.state.consumed_samples, m)
             loss = self._loss(x, y)
             losses.append(loss.detach())
             self._backward(loss, m, accum)
+        if life is not None:
+            life.end_micro()
         lr = learning_rate(self.cfg, step)
         stats = eng.step(lr)
         self.state.consumed_samples += self.batches_per_step
@@ -138,6 +155,13 @@ class Trainer(TrainerCheckpoints):
         else:
             self.state.bad_steps = 0
         return stats
+
+    def _discard_partial_step(self) -> None:
+        """Drop the gradients of a step stopped between micro-batches (the weights, optimizer and
+        data position stay those of the last whole step, which is what gets saved)."""
+        for u in self.engine.units:
+            u.grad_acc.zero_()
+            u.reset_residuals()
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One micro-batch's loss."""
@@ -177,18 +201,23 @@ class Trainer(TrainerCheckpoints):
         """Mean loss and summed traffic counters over ranks (step_sync.reduce_log)."""
         return step_sync.reduce_log(self.engine.comm, self.rt.world_size, loss_sum, comm_bytes)
 
-    def train(self, until: Optional[int] = None) -> dict:
+    def train(self, until: Optional[int] = None, signals: Optional[lifecycle.StopSignals] = None) -> dict:
         """Train to ``train_iters`` (or stop early after step ``until``, saving as at the end).
 
-        SIGTERM, SIGUSR1 and SIGINT stop it after the current step on every rank, saving as at the
-        end; the returned record then has ``stopped_by`` (the signal's name)."""
-        signals = lifecycle.StopSignals().install()
+        SIGTERM, SIGUSR1, SIGUSR2 and SIGINT stop it at the next micro-batch (the partial step is
+        discarded) or after the current step on every rank, saving as at the end; the returned
+        record then has ``stopped_by`` (the signal's name). ``signals``: handlers installed when
+        the process started (train.py), so a signal during start-up stops the run before its first
+        step; None installs them now."""
+        own = signals is None
+        signals = signals or lifecycle.StopSignals().install()
         try:
             self.lifecycle = step_sync.agreement(self.engine.comm, self.rt, signals,
                                                  self.cfg.checkpoint.save_interval_minutes)
             return self._train(until)
         finally:
-            signals.restore()
+            if own:
+                signals.restore()
 
     def _train(self, until: Optional[int]) -> dict:
         cfg, rt, s = self.cfg, self.rt, self.state
@@ -208,6 +237,13 @@ class Trainer(TrainerCheckpoints):
             bar = tqdm(total=t.train_iters, initial=s.step, desc="train", unit="step", dynamic_ncols=True,
                        file=sys.stdout)
         last = {}
+        if life.agree_now():  # a stop signal came while the run started up: stop before training
+            life.close()
+            if bar is not None:
+                bar.close()
+            self.writer.close()
+            return {"stopped_by": life.stop_name, "before_training": True,
+                    "checkpoint": ckpt.resolve(self.resume_from) if self.resume_from else None}
         window_loss = torch.zeros((), dtype=torch.float64, device=rt.device)
         window_steps, window_time = 0, 0.0
         self.engine.comm.reset_counters()
@@ -218,6 +254,8 @@ class Trainer(TrainerCheckpoints):
             # gathers, queued kernels) is counted where it ends, not hidden between timed regions.
             t0 = time.perf_counter()
             stats = self.train_step()
+            if stats is None:  # stopped between micro-batches: the partial step is discarded
+                break
             stop, save_due = life.poll()  # agreed by all ranks: a stop signal, a time-based save
             window_time += time.perf_counter() - t0
             window_loss += stats["loss"].double()

@@ -1,0 +1,224 @@
+"""One owner per run folder.
+
+A training run takes a lock in its ``save`` folder and in its ``log_dir`` before it writes
+anything there: ``{folder}/.megatron_topo.lock``, a small JSON record naming the host, the Slurm
+job id (if any), the process id and the process's start time. A second run (or Slurm job) on the
+same folder stops with one line naming the owner, before it touches anything. The lock is removed
+when the run exits (also after an error or a stop signal).
+
+A lock left behind by a run that was killed (SIGKILL, node failure, a Slurm job that ran out of
+time) is detected as stale, without guessing, by the first of these that applies:
+
+* same host: the owner process is gone, or its pid now belongs to another process (its start
+  time in ``/proc/<pid>/stat`` differs);
+* another host, owner inside a Slurm job other than ours and ``squeue`` available: the job is no
+  longer pending or running;
+* otherwise a lease: the owner rewrites the lock's modification time every ``LEASE_S / 4``
+  seconds while it runs, and a lock not refreshed for ``LEASE_S`` seconds is stale.
+
+A stale lock is taken over with one line naming the previous owner. Creating the lock is atomic
+(``os.link`` of a complete file: no reader ever sees a half-written record, also on Lustre and
+NFS); taking over renames the stale file away first (only one contender's rename succeeds) and
+checks that what it renamed is the record it judged stale.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from typing import Callable, Optional
+
+LOCK_NAME = ".megatron_topo.lock"
+LEASE_S = float(os.environ.get("MEGATRON_TOPO_LOCK_LEASE_S", "300"))
+_SLURM_LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+               "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "REQUEUE_HOLD", "REQUEUE_FED"}
+
+
+class LockError(RuntimeError):
+    """The folder belongs to another live run; one line for the user."""
+
+
+def _proc_start(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _job_id() -> Optional[str]:
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def _slurm_job_state(job: str) -> Optional[str]:
+    """The job's state from squeue ('' when Slurm no longer lists it), None when squeue cannot tell."""
+    try:
+        r = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if r.returncode == 0:
+        return r.stdout.strip().splitlines()[0].strip() if r.stdout.strip() else ""
+    if "invalid job id" in (r.stderr or "").lower():
+        return ""  # finished long enough ago to be forgotten
+    return None
+
+
+def describe(owner: dict) -> str:
+    job = f"Slurm job {owner['job']}, " if owner.get("job") else ""
+    return f"{job}host {owner.get('host', '?')}, pid {owner.get('pid', '?')}, since {owner.get('started', '?')}"
+
+
+def stale_reason(owner: dict, lock_path: str, now: Optional[float] = None) -> Optional[str]:
+    """Why the lock of ``owner`` is stale, or None while its owner may still run."""
+    host, pid = owner.get("host"), owner.get("pid")
+    if host == socket.gethostname() and isinstance(pid, int):
+        if not _pid_alive(pid):
+            return f"process {pid} on {host} has exited"
+        start = _proc_start(pid)
+        if owner.get("pid_start") and start and start != owner["pid_start"]:
+            return f"process {pid} on {host} has exited (its pid now belongs to another process)"
+        return None
+    job = owner.get("job")
+    if job and job != _job_id():
+        state = _slurm_job_state(str(job))
+        if state is not None:
+            if state in _SLURM_LIVE:
+                return None
+            return f"Slurm job {job} has ended ({state.lower() or 'no longer listed'})"
+    try:
+        age = (now or time.time()) - os.stat(lock_path).st_mtime
+    except OSError:
+        return "the lock vanished"
+    if age > LEASE_S:
+        return f"its lease expired ({age:.0f} s since its owner last renewed it; lease {LEASE_S:.0f} s)"
+    return None
+
+
+def _read(path: str) -> Optional[dict]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(4096)
+        rec = json.loads(data.decode("utf-8", "replace"))
+        return rec if isinstance(rec, dict) else {}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}  # unreadable or not ours: judged by its lease (mtime) like a remote owner
+
+
+class RunLock:
+    """The locks of one run; ``acquire`` each folder, ``release`` at exit (idempotent)."""
+
+    def __init__(self, log: Callable[[str], None] = print):
+        self.log = log
+        self.held: list[tuple[str, str]] = []  # (lock path, our token)
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
+                   "job": _job_id(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                   "token": f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"}
+        self._stop = threading.Event()
+        self._renewer: Optional[threading.Thread] = None
+
+    def acquire(self, folder: str, what: str) -> None:
+        """Lock ``folder`` (created if missing) for this run or raise LockError naming the owner."""
+        folder = os.path.abspath(folder)
+        path = os.path.join(folder, LOCK_NAME)
+        if any(p == path for p, _ in self.held):
+            return
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.{self.me['host']}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.me, f)
+        try:
+            for _ in range(3):
+                try:
+                    os.link(tmp, path)
+                    self.held.append((path, self.me["token"]))
+                    self._start_renewer()
+                    return
+                except FileExistsError:
+                    pass
+                owner = _read(path)
+                if owner is None:
+                    continue  # released meanwhile: try again
+                reason = stale_reason(owner, path)
+                if reason is None:
+                    raise LockError(f"{what} {folder} belongs to a running job ({describe(owner)}; lock {path}); "
+                                    f"wait for it to end, stop it, or use another folder")
+                aside = f"{path}.stale-{self.me['host']}-{os.getpid()}"
+                try:
+                    os.rename(path, aside)
+                except FileNotFoundError:
+                    continue  # another run took it over first: look again
+                if _read(aside) != owner:  # renamed a fresh lock taken between our read and rename
+                    try:
+                        os.link(aside, path)
+                    except FileExistsError:
+                        pass
+                    os.unlink(aside)
+                    continue
+                os.unlink(aside)
+                self.log(f"{what} {folder}: taking over the lock of an earlier job that is gone "
+                         f"({describe(owner)}: {reason})")
+            raise LockError(f"{what} {folder}: could not take the lock {path} (other runs keep taking it)")
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def _start_renewer(self) -> None:
+        if self._renewer is not None:
+            return
+
+        def renew():
+            while not self._stop.wait(LEASE_S / 4):
+                for path, token in list(self.held):
+                    if (_read(path) or {}).get("token") == token:
+                        try:
+                            os.utime(path)
+                        except OSError:
+                            pass
+        self._renewer = threading.Thread(target=renew, name="megatron_topo-lock-lease", daemon=True)
+        self._renewer.start()
+
+    def release(self) -> None:
+        """Remove the locks this run holds (only where the lock is still ours)."""
+        self._stop.set()
+        for path, token in self.held:
+            if (_read(path) or {}).get("token") == token:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        self.held = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+def run_folders(cfg) -> list[tuple[str, str]]:
+    """(folder, what) of a run that get a lock: checkpoint.save and logging.log_dir (one when the same)."""
+    out, seen = [], set()
+    for folder, what in ((cfg.checkpoint.save, "checkpoint.save"), (cfg.logging.log_dir, "log_dir")):
+        if folder and os.path.realpath(folder) not in seen:
+            seen.add(os.path.realpath(folder))
+            out.append((folder, what))
+    return out
