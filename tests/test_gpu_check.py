@@ -81,3 +81,24 @@ def test_the_kernel_inputs_have_subnormal_scales_ties_and_specials(dtype):
     if dt == torch.float32:
         s = blocks[4].abs().max() / 127
         assert 0 < s < torch.finfo(torch.float32).tiny  # a subnormal scale
+
+
+from tests.test_slurm import _launched, _lines, fake_slurm  # noqa: E402,F401 (fixture)
+
+
+def test_check_job_under_fake_slurm(fake_slurm):  # noqa: F811
+    """slurm/frontier_check.sh: one node, one task per GCD, tools/gpu_check.py with the job's files."""
+    r = fake_slurm["submit"]("frontier_check.sh")
+    assert r.returncode == 0, r.stdout + r.stderr
+    log = fake_slurm["log"]
+    srun = _lines(os.path.join(log, "srun_args"))
+    for o in ("--nodes=1", "--ntasks=8", "--ntasks-per-node=8", "--gpus-per-task=1", "--distribution=block"):
+        assert o in srun, (o, srun)
+    args, env = _launched(log, 7)
+    assert args == ["-u", TOOL, *[os.path.join(REPO, f"configs/{f}.yml") for f in ("20B", "topo", "frontier")]]
+    assert env["RANK"] == "7" and env["WORLD_SIZE"] == "8"
+    r = fake_slurm["submit"]("frontier_check.sh", "configs/10B.yml", "configs/zeropp.yml", "--layers", "4")
+    args, _ = _launched(log, 7)
+    assert r.returncode == 0 and args[2:] == [*[os.path.join(REPO, f"configs/{f}.yml") for f in ("10B", "zeropp",
+                                                                                              "frontier")],
+                                              "--layers", "4"]
