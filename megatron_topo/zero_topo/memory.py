@@ -9,6 +9,7 @@ check every run makes before it allocates anything.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Optional, Sequence
 
 from . import layout as L
@@ -128,7 +129,8 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
 
 
 def buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str,
-                 ranks_per_node: Optional[int] = None, max_in_flight: int = 2) -> dict:
+                 ranks_per_node: Optional[int] = None, max_in_flight: int = 2,
+                 sec: Optional[int] = None) -> dict:
     """Buffers beyond the model states at each phase of a step (bytes per rank), from
     :func:`unit_buffers`: ``forward`` (gathered units: the one computing and the prefetched next;
     the post-step gathers of the previous step still held by units not yet reached),
@@ -139,19 +141,27 @@ def buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precis
     if not unit_numels:
         return {"forward": 0, "publish": 0, "backward": 0, "combines": 0, "step": 0}
     rpn = ranks_per_node or world_size
-    units = [unit_buffers(P, plan, world_size, precision, rpn) for P in padded_units(unit_numels, plan, world_size)]
+    counts = Counter(padded_units(unit_numels, plan, world_size))  # most units share a size: each computed once
+    kinds = [(unit_buffers(P, plan, world_size, precision, rpn), c) for P, c in counts.items()]
     n = 2 if plan.prefetch else 1
 
-    def top(key: str, k: int) -> int:
-        return sum(sorted((u[key] for u in units), reverse=True)[:k])
+    def top(key: str, k: int) -> int:  # the k largest units' bytes of ``key``
+        out = 0
+        for u, c in sorted(kinds, key=lambda uc: -uc[0][key]):
+            take = min(c, k)
+            out, k = out + take * u[key], k - take
+            if k == 0:
+                break
+        return out
 
-    total = lambda key: sum(u[key] for u in units)  # noqa: E731
+    total = lambda key: sum(u[key] * c for u, c in kinds)  # noqa: E731
     # forward: the unit computing and the prefetched next one, whose quantized payload is in flight
     fwd = top("full", n) + top("gather_fwd", 1)
     # backward: the unit computing (its parameters' gradients, the flat gradient), the previous
     # unit's gather from the secondary in flight, up to max_in_flight + 1 reductions in flight
     bwd = top("full", n) + top("gather_bwd", 1) + top("flat_grad", 1) + top("reduce", max_in_flight + 1)
-    sec = state_bytes(unit_numels, plan, world_size, precision)["secondary"]
+    if sec is None:
+        sec = state_bytes(unit_numels, plan, world_size, precision)["secondary"]
     # step: every combine in flight (both stages) while the first fp32 gradient is made, then
     # the fp32 gradients and every post-step gather, the secondaries dropped as they go out
     # (each unit's combine buffers are dropped as its fp32 gradient is made; the gradients stay
@@ -189,7 +199,7 @@ def peak_estimate(unit_numels: Sequence[int], plan: Plan, world_size: int, preci
     st = state_bytes(unit_numels, plan, world_size, precision)
     act = activations if activations is not None else activation_bytes(hidden, heads, layers, seq, vocab,
                                                                        micro_batch, precision, recompute)
-    b = buffer_bytes(unit_numels, plan, world_size, precision, ranks_per_node)
+    b = buffer_bytes(unit_numels, plan, world_size, precision, ranks_per_node, sec=st["secondary"])
     phases = {"forward": b["forward"] + max(act, b["publish"]),
               "backward": b["backward"] + max(act, b["combines"]),
               "step": b["step"]}
