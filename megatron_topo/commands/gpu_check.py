@@ -268,12 +268,12 @@ def _checks(args, cfg, sets, rt) -> int:
             worst = C.Row(row.check, "FAIL", f"rank {r}: {worst.detail}")
         merged.append(worst)
     comm_row = merged[4]
-    why = C.compare_traces([e["comm"] for e in everyone])
+    why = C.first_trace_problem([e["comm"] for e in everyone])
     if comm_row.status == "PASS" and why:
         merged[4] = C.Row("communicators", "FAIL", f"traces differ: {why}")
     order = merged[5]
     if order.status == "PASS":
-        why = C.compare_traces([e["step"] for e in everyone])
+        why = C.first_trace_problem([e["step"] for e in everyone])
         if why:
             merged[5] = C.Row("collective order", "FAIL", f"ranks issued different collectives: {why} "
                                                           f"(NCCL/RCCL would hang)")

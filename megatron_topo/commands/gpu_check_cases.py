@@ -221,7 +221,9 @@ class TracingDelays:
         real = self._real[op]
 
         def call(*args, **kw):
-            t = args[0] if op == "all_reduce" else args[1]
+            # the buffer the collective moves, as distributed.trace_collectives records it: an
+            # all-gather's output, a reduce-scatter's input, an all-to-all's or all-reduce's buffer
+            t = args[0] if op in ("all_reduce", "all_gather") else args[1]
             group = args[1] if op == "all_reduce" else args[2]
             if group.size > 1:
                 time.sleep(self.rng.random() * self.max_delay_s)
@@ -233,6 +235,17 @@ class TracingDelays:
     def restore(self) -> None:
         for op in self.OPS:
             setattr(self.comm, op, self._real[op])
+
+
+def first_trace_problem(traces: list[list[dict]]) -> Optional[str]:
+    """The first problem :mod:`zero_topo.trace` finds in the ranks' traces (the comparison of
+    ``distributed.trace_collectives``), else :func:`compare_traces`'s; None when they agree."""
+    try:
+        from ..zero_topo.trace import compare_traces as compare
+    except ImportError:
+        return compare_traces(traces)
+    problems = compare(dict(enumerate(traces)), len(traces))
+    return problems[0] if problems else None
 
 
 def compare_traces(traces: list[list[dict]]) -> Optional[str]:
