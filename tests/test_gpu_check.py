@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from megatron_topo.commands import gpu_check_cases as C
+from megatron_topo.zero_topo.comm import Handle
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(REPO, "tools/gpu_check.py")
@@ -22,6 +23,14 @@ def _run(*args, timeout=600, cfg=CFG):
                           timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+# Before the one collective schedule (issue 27 item 1) a unit's combine went out when is_completed()
+# said its reduction had landed (Handle.landed), which differs between ranks: the check then reports,
+# correctly, that the ranks issued different collectives (measured on 1d0c977 + this tool)
+_ORDER_BY_PROGRESS = hasattr(Handle, "landed")
+
+
+@pytest.mark.xfail(_ORDER_BY_PROGRESS, strict=True, reason="the engine launches collectives on is_completed(): "
+                   "the collective order differs between ranks (issue 27 item 1)")
 def test_gpu_check_passes_on_8_cpu_ranks():
     out = _run("--spawn", "8", "--timeout", "240")
     lines = out.stdout.strip().splitlines()
