@@ -36,9 +36,20 @@ class PeakMemory(TorchDispatchMode):
         super().__init__()
         self.live: dict[int, int] = {}
         self.current = 0
-        self.peak = 0
         self.phase_name: Optional[str] = None
         self.phase_peaks: dict[str, int] = {}  # the peak of each phase (forward, backward, step, ...)
+        self.peak = 0
+
+    @property
+    def peak(self) -> int:
+        return self._peak
+
+    @peak.setter
+    def peak(self, value: int) -> None:
+        """Every update of the peak (after any change of ``current``) also updates the phase's."""
+        self._peak = value
+        if self.phase_name is not None:
+            self.phase_peaks[self.phase_name] = max(self.phase_peaks[self.phase_name], self.current)
 
     def phase(self, name: Optional[str]) -> None:
         """From now on, allocations count toward ``name``'s peak (which starts at what is live)."""
@@ -55,8 +66,6 @@ class PeakMemory(TorchDispatchMode):
         self.live[key] = n
         self.current += n
         self.peak = max(self.peak, self.current)
-        if self.phase_name is not None:
-            self.phase_peaks[self.phase_name] = max(self.phase_peaks[self.phase_name], self.current)
         weakref.finalize(st, self._free, key)
 
     def _free(self, key: int) -> None:
