@@ -36,7 +36,26 @@ class PeakMemory(TorchDispatchMode):
         super().__init__()
         self.live: dict[int, int] = {}
         self.current = 0
+        self.phase_name: Optional[str] = None
+        self.phase_peaks: dict[str, int] = {}  # the peak of each phase (forward, backward, step, ...)
         self.peak = 0
+
+    @property
+    def peak(self) -> int:
+        return self._peak
+
+    @peak.setter
+    def peak(self, value: int) -> None:
+        """Every update of the peak (after any change of ``current``) also updates the phase's."""
+        self._peak = value
+        if self.phase_name is not None:
+            self.phase_peaks[self.phase_name] = max(self.phase_peaks[self.phase_name], self.current)
+
+    def phase(self, name: Optional[str]) -> None:
+        """From now on, allocations count toward ``name``'s peak (which starts at what is live)."""
+        self.phase_name = name
+        if name is not None:
+            self.phase_peaks[name] = max(self.phase_peaks.get(name, 0), self.current)
 
     def track(self, t: torch.Tensor) -> None:
         st = t.untyped_storage()
@@ -172,19 +191,31 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
             accum = cfg.train.gradient_accumulation_steps
             for m in range(accum):
                 x, y = _step_inputs(cfg)
+                tracker.phase("forward")
                 loss = loss_fn(eng(x), y)
+                tracker.phase("last_backward" if m == accum - 1 else "backward")
                 eng.backward(loss / accum, last_micro_batch=m == accum - 1)
+                del loss
+            tracker.phase("step")
             eng.step(cfg.train.optimizer.params.lr)
-            for u in eng.units:  # the post-step gather, as the next forward would wait for it
-                u.wait_publish()
             step_bytes = eng.comm.reset_counters()
+            # the next step's forward, whose gathers wait for the post-step gathers one unit at a
+            # time: the post-step buffers of the units not yet reached live beside its activations
+            x, y = _step_inputs(cfg)
+            tracker.phase("next_forward")
+            loss = loss_fn(eng(x), y)
+            tracker.phase(None)
+            del loss
+            for u in eng.units:
+                u.free_full()
         states = eng.state_bytes_before_step
     numels = [u.numel for u in eng.units]
     formula = memory.state_bytes(numels, eng.plan, world_size, cfg.precision)
     limit = int(cfg.system.device_memory_gib * memory.GIB) if cfg.system is not None else None
-    from .preflight import estimate
+    from . import preflight
 
-    est = estimate(cfg, eng.plan, world_size, numels)
+    reserve = preflight.reserve_bytes(cfg, limit) if limit is not None else None
+    est = preflight.estimate(cfg, eng.plan, world_size, numels)
     return {
         "parameters": sum(numels),
         "world_size": world_size,
@@ -200,9 +231,13 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
         "init_peak_bytes_per_rank": init_peak,
         "after_init_bytes_per_rank": after_init,
         "peak_bytes_per_rank": tracker.peak,
+        "phase_peak_bytes_per_rank": dict(tracker.phase_peaks),
         "estimate_bytes_per_rank": est,
         "device_memory_bytes": limit,
-        "fits": None if limit is None else tracker.peak <= limit,
+        "reserve_bytes": reserve,
+        # the measured peak and the preflight's estimate, each with the reserve kept free
+        "fits": None if limit is None else tracker.peak + reserve <= limit,
+        "estimate_fits": None if limit is None else est["total"] + reserve <= limit,
         "collective_bytes_per_step": {k: step_bytes[k] for k in (*LEVELS, "control")},
         "config": flat_dict(cfg),
     }
@@ -221,8 +256,11 @@ def render(r: dict) -> str:
         "model states per rank (GiB, from the engine's tensors): " + ", ".join(
             f"{k} {v / gib:.2f}" for k, v in st.items()),
         f"peak allocated per rank: {r['peak_bytes_per_rank'] / gib:.2f} GiB during the step, "
-        f"{r['init_peak_bytes_per_rank'] / gib:.2f} GiB during sharded init"
-        + (f"; device memory {lim / gib:.1f} GiB: {'fits' if r['fits'] else 'DOES NOT FIT'}" if lim else ""),
+        f"{r['init_peak_bytes_per_rank'] / gib:.2f} GiB during sharded init; the preflight's estimate "
+        f"{r['estimate_bytes_per_rank']['total'] / gib:.2f} GiB",
+        *([f"device memory {lim / gib:.1f} GiB, reserve {r['reserve_bytes'] / gib:.1f} GiB (context, communicators, "
+           f"fragmentation: system.memory_reserve_gib): peak + reserve {'fits' if r['fits'] else 'DOES NOT FIT'}, "
+           f"estimate + reserve {'fits' if r['estimate_fits'] else 'DOES NOT FIT'}"] if lim else []),
         "bytes sent by this rank in one step: " + ", ".join(
             f"{k} {v / 1e9:.3f} GB" for k, v in r["collective_bytes_per_step"].items()),
     ]

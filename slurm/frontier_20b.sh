@@ -3,8 +3,8 @@
 #   sbatch slurm/frontier_20b.sh                                # from any folder; docs/frontier.md
 #   sbatch slurm/frontier_20b.sh --set train_iters=50          # arguments go to train.py
 #   sbatch slurm/frontier_20b.sh configs/zeropp.yml            # another preset: zero3.yml, zeropp.yml, ...
-#   sbatch --nodes=16 slurm/frontier_20b.sh                     # other scales: >= 2 nodes (20B topo needs
-#                                                               # more than one node's 8 GCDs of memory)
+#   sbatch --nodes=16 slurm/frontier_20b.sh                     # other scales: >= 3 nodes (20B topo needs
+#                                                               # more than two nodes' 16 GCDs with the memory reserve)
 # Resubmitting the same command continues the run from its latest checkpoint, on any node count.
 # ============================ edit this block ===================================================
 #SBATCH --account=CHANGEME             # your OLCF project (e.g. abc123)

@@ -149,6 +149,7 @@ def rank_plans(cfg: Config, topo: Topology, system: Optional[SystemConfig] = Non
     shape, t, m = pm.Shape.from_config(cfg.model), cfg.train, cfg.model
     numels = unit_numels(m)
     limit = system.device_memory_gib * GIB
+    limit -= preflight.reserve_bytes(dataclasses.replace(cfg, system=system), int(limit))
     ranked = []
     for p in progress(candidates(cfg.zero_topo, topo) if plans is None else plans):
         est = preflight.estimate(cfg, p, topo.world_size, numels)

@@ -76,6 +76,8 @@ def run(args) -> dict:
     per_node = cfg.topology.gcds_per_gpu * cfg.topology.gpus_per_node
     topo = pm.topology_for(args.nodes * per_node, cfg.topology)
     mem = system.device_memory_gib * pm.GIB
+    # kept free for the GPU context, NCCL/RCCL buffers, fragmentation (system.memory_reserve_gib)
+    kept = preflight.reserve_bytes(cfg, int(mem)) if engine_conv(args) else 0
     if args.reserve_gib is not None and args.reserve_gib >= system.device_memory_gib:
         raise ConfigError(f"--reserve-gib {args.reserve_gib:g} leaves nothing of the {system.device_memory_gib:g} GiB "
                           f"per device; reserve less")
@@ -93,7 +95,7 @@ def run(args) -> dict:
             reserve = 0.0
         if args.reserve_gib is not None:
             reserve = args.reserve_gib * pm.GIB
-        return states, reserve
+        return states, reserve + kept
 
     mb, ga, rc = cfg.train.train_micro_batch_size_per_gpu, cfg.train.gradient_accumulation_steps, \
         cfg.model.checkpoint_activations
@@ -106,7 +108,7 @@ def run(args) -> dict:
         presets.append({
             "preset": name, "plan": plan_dict(plan),
             "memory_gib": {k: v / pm.GIB for k, v in states.items()} | {"total": total / pm.GIB},
-            "reserve_gib": reserve / pm.GIB,
+            "reserve_gib": reserve / pm.GIB, "system_reserve_gib": kept / pm.GIB,
             "fits": total + reserve <= mem, "max_params": pm.max_params(mem - reserve, plan, args.convention),
             "step_s": est.step_s, "tflops_per_gcd": est.tflops_per_gcd,
             "bytes_per_level": est.bytes_per_level,
@@ -125,7 +127,7 @@ def run(args) -> dict:
     best = [{"plan": plan_dict(p), "memory_gib": st / pm.GIB, "step_s": e.step_s,
              "tflops_per_gcd": e.tflops_per_gcd, "bytes_per_level": e.bytes_per_level}
             for p, e, st in found[: args.top]]
-    limit = mem - (args.reserve_gib or 0.0) * pm.GIB
+    limit = mem - (args.reserve_gib or 0.0) * pm.GIB - kept
     ranked = autoplan.rank_plans(cfg, topo, reserve_bytes=None if args.reserve_gib is None else
                                  args.reserve_gib * pm.GIB)
     timed = {x.label for x in autoplan.shortlist(ranked, cfg.zero_topo.auto_trials, cfg.zero_topo.auto_trial_window)}
@@ -135,10 +137,14 @@ def run(args) -> dict:
     return {
         "model": args.model, "params": shape.params, "system": system.name, "topology": topo.describe(),
         "nodes": args.nodes, "gcds": topo.world_size, "device_memory_gib": system.device_memory_gib,
-        "memory_limit_gib": limit / pm.GIB, "convention": args.convention, "micro_batch": mb,
+        "memory_limit_gib": limit / pm.GIB, "system_reserve_gib": kept / pm.GIB, "convention": args.convention, "micro_batch": mb,
         "grad_accum": ga, "top": args.top, "presets": presets, "searched_plans": len(legal),
         "fitting_plans": len(found), "best": best, "step_model": system.step_model, "auto": auto,
     }
+
+
+def engine_conv(args) -> bool:
+    return args.convention == "engine"
 
 
 def _bits(p: dict) -> str:
@@ -150,12 +156,14 @@ def render(r: dict) -> str:
     lines = [
         f"model {r['model']}: {r['params'] / 1e9:.2f} B parameters; {r['system']}: {r['topology']}; "
         f"{r['device_memory_gib']:g} GiB per device ({r['convention']} convention: "
-        + ("model states as the engine allocates them + activation/buffer reserve" if r["convention"] == "engine"
+        + (f"model states as the engine allocates them + activations and buffers + {r['system_reserve_gib']:g} GiB "
+           f"reserve for context, communicators, fragmentation" if r["convention"] == "engine"
            else "the paper's model states only") + f"); micro-batch {r['micro_batch']} x {r['grad_accum']} per step",
         "",
-        "model-state memory per device (GiB), reserve, largest model that fits, modelled TFLOPS/GCD",
+        "model-state memory per device (GiB), extra = activations + buffers + reserve, largest model that fits, modelled "
+        "TFLOPS/GCD",
         f"{'preset':<9} {'w':>4} {'g':>4} {'os':>4} {'sec':>4} {'weights':>8} {'second.':>8} {'grads':>7} "
-        f"{'optim':>7} {'total':>7} {'reserve':>7} {'fits':>4} {'max B':>7} {'TFLOPS':>7}",
+        f"{'optim':>7} {'total':>7} {'extra':>7} {'fits':>4} {'max B':>7} {'TFLOPS':>7}",
     ]
     for p in r["presets"]:
         m, pl = p["memory_gib"], p["plan"]

@@ -276,6 +276,10 @@ class SystemConfig:
 
     name: str = option("local_cpu", "machine name")
     device_memory_gib: float = option(64.0, "memory per device", gt=0.0)
+    memory_reserve_gib: Optional[float] = option(
+        None, "memory per device kept free for what the engine's tensors do not count: the GPU context, "
+        "NCCL/RCCL buffers, the caching allocator's fragmentation (default: 8 % of device_memory_gib; each "
+        "configs/ system file states its own and where it comes from)", ge=0.0)
     peak_tflops: float = option(191.5, "per device, advertised dense fp16/bf16", gt=0.0)
     gemm_tflops: float = option(125.0, "per device, measured large GEMM", gt=0.0)
     bw_intra_gpu_gbs: float = option(200.0, "GB/s per direction between the GCDs of one package", gt=0.0)

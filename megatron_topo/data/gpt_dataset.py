@@ -150,10 +150,12 @@ def data_fingerprint(ds: MMapIndexedDataset) -> dict:
 
 
 def index_bytes(tokens_per_epoch: int, num_documents: int, num_samples: int, seq_length: int) -> int:
-    """Bytes of the doc_idx / sample_idx / shuffle_idx arrays ``build_index_mappings`` would make."""
+    """Peak bytes of building the doc_idx / sample_idx / shuffle_idx arrays (``build_index_mappings``):
+    per doc_idx entry the int64 tile, its int32 copy and the int64 document lengths
+    ``build_sample_idx`` reads (20 bytes), then the sample and shuffle indices."""
     epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
     total = (epochs * tokens_per_epoch - 1) // seq_length
-    return epochs * num_documents * 8 + (total + 1) * 2 * 8 + total * 8
+    return epochs * num_documents * 20 + (total + 1) * 2 * 8 + total * 8
 
 
 def available_memory_bytes() -> int:

@@ -67,6 +67,10 @@ class Handle:
                     w.wait()
             self.result = self._then() if self._then else None
             self.done = True
+            # drop the finishing work and the works: a two-stage handle's ``then`` is its own bound
+            # method, a reference cycle that would keep every buffer it holds (send and receive
+            # buffers of both stages) alive until Python's cyclic collector happens to run
+            self._then, self._works = None, []
         return self.result
 
 
@@ -93,6 +97,7 @@ class TwoStageHandle(Handle):
                 w.wait()
         self._works = self._launch_second()
         self.second_launched = True
+        self._launch_second, self._first = None, []  # no cycle through a bound method (see wait)
         return True
 
     def wait(self) -> Any:

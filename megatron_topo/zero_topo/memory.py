@@ -9,6 +9,7 @@ check every run makes before it allocates anything.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Optional, Sequence
 
 from . import layout as L
@@ -18,6 +19,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SCALE_BYTES = 4  # one fp32 scale per quantization block
 ADAM_STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per parameter of the optimizer shard
 GIB = 1024 ** 3
+STEP_SCALARS = 64 * 1024  # the step's per-unit norms and overflow flags (a few KiB), rounded up
 
 
 def block_sizes(plan: Plan) -> list[int]:
@@ -61,18 +63,114 @@ def state_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precisi
     return out
 
 
-def gather_buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str) -> int:
-    """The gathered full units alive at once: the one computing and the prefetched next one
-    (plus the quantized receive buffers of a low-bit gather), and one unit's flat gradient."""
-    if not unit_numels:
-        return 0
+def _q(n: int, bits: int, block: int) -> int:
+    """Bytes of a quantized buffer of ``n`` elements as the kernels allocate it: payload of whole
+    blocks plus one fp32 scale per block (16 bits: not quantized, 0 here)."""
+    nb = -(-n // block)
+    return nb * block * bits // 8 + nb * SCALE_BYTES
+
+
+def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_node: int) -> dict:
+    """Transient bytes one unit of padded size ``P`` holds at each moment of a step, as the
+    engine's transports allocate them (unit.py, transports.py): the gathered unit and its
+    receive/send buffers, one reduction in flight, the cross-replica combine from its launch in
+    the last backward to the step (first stage) and in the step (second stage), the fp32
+    optimizer-shard gradient the step keeps, and the post-step gather's buffers, alive until the
+    unit's next gather."""
     e = DTYPE_BYTES[precision]
-    big = max(padded_units(unit_numels, plan, world_size))
-    full = 0 if plan.weight_factor == 1 else (2 if plan.prefetch else 1) * big * e
-    if plan.weight_factor > 1 and plan.weight_bits < 16:
-        full += (2 if plan.prefetch else 1) * _quantized_bytes(big, plan.weight_bits, plan.quant_block_size)
-    grad = big * e if plan.grad_factor > 1 else 0
-    return full + grad
+    wb = e  # the gradient wire dtype is the compute dtype (ZeroTopoEngine's grad_comm_dtype default)
+    w, g, o = plan.factors
+    r = world_size // g
+    blk, gblk = plan.quant_block_size, plan.grad_quant_block_size
+    out = dict.fromkeys(("full", "gather_fwd", "gather_bwd", "reduce", "flat_grad", "combine",
+                         "combine_stage2", "step_grad", "publish", "publish_tmp"), 0)
+    if w > 1:
+        out["full"] = P * e
+        if plan.weight_bits < 16:  # the quantized primary shard sent + the gathered payload
+            out["gather_fwd"] = _q(P // w, plan.weight_bits, blk) + _q(P, plan.weight_bits, blk)
+        out["gather_bwd"] = out["gather_fwd"]
+        if plan.secondary_degree and plan.secondary_bits < 16:  # from the secondary (already held)
+            out["gather_bwd"] = _q(P, plan.secondary_bits, blk)
+        elif plan.secondary_degree:
+            out["gather_bwd"] = 0
+    # one micro-batch's gradient: the parameters' gradients and the flat buffer they are copied into
+    out["flat_grad"] = P * e + P * wb
+    if g > 1:
+        if plan.grad_bits == 16:  # reduce_scatter_16bit: the reordered send + the received shard
+            out["reduce"] = P * wb + P // g * wb
+        elif g <= ranks_per_node:  # quantized_all_to_all_reduce: send + receive
+            out["reduce"] = 2 * _q(P, plan.grad_bits, gblk)
+        else:  # two_hop_reduce: both hops' send + receive
+            out["reduce"] = 2 * _q(P, plan.grad_bits, gblk) + 2 * _q(P // ranks_per_node, plan.grad_bits, gblk)
+    G, O = P // g, P // o
+    if r > 1:
+        if plan.combine_bits < 16:  # QuantizedCombine: send + receive, this rank's fp32 slice
+            out["combine"] = 2 * _q(G, plan.combine_bits, gblk) + G // r * 4
+            if O != G // r:  # the all-gather of the summed slices
+                out["combine_stage2"] = _q(G // r, plan.combine_bits, gblk) + _q(G, plan.combine_bits, gblk)
+            out["step_grad"] = 0  # a view of the fp32 gradient shard or of the fp32 slice
+        elif plan.deterministic:  # combine_ordered_all_gather: the wire copy + every replica's
+            out["combine"] = (r + 1) * G * wb
+            out["step_grad"] = 0
+        elif plan.inter_node_reduce == "reduce_scatter" and o == world_size:
+            out["combine"] = G * wb + O * wb
+            out["step_grad"] = O * 4 if wb != 4 else 0
+        else:  # combine_all_reduce: in place in fp32, else a wire copy
+            out["combine"] = 0 if wb == 4 else G * wb
+            out["step_grad"] = O * 4 if wb != 4 else 0
+    post = max(1, o // w)
+    # the updated shard in the compute dtype (a copy of the master in fp32 only where it is sent)
+    out["publish_tmp"] = O * e if (e != 4 or post > 1) else 0
+    if post > 1:
+        out["publish"] = O * e  # the updated shard in the compute dtype (fp32: a copy of the master)
+        if plan.publish_bits < 16:
+            out["publish"] += (1 + post) * _q(O, plan.publish_bits, blk)
+    return out
+
+
+def buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str,
+                 ranks_per_node: Optional[int] = None, max_in_flight: int = 2,
+                 sec: Optional[int] = None) -> dict:
+    """Buffers beyond the model states at each phase of a step (bytes per rank), from
+    :func:`unit_buffers`: ``forward`` (gathered units: the one computing and the prefetched next;
+    the post-step gathers of the previous step still held by units not yet reached),
+    ``backward`` (gathers, ``max_in_flight`` + 1 reductions in flight and one flat gradient),
+    ``combines`` (every unit's first-stage combine buffers: all launched by the end of the last
+    backward) and ``step`` (the step's peak: all combines with their second stage, then the fp32
+    gradients and every unit's post-step gather with the secondaries dropped)."""
+    if not unit_numels:
+        return {"forward": 0, "publish": 0, "backward": 0, "combines": 0, "step": 0}
+    rpn = ranks_per_node or world_size
+    counts = Counter(padded_units(unit_numels, plan, world_size))  # most units share a size: each computed once
+    kinds = [(unit_buffers(P, plan, world_size, precision, rpn), c) for P, c in counts.items()]
+    n = 2 if plan.prefetch else 1
+
+    def top(key: str, k: int) -> int:  # the k largest units' bytes of ``key``
+        out = 0
+        for u, c in sorted(kinds, key=lambda uc: -uc[0][key]):
+            take = min(c, k)
+            out, k = out + take * u[key], k - take
+            if k == 0:
+                break
+        return out
+
+    total = lambda key: sum(u[key] * c for u, c in kinds)  # noqa: E731
+    # forward: the unit computing and the prefetched next one, whose quantized payload is in flight
+    fwd = top("full", n) + top("gather_fwd", 1)
+    # backward: the unit computing (its parameters' gradients, the flat gradient), the previous
+    # unit's gather from the secondary in flight, up to max_in_flight + 1 reductions in flight
+    bwd = top("full", n) + top("gather_bwd", 1) + top("flat_grad", 1) + top("reduce", max_in_flight + 1)
+    if sec is None:
+        sec = state_bytes(unit_numels, plan, world_size, precision)["secondary"]
+    # step: every combine in flight (both stages) while the first fp32 gradient is made, then
+    # the fp32 gradients and every post-step gather, the secondaries dropped as they go out
+    # (each unit's combine buffers are dropped as its fp32 gradient is made; the gradients stay
+    # until the step returns)
+    step = max(total("combine") + total("combine_stage2") + top("step_grad", 1),
+               total("step_grad") + top("combine", 1) + top("combine_stage2", 1),
+               total("step_grad") + max(total("publish") - sec, 0) + top("publish_tmp", 1)) + STEP_SCALARS
+    return {"forward": fwd, "publish": total("publish"), "backward": bwd, "combines": total("combine"),
+            "step": max(step, 0)}
 
 
 def activation_bytes(hidden: int, heads: int, layers: int, seq: int, vocab: int, micro_batch: int,
@@ -90,15 +188,24 @@ def activation_bytes(hidden: int, heads: int, layers: int, seq: int, vocab: int,
 
 def peak_estimate(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str, *,
                   hidden: int, heads: int, layers: int, seq: int, vocab: int, micro_batch: int,
-                  recompute: bool, activations: Optional[int] = None) -> dict:
-    """``activations``: the model spec's activation bytes when given (else GPT-NeoX's formula
-    from the shape keywords)."""
+                  recompute: bool, ranks_per_node: Optional[int] = None,
+                  activations: Optional[int] = None) -> dict:
+    """The peak of one rank over a step: model states plus the largest of the phases of
+    :func:`buffer_bytes` with the activations alive at that moment. Activations are freed
+    through backward as the combines of the last micro-batch accumulate (and built through
+    forward as the post-step gathers are consumed), so each pair counts at its larger end.
+    ``activations``: the model spec's activation bytes when given (else GPT-NeoX's formula from
+    the shape keywords)."""
     st = state_bytes(unit_numels, plan, world_size, precision)
     act = activations if activations is not None else activation_bytes(hidden, heads, layers, seq, vocab,
                                                                        micro_batch, precision, recompute)
-    buf = gather_buffer_bytes(unit_numels, plan, world_size, precision)
-    return {"model_states": st["total"], "states": st, "activations": act, "buffers": buf,
-            "total": st["total"] + act + buf}
+    b = buffer_bytes(unit_numels, plan, world_size, precision, ranks_per_node, sec=st["secondary"])
+    phases = {"forward": b["forward"] + max(act, b["publish"]),
+              "backward": b["backward"] + max(act, b["combines"]),
+              "step": b["step"]}
+    buf = max(phases.values())
+    return {"model_states": st["total"], "states": st, "activations": act, "buffers": buf - act,
+            "buffer_phases": b, "phases": phases, "total": st["total"] + buf}
 
 
 def publish_buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str,
