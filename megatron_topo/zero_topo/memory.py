@@ -83,7 +83,7 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
     r = world_size // g
     blk, gblk = plan.quant_block_size, plan.grad_quant_block_size
     out = dict.fromkeys(("full", "gather_fwd", "gather_bwd", "reduce", "flat_grad", "combine",
-                         "combine_stage2", "step_grad", "publish", "publish_tmp"), 0)
+                         "combine_stage2", "unpack", "step_grad", "publish", "publish_tmp"), 0)
     if w > 1:
         out["full"] = P * e
         if plan.weight_bits < 16:  # the quantized primary shard sent + the gathered payload
@@ -106,6 +106,9 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
     if r > 1:
         if plan.combine_bits < 16:  # QuantizedCombine: send + receive, this rank's fp32 slice
             out["combine"] = 2 * _q(G, plan.combine_bits, gblk) + G // r * 4
+            # packed.pack's send copy beside the quantized shard, and packed.unpack's contiguous
+            # copy of what was received: one unit at a time
+            out["unpack"] = _q(G, plan.combine_bits, gblk)
             if O != G // r:  # the all-gather of the summed slices
                 out["combine_stage2"] = _q(G // r, plan.combine_bits, gblk) + _q(G, plan.combine_bits, gblk)
             out["step_grad"] = 0  # a view of the fp32 gradient shard or of the fp32 slice
@@ -125,6 +128,8 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
         out["publish"] = O * e  # the updated shard in the compute dtype (fp32: a copy of the master)
         if plan.publish_bits < 16:
             out["publish"] += (1 + post) * _q(O, plan.publish_bits, blk)
+            # packed.pack's copy: the quantized shard and its packed send buffer, one unit at a time
+            out["publish_tmp"] += _q(O, plan.publish_bits, blk)
     return out
 
 
@@ -166,8 +171,8 @@ def buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precis
     # the fp32 gradients and every post-step gather, the secondaries dropped as they go out
     # (each unit's combine buffers are dropped as its fp32 gradient is made; the gradients stay
     # until the step returns)
-    step = max(total("combine") + total("combine_stage2") + top("step_grad", 1),
-               total("step_grad") + top("combine", 1) + top("combine_stage2", 1),
+    step = max(total("combine") + total("combine_stage2") + top("step_grad", 1) + top("unpack", 1),
+               total("step_grad") + top("combine", 1) + top("combine_stage2", 1) + top("unpack", 1),
                total("step_grad") + max(total("publish") - sec, 0) + top("publish_tmp", 1)) + STEP_SCALARS
     return {"forward": fwd, "publish": total("publish"), "backward": bwd, "combines": total("combine"),
             "step": max(step, 0)}
