@@ -126,6 +126,7 @@ class RunLock:
     def __init__(self, log: Callable[[str], None] = print):
         self.log = log
         self.held: list[tuple[str, str]] = []  # (lock path, our token)
+        self.created: list[str] = []  # folders acquire made, deepest first: removed at release when empty
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
                    "job": _job_id(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                    "token": f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"}
@@ -138,7 +139,12 @@ class RunLock:
         path = os.path.join(folder, LOCK_NAME)
         if any(p == path for p, _ in self.held):
             return
+        missing, up = [], folder
+        while not os.path.lexists(up) and os.path.dirname(up) != up:
+            missing.append(up)
+            up = os.path.dirname(up)
         os.makedirs(folder, exist_ok=True)
+        self.created[:0] = missing
         tmp = f"{path}.{self.me['host']}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(self.me, f)
@@ -205,6 +211,14 @@ class RunLock:
                 except OSError:
                     pass
         self.held = []
+        # a run that stopped before writing anything (a refused config, a failed preflight) leaves
+        # no folder behind: the ones the lock made are removed when they hold nothing else
+        for d in self.created:
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass
+        self.created = []
 
     def __enter__(self):
         return self

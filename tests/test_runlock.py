@@ -51,8 +51,13 @@ def test_lock_names_its_owner_and_is_released(tmp_path):
     b.release()  # holds nothing: the owner's lock stays
     assert (tmp_path / "ck" / runlock.LOCK_NAME).exists()
     a.release()
-    assert not (tmp_path / "ck" / runlock.LOCK_NAME).exists()
-    assert os.listdir(tmp_path / "ck") == [] and lines == []
+    assert not (tmp_path / "ck").exists() and lines == []  # the folder the lock made, empty: removed
+    (tmp_path / "kept").mkdir()
+    c = runlock.RunLock(log=lines.append)
+    c.acquire(str(tmp_path / "kept" / "a" / "b"), "log_dir")
+    (tmp_path / "kept" / "a" / "out.txt").write_text("written by the run")
+    c.release()  # b was empty: removed; a holds the run's file: kept; kept was not made by the lock
+    assert sorted(os.listdir(tmp_path / "kept" / "a")) == ["out.txt"]
 
 
 @pytest.mark.parametrize("case", ["dead_pid", "reused_pid", "ended_job", "expired_lease"])
