@@ -72,7 +72,7 @@ def test_char_level_with_large_vocab_writes_int32(tmp_path):
     run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / "o", "--tokenizer-type",
              "CharLevelTokenizer", "--vocab-size", 70000, check=True)
     code, seqs, _ = read_pair(str(tmp_path / "o_text_document"))
-    assert code == 4 and seqs == [[ord("日"), ord("本")]]
+    assert code == 4 and seqs == [list("日本".encode("utf-8"))]  # GPT-NeoX: UTF-8 bytes
 
 
 @pytest.fixture
@@ -147,8 +147,8 @@ def test_other_bad_inputs(tmp_path, existing):
     assert "junk.jsonl.zst: cannot read (ZstdError" in _fail(existing, junk)
     s = write_jsonl(str(tmp_path / "c.jsonl"), [{"text": "ok"}, {"text": "日"}])
     line = error_line(run_tool("preprocess_data", "--input", s, "--output-prefix", existing,
-                               "--tokenizer-type", "CharLevelTokenizer"))
-    assert "c.jsonl:2: CharLevelTokenizer" in line and "512" in line
+                               "--tokenizer-type", "CharLevelTokenizer", "--vocab-size", 200))
+    assert "c.jsonl:2: CharLevelTokenizer: byte 230" in line and "200 ids" in line
     line = error_line(run_tool("preprocess_data", "--input", s, "--output-prefix", existing,
                                "--tokenizer-type", "Nope"))
     assert "'Nope' is not valid" in line

@@ -28,6 +28,7 @@ from megatron_topo.cli import OneLineParser
 from megatron_topo.data import DataError, TOKENIZERS
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
+from megatron_topo.data.tokenizer import MERGE_FILE_IGNORED
 
 # Megatron-LM flags we refuse (with why) when given a value other than their no-op default.
 REFUSED = {
@@ -111,6 +112,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         check_args(args)
+        if args.merge_file and str(args.tokenizer_type).lower() in {t.lower() for t in MERGE_FILE_IGNORED}:
+            print(f"note: --merge-file {args.merge_file} is ignored: {args.tokenizer_type} does not read a merges file "
+                  f"(GPT-NeoX ignores it too)")
+            args.merge_file = None
         hf = None
         if args.hf_dataset:
             hf = {"path": args.hf_dataset, "name": args.hf_subset, "split": args.hf_split,

@@ -3,7 +3,7 @@
 - ``HFTokenizer``: a HuggingFace ``tokenizers`` JSON file (e.g. GPT-NeoX-20B's tokenizer.json).
 - ``SPMTokenizer``: a sentencepiece ``.model`` file.
 - ``ByteLevel``: no file; ids 0..255 are the UTF-8 bytes, 256 is the end-of-document id.
-- ``CharLevelTokenizer``: no file; GPT-NeoX's, id = ``ord(c)``, eod 0, 512 ids by default.
+- ``CharLevelTokenizer``: no file; GPT-NeoX's, ids = the text's UTF-8 bytes, eod 0, 512 ids by default.
 - ``GPT2BPETokenizer``: GPT-2's byte-level BPE from ``vocab.json`` (``vocab_file``) and ``merges.txt``
   (``merge_file``), as GPT-NeoX's/Megatron's: ``<|endoftext|>`` is the EOD id and is *not*
   recognised inside text.
@@ -122,28 +122,28 @@ class CharLevelTokenizer(Tokenizer):
         return 0
 
     def tokenize_array(self, text: str) -> np.ndarray:
-        ids = np.frombuffer(text.encode("utf-32-le", errors="replace"), np.uint32).astype(np.int64)
+        # GPT-NeoX: ``np.fromstring(text, dtype=np.uint8)``, i.e. the text's UTF-8 bytes (ids 0..255)
+        ids = np.frombuffer(text.encode("utf-8", errors="replace"), np.uint8).astype(np.int64)
         if ids.size and ids.max() >= self._vocab_size:
             pos = int(np.argmax(ids >= self._vocab_size))
-            raise DataError(f"CharLevelTokenizer: character {text[pos]!r} (U+{ord(text[pos]):04X}) at "
-                            f"position {pos} is outside its {self._vocab_size} ids (valid: ord(c) < "
-                            f"{self._vocab_size})")
+            raise DataError(f"CharLevelTokenizer: byte {int(ids[pos])} at byte position {pos} of the UTF-8 text "
+                            f"is outside its {self._vocab_size} ids (ids are UTF-8 bytes, as GPT-NeoX's: use "
+                            f"--vocab-size 256 or more)")
         return ids
 
     def detokenize(self, ids) -> str:
-        return "".join(chr(int(i)) for i in ids)
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    split_special_tokens = True  # the EOD id 0 is also byte 0: text never turns into EOD
 
     def hf_backend(self):
-        """BPE without merges over the characters chr(0)..chr(vocab_size - 1) (no pre-tokenizer, so
-        a text is split into code points), fused on decoding. EOD is chr(0), as here. Characters
-        outside the vocabulary are dropped by the HF tokenizer (ours raises)."""
-        from tokenizers import AddedToken, Tokenizer as _HF, decoders, models
+        """BPE without merges over GPT-2's byte alphabet (id of byte b is b, as here); EOD is id 0."""
+        from tokenizers import Tokenizer as _HF, decoders, models, pre_tokenizers
 
-        n = min(self._vocab_size, 0x110000)
-        vocab = {chr(i): i for i in range(n) if not 0xD800 <= i < 0xE000}  # no surrogates in JSON
+        vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
         tok = _HF(models.BPE(vocab=vocab, merges=[]))
-        tok.decoder = decoders.Fuse()
-        tok.add_special_tokens([AddedToken(chr(0), special=True, normalized=False)])
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
         return tok
 
 
@@ -411,6 +411,10 @@ REJECTED = {
 }
 
 
+# tokenizer types whose merge file GPT-NeoX's build_tokenizer ignores (a note, not an error, here)
+MERGE_FILE_IGNORED = ("HFTokenizer", "SPMTokenizer", "CharLevelTokenizer")
+
+
 def build_tokenizer(tokenizer_type: str, vocab_file: Optional[str] = None,
                     vocab_size: Optional[int] = None, merge_file: Optional[str] = None) -> Tokenizer:
     """Build a tokenizer by GPT-NeoX name (case-insensitive). ``vocab_size`` only applies to
@@ -422,7 +426,9 @@ def build_tokenizer(tokenizer_type: str, vocab_file: Optional[str] = None,
         if why:
             raise DataError(f"tokenizer_type '{tokenizer_type}' is not supported: {why}")
         raise DataError(f"tokenizer_type '{tokenizer_type}' is not valid; use one of {', '.join(TOKENIZERS)}")
-    if merge_file and name not in ("GPT2BPETokenizer", "HFGPT2Tokenizer"):
+    if merge_file and name in MERGE_FILE_IGNORED:
+        merge_file = None  # GPT-NeoX ignores it for these (its corpora.py passes it with HFTokenizer)
+    elif merge_file and name not in ("GPT2BPETokenizer", "HFGPT2Tokenizer"):
         raise DataError(f"merge_file {merge_file}: only GPT2BPETokenizer and HFGPT2Tokenizer use a merges "
                         f"file, not {name}")
     if name in _NEEDS_FILE:
