@@ -273,9 +273,10 @@ def main(cfg: Config, world_size: int, rank: int, local_world_size: Optional[int
     report = dry_run(cfg, world_size, rank, local_world_size)
     print("effective config:", file=out)
     print(yaml.safe_dump(report["config"], sort_keys=False).rstrip(), file=out)
-    if cfg.no_effect:
-        print(f"note: set but without effect in megatron_topo (docs/neox_compat.md): {', '.join(cfg.no_effect)}",
-              file=out)
+    from .config import note_lines
+
+    for line in note_lines(cfg):  # accepted no-effect keys, DeepSpeed "auto" values
+        print(line, file=out)
     print(render(report), file=out)
     print(json.dumps(report, default=str), file=out)
     return 0

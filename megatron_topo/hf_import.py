@@ -31,7 +31,7 @@ def weights_source(cfg) -> Optional[str]:
     c = cfg.checkpoint
     if c.finetune_from:
         return c.finetune_from
-    if c.load and (is_hf_folder(c.load) or c.finetune or c.no_load_optim):
+    if c.load and (is_hf_folder(c.load) or c.finetune or c.no_load_optim):  # (a GPT-NeoX one: finetune)
         return c.load
     return None
 
@@ -143,11 +143,11 @@ def _our_to_hf_names(weights: HFWeights, cfg=None) -> dict:
     return out
 
 
-def load_hf_into_engine(engine, path: str) -> None:
+def load_hf_into_engine(engine, path: str, weights=None) -> None:
     """Fill every unit's master shard ``[lo, hi)`` from the HF weights (fp32), fresh optimizer
     state, then publish the working weights. Reads only the parameters overlapping this rank's
-    range of each unit."""
-    w = HFWeights(path)
+    range of each unit. ``weights``: another reader with HF names (a GPT-NeoX checkpoint's)."""
+    w = weights if weights is not None else HFWeights(path)
     by_ours = _our_to_hf_names(w, getattr(engine.module, "cfg", None))
     names = {id(p): n for n, p in engine.module.named_parameters()}
     missing = [names[id(s.param)] for u in engine.units for s in u.specs if names[id(s.param)] not in by_ours]

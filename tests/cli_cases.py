@@ -18,6 +18,7 @@ num_layers: 2
 hidden_size: 32
 num_attention_heads: 4
 seq_length: 16
+max_position_embeddings: 16
 vocab_size: 64
 rotary_pct: 0.25            # the architecture stated (the defaults follow GPT-NeoX's since issue 15)
 gpt_j_residual: true

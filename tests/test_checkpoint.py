@@ -209,7 +209,8 @@ def test_checkpoint_that_runs_code_is_refused(trained, tmp_path, capfd):
     rf = bad / "global_step2" / "rank_00000.pt"
     torch.save({"shards": [], "evil": _Payload(str(marker))}, rf)
     cfg = tmp_path / "c.yml"
-    cfg.write_text(f"num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nvocab_size: 64\n"
+    cfg.write_text(f"num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\n"
+                   f"max_position_embeddings: 16\ntrain_micro_batch_size_per_gpu: 2\nvocab_size: 64\n"
                    f"rotary_pct: 0.25\ngpt_j_residual: true\nno_weight_tying: true\n"  # the trained model's, stated
                    f"precision: fp32\nload: {bad}\nlog_dir: {tmp_path / 'log'}\ntrain_iters: 3\n"
                    f"data_path: {tmp_path / 'nodata'}\n")

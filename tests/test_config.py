@@ -10,9 +10,17 @@ from megatron_topo.config import ConfigError, load_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def write(tmp_path, name, text):
+# the keys GPT-NeoX requires (and seq_length, train_iters, a batch size): every loadable file states them
+REQUIRED = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+            "max_position_embeddings": 64, "train_iters": 10, "train_micro_batch_size_per_gpu": 2}
+
+
+def write(tmp_path, name, text, required=True):
+    """A config file: ``text`` plus the required keys it does not set itself."""
     p = tmp_path / name
-    p.write_text(text)
+    given = {line.split(":")[0].strip().replace("-", "_") for line in text.splitlines()}
+    extra = "".join(f"{k}: {v}\n" for k, v in REQUIRED.items() if required and k not in given)
+    p.write_text(text + extra)
     return str(p)
 
 
@@ -32,7 +40,7 @@ def test_unknown_nested_key_suggests(tmp_path):
 
 def test_duplicate_key_across_files(tmp_path):
     a = write(tmp_path, "a.yml", "num_layers: 2\n")
-    b = write(tmp_path, "b.yml", "num-layers: 3\n")  # '-' and '_' are the same key
+    b = write(tmp_path, "b.yml", "num-layers: 3\n", required=False)  # '-' and '_' are the same key
     with pytest.raises(ConfigError) as e:
         load_config([a, b])
     assert a in str(e.value) and b in str(e.value)
@@ -56,6 +64,7 @@ def test_wrong_type_names_expected_type(tmp_path):
 def test_dash_underscore_and_overrides(tmp_path):
     a = write(tmp_path, "a.yml", "num-layers: 2\noptimizer: {params: {lr: 6e-4}}\nzero_topo: {preset: topo}\n")
     cfg = load_config([a], ["num_layers=5", "zero_topo.secondary_degree=8"])
+    assert cfg.model.hidden_size == 64  # (the required keys write() adds)
     assert cfg.model.num_layers == 5 and cfg.zero_topo.secondary_degree == 8
     assert cfg.train.optimizer.params.lr == 6e-4 and cfg.zero_topo.preset == "topo"
 
@@ -82,3 +91,20 @@ def test_train_py_exits_with_one_line(tmp_path, text, needle):
     lines = [x for x in r.stderr.strip().splitlines() if x]
     assert len(lines) == 1 and needle in lines[0], r.stderr
     assert not os.path.exists(tmp_path / "runs")  # nothing written for a bad config
+
+
+def test_required_keys_have_no_default(tmp_path):
+    """GPT-NeoX requires num_layers, hidden_size, num_attention_heads and max_position_embeddings (and
+    fails without seq_length, train_iters and a batch size): a partial file is one line, not a 2-layer model."""
+    a = write(tmp_path, "partial.yml", "num_layers: 2\nhidden_size: 64\n", required=False)
+    with pytest.raises(ConfigError) as e:
+        load_config([a])
+    lines = str(e.value).splitlines()
+    assert lines == [
+        "num_attention_heads, max_position_embeddings, seq_length, train_iters are required (GPT-NeoX has no default "
+        "for them); set them in a config file or with --set",
+        "train_micro_batch_size_per_gpu or train_batch_size is required (DeepSpeed and GPT-NeoX have no default); "
+        "set one"], lines
+    cfg = load_config([a], ["num_attention_heads=4", "max_position_embeddings=64", "seq_length=64", "train_iters=3",
+                            "train_batch_size=8"])
+    assert (cfg.model.num_attention_heads, cfg.train.train_batch_size) == (4, 8)

@@ -22,9 +22,14 @@ ZEROPP = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 10000000, "red
                                 "overlap_comm": True}}
 
 
-def write_json(tmp_path, data, name="ds.json"):
+# what GPT-NeoX requires and a DeepSpeed file leaves to the model config (a file's own keys win)
+REQUIRED = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
+            "max_position_embeddings": 64, "train_iters": 10, "train_micro_batch_size_per_gpu": 2}
+
+
+def write_json(tmp_path, data, name="ds.json", required=True):
     p = tmp_path / name
-    p.write_text(json.dumps(data, indent=2))
+    p.write_text(json.dumps({**(REQUIRED if required else {}), **data}, indent=2))
     return str(p)
 
 
@@ -46,18 +51,25 @@ def test_stage3_keys_and_bucket_sizes_are_no_ops_even_as_strings(tmp_path):
     assert cfg.zero_optimization.stage3_max_live_parameters == 10**9
     assert resolve_plan(cfg.zero_topo, NODE16, cfg.zero_optimization).preset == "zero3"
     y = tmp_path / "ds.yml"
-    y.write_text("zero_optimization:\n  stage: 2\n  allgather_bucket_size: 5e8\n  reduce_bucket_size: \"5e8\"\n")
+    y.write_text("".join(f"{k}: {v}\n" for k, v in REQUIRED.items()) + "zero_optimization:\n  stage: 2\n  allgather_bucket_size: 5e8\n  reduce_bucket_size: \"5e8\"\n")
     assert load_config([str(y)]).zero_optimization.reduce_bucket_size == 500_000_000
 
 
-def test_offload_is_refused_with_the_reason(tmp_path):
+def test_offload_is_accepted_with_the_note_and_bad_devices_refused(tmp_path):
+    """Offload changes where states live, not what is computed: cpu/nvme are accepted and named in the
+    note line (the states stay on the device; the preflight refuses a plan that does not fit)."""
     p = write_json(tmp_path, {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
-                                                    "offload_param": {"device": "nvme"}}})
+                                                    "offload_param": {"device": "nvme", "nvme_path": "/nvme"}}})
+    cfg = load_config([p])
+    assert cfg.no_effect == ["zero_optimization.offload_optimizer.device=cpu",
+                             "zero_optimization.offload_param.device=nvme",
+                             "zero_optimization.offload_param.nvme_path=/nvme"]
+    assert resolve_plan(cfg.zero_topo, NODE16, cfg.zero_optimization).preset == "zero3"
+    p = write_json(tmp_path, {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "gpu"}}}, "b.json")
     with pytest.raises(ConfigError) as e:
         load_config([p])
-    lines = str(e.value).splitlines()
-    assert len(lines) == 2 and all("offload is not implemented" in line for line in lines)
-    assert "offload_optimizer.device='cpu'" in lines[0] and "offload_param.device='nvme'" in lines[1]
+    assert str(e.value) == "zero_optimization.offload_optimizer.device='gpu' is not valid; use one of none, cpu, nvme " \
+                           "(DeepSpeed's devices are none, cpu and nvme)"
 
 
 def test_bad_hpz_and_mics_sizes_are_reported_under_deepspeeds_key():

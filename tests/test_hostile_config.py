@@ -13,10 +13,16 @@ from megatron_topo.config import ConfigError, describe_keys, load_config
 from .cli_cases import ROOT
 
 
+# GPT-NeoX's required keys (and seq_length, train_iters, a batch size) for files that test something else
+REQUIRED = ("num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nmax_position_embeddings: 16\n"
+            "train_iters: 2\ntrain_micro_batch_size_per_gpu: 2\n")
+
+
 def test_yaml_strings_stay_strings(tmp_path):
     """YAML 1.1 would read these as octal 493, sexagesimal 5400, true and 1000.0."""
     p = tmp_path / "s.yml"
-    p.write_text("save: 0755\nlog_dir: 1:30\ndata_cache_dir: on\nvocab_file: 1e3\nload: no\ndata_path: 2024-01-01\n")
+    p.write_text("save: 0755\nlog_dir: 1:30\ndata_cache_dir: on\nvocab_file: 1e3\nload: no\ndata_path: 2024-01-01\n"
+                 "tokenizer_type: ByteLevel\n" + REQUIRED)
     cfg = load_config([str(p)], ["tensorboard_dir=0x1F"])
     assert (cfg.checkpoint.save, cfg.logging.log_dir, cfg.data.data_cache_dir, cfg.data.vocab_file,
             cfg.checkpoint.load, cfg.logging.tensorboard_dir, cfg.data.data_path) == \
@@ -26,7 +32,8 @@ def test_yaml_strings_stay_strings(tmp_path):
     assert load_config([str(again)]) == cfg
     # numbers still read as numbers where a number is declared
     q = tmp_path / "n.yml"
-    q.write_text("optimizer: {params: {lr: 6e-4}}\ntrain_iters: 1_000\nhidden_size: 0x40\nnum_attention_heads: 0o4\n")
+    q.write_text("optimizer: {params: {lr: 6e-4}}\ntrain_iters: 1_000\nhidden_size: 0x40\nnum_attention_heads: 0o4\n"
+                 "num_layers: 2\nseq_length: 16\nmax_position_embeddings: 16\ntrain_micro_batch_size_per_gpu: 2\n")
     c = load_config([str(q)])
     assert (c.train.optimizer.params.lr, c.train.train_iters, c.model.hidden_size, c.model.num_attention_heads) == \
         (6e-4, 1000, 64, 4)
@@ -34,12 +41,13 @@ def test_yaml_strings_stay_strings(tmp_path):
 
 def test_yaml_merge_keys_and_utf16_and_bom(tmp_path):
     m = tmp_path / "m.yml"
-    m.write_text("zero_topo:\n  <<: {preset: topo, prefetch: false}\n  prefetch: true\nnum_layers: 3\n")
+    m.write_text("zero_topo:\n  <<: {preset: topo, prefetch: false}\n  prefetch: true\nnum_layers: 3\n" +
+                 REQUIRED.replace("num_layers: 2\n", ""))
     cfg = load_config([str(m)])
     assert cfg.zero_topo.preset == "topo" and cfg.zero_topo.prefetch is True and cfg.model.num_layers == 3
     for enc in ("utf-16", "utf-8-sig"):
         u = tmp_path / f"{enc}.yml"
-        u.write_bytes("num_layers: 3\nlog_dir: runs/café\n".encode(enc))
+        u.write_bytes(("num_layers: 3\nlog_dir: runs/café\n" + REQUIRED.replace("num_layers: 2\n", "")).encode(enc))
         c = load_config([str(u)])
         assert c.model.num_layers == 3 and c.logging.log_dir == "runs/café"
 

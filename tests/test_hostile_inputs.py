@@ -121,10 +121,10 @@ CASES = [
     # (num_workers and DeepSpeed's bucket sizes are accepted no-ops since issue 15: GPT-NeoX's and DeepSpeed's
     # stock files set them; a value no setting could have is still refused)
     ("cfg-bad-num-workers", T, S("num_workers=-2"), None, 2, "num_workers must be >= 0, got -2"),
-    ("cfg-noop-overlap-comm", T, S("zero_optimization.overlap_comm=false"), None, 2,
-     "zero_optimization.overlap_comm=false is not valid; use one of true"),
-    ("cfg-noop-contiguous-gradients", T, S("zero_optimization.contiguous_gradients=false"), None, 2,
-     "zero_optimization.contiguous_gradients=false is not valid"),
+    ("cfg-noop-overlap-comm", T, S("zero_optimization.overlap_comm=2"), None, 2,
+     "zero_optimization.overlap_comm: expected a boolean (true/false), got int 2"),
+    ("cfg-noop-contiguous-gradients", T, S("zero_optimization.contiguous_gradients=yes"), None, 2,
+     "zero_optimization.contiguous_gradients: expected a boolean (true/false), got str 'yes'"),
     ("cfg-bad-reduce-bucket", T, S("zero_optimization.reduce_bucket_size=-1"), None, 2,
      "zero_optimization.reduce_bucket_size must be >= 0, got -1"),
     ("cfg-bad-allgather-bucket", T, S("zero_optimization.allgather_bucket_size=5e8x"), None, 2,

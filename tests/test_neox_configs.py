@@ -82,6 +82,11 @@ NEOX_YML = """\
 """
 
 
+# GPT-NeoX's required model keys (and seq_length), for files that test something else
+ARCH = ("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 64\nmax_position_embeddings: 64\n"
+        "train_iters: 10\ntrain_micro_batch_size_per_gpu: 2\n")
+
+
 def run(args, cwd, timeout=600):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env,
@@ -109,20 +114,21 @@ def test_neox_style_config_with_every_listed_key_runs_2_steps(tmp_path):
 
 def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
     p = tmp_path / "bad.yml"
-    p.write_text("pipe_parallel_size: 2\nmodel_parallel_size: 4\npos_emb: learned\nnum_layers: 2\nhiden_size: 64\n"
+    p.write_text("pipe_parallel_size: -1\nmodel_parallel_size: 0\npos_emb: learned\nnum_layers: 2\nhiden_size: 64\n"
                  "attention_config: [[[\"local\"], 2]]\nsparsity_config: {}\nlr_decay_style: exponential\n"
-                 "zero_optimization: {stage: 3, offload_optimizer: {device: cpu}}\n")
+                 "zero_optimization: {stage: 3, offload_optimizer: {device: disk}}\n")
     r = run([str(p), "--dry-run", "--world-size", "2"], tmp_path)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and all(line.startswith("error: ") for line in lines), r.stderr
     text = "\n".join(lines)
-    for needle in ("pipe_parallel_size=2 is not valid; use one of 0, 1 (ZeRO sharding replaces pipeline",
-                   "model_parallel_size=4 is not valid; use one of 1 (ZeRO sharding replaces",
+    for needle in ("pipe_parallel_size must be >= 0, got -1", "model_parallel_size must be >= 1, got 0",
                    "pos_emb='learned' is not valid; use one of rotary", "did you mean 'hidden_size'",
-                   "attention type 'local' is not supported", "'sparsity_config' is not supported: sparse attention",
-                   "lr_decay_style='exponential' is not valid", "offload_optimizer.device='cpu' is not valid"):
+                   "attention type 'local' is not supported", "GPT-NeoX key 'sparsity_config' is not supported here: sparse attention",
+                   "lr_decay_style='exponential' is not valid", "offload_optimizer.device='disk' is not valid",
+                   "hidden_size, num_attention_heads, max_position_embeddings, seq_length, train_iters are required "
+                   "(GPT-NeoX has no default for them)", "train_micro_batch_size_per_gpu or train_batch_size is required"):
         assert sum(needle in line for line in lines) == 1, (needle, text)
-    assert len(lines) == 8, text
+    assert len(lines) == 10, text
 
 
 def test_defaults_are_gpt_neox_defaults():
@@ -154,7 +160,7 @@ def test_scaled_normal_is_std_over_sqrt_2_layers():
                                          ("tokenizer_type: CharLevelTokenizer\n", 512)])
 def test_vocab_size_is_derived_and_padded(tmp_path, extra, vocab):
     p = tmp_path / "v.yml"
-    p.write_text("num_layers: 2\n" + extra)
+    p.write_text(ARCH + extra)
     assert load_config([str(p)]).model.vocab_size == vocab
 
 
@@ -163,7 +169,7 @@ def test_explicit_vocab_smaller_than_the_tokenizer_is_one_line(tmp_path):
     tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": i for i in range(300)} | {"<|endoftext|>": 300},
                                                            unk_token="w0"))
     tok.save(str(tmp_path / "tok.json"))
-    base = f"tokenizer_type: HFTokenizer\nvocab_file: {tmp_path / 'tok.json'}\n"
+    base = ARCH + f"tokenizer_type: HFTokenizer\nvocab_file: {tmp_path / 'tok.json'}\n"
     (tmp_path / "a.yml").write_text(base + "vocab_size: 256\n")
     with pytest.raises(ConfigError) as e:
         load_config([str(tmp_path / "a.yml")])
@@ -175,7 +181,7 @@ def test_explicit_vocab_smaller_than_the_tokenizer_is_one_line(tmp_path):
 def test_merge_file_reaches_the_tokenizer(tmp_path):
     (tmp_path / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}))
     (tmp_path / "merges.txt").write_text("#version: 0.2\na b\n")
-    (tmp_path / "m.yml").write_text(f"tokenizer_type: GPT2BPETokenizer\nvocab_file: {tmp_path / 'vocab.json'}\n"
+    (tmp_path / "m.yml").write_text(ARCH + f"tokenizer_type: GPT2BPETokenizer\nvocab_file: {tmp_path / 'vocab.json'}\n"
                                     f"merge_file: {tmp_path / 'merges.txt'}\n")
     cfg = load_config([str(tmp_path / "m.yml")])
     assert cfg.data.merge_file == str(tmp_path / "merges.txt") and cfg.model.vocab_size == 128

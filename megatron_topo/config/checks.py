@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .deepspeed import BATCH_KEYS, derive_micro_batch, record_auto_batch
 from .options import (ConfigError, _check_attention_config, _check_declared, _check_split, _collect, _short,
                       attention_config_layers, raise_problems)
 from .schema import AUTO_TRIAL_KEYS, PRECISIONS, Config, ZeroTopoConfig, _declared, resolve_precision
@@ -67,10 +68,14 @@ def _cross_checks(cfg: Config, problems: list) -> None:
         add(f"zero_topo.{changed[0]}={getattr(z, changed[0])} applies to zero_topo.preset: auto only, and the preset "
             f"is {z.preset}; drop it or set preset: auto")
     if t.train_batch_size is not None:
-        per = t.train_micro_batch_size_per_gpu
+        given = cfg.batch_given if cfg.batch_given is not None else frozenset(BATCH_KEYS)
+        # the accumulation is derived from the global batch (DeepSpeed), unless the micro-batch is not
+        # given: then the accumulation given (or 1) and the world size give the micro-batch
+        name = "train_micro_batch_size_per_gpu" if "train_micro_batch_size_per_gpu" in given else (
+            "gradient_accumulation_steps" if "gradient_accumulation_steps" in given else None)
+        per = getattr(t, name) if name else 1
         if per and t.train_batch_size % per:
-            add(f"train_batch_size {t.train_batch_size} is not a multiple of train_micro_batch_size_per_gpu "
-                f"{per}: no world size gives it")
+            add(f"train_batch_size {t.train_batch_size} is not a multiple of {name} {per}: no world size gives it")
     if c.finetune_from and c.load:
         add(f"finetune_from ({c.finetune_from}) and load ({c.load}) both name the starting point; keep one "
             f"(load with finetune: true is the same as finetune_from)")
@@ -78,6 +83,14 @@ def _cross_checks(cfg: Config, problems: list) -> None:
 
 def check_batch_size(cfg: Config, world_size: int, ranks_per_node: int = 1,
                      keep_global: Optional[int] = None, keep_from: str = "") -> Optional[str]:
+    derive_micro_batch(cfg, world_size)  # DeepSpeed: train_batch_size without a micro-batch gives it
+    line = _global_batch(cfg, world_size, ranks_per_node, keep_global, keep_from)
+    record_auto_batch(cfg, world_size)  # "auto" batch keys: named in the note line
+    return line
+
+
+def _global_batch(cfg: Config, world_size: int, ranks_per_node: int = 1,
+                  keep_global: Optional[int] = None, keep_from: str = "") -> Optional[str]:
     """DeepSpeed's rule once the world is known: train_batch_size = micro-batch x accumulation x
     world size, with the accumulation count derived from the global batch (as DeepSpeed does when
     the accumulation is not given), so the global batch stays the same on any node count.

@@ -6,10 +6,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from .options import _check_declared, _collect, _fmt, option
+from .options import ConfigError, _check_declared, _collect, _fmt, option
 
 if TYPE_CHECKING:
     from .schema import Config
+
+
+def resolve_precision(t):
+    from .schema import resolve_precision as rp
+
+    return rp(t)
 
 
 SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
@@ -50,9 +56,10 @@ _NO_STAGE3 = "no effect: weights are gathered unit by unit (one layer) and freed
 class OffloadBlock:
     """DeepSpeed's offload_optimizer / offload_param."""
 
-    device: str = option("none", "where to offload", choices=("none",), neox="accepted",
-                         why="CPU/NVMe offload is not implemented; shard the states over more ranks instead "
-                         "(zero3, topo, or a larger optimizer_factor)")
+    device: str = option("none", "where to offload: offload is not implemented, the states stay on the device "
+                         "sharded by the plan (the preflight refuses a plan whose states do not fit: shard over more "
+                         "ranks, zero3/topo or a larger optimizer_factor)", choices=("none", "cpu", "nvme"),
+                         neox="accepted", why="DeepSpeed's devices are none, cpu and nvme")
     pin_memory: bool = option(False, "no effect without offload", neox="accepted")
     nvme_path: Optional[str] = option(None, "no effect without offload", neox="accepted")
     buffer_count: int = option(4, "no effect without offload", ge=0, neox="accepted")
@@ -76,10 +83,11 @@ class ZeroOptimizationBlock:
     mics_shard_size: int = option(-1, "MiCS shard group size (-1: off)", ge=-1, neox="implemented")
     mics_hierarchical_params_gather: bool = option(False, "MiCS two-level weight gather: the shard group's gather "
                                                    "is already hierarchy-aware", neox="accepted")
-    overlap_comm: bool = option(True, "overlap communication with compute", choices=(True,), neox="accepted",
-                                why="the engine always overlaps; zero_topo.prefetch: false turns off weight prefetch")
-    contiguous_gradients: bool = option(True, "contiguous gradient buffers", choices=(True,), neox="accepted",
-                                        why="each unit's gradients always live in one flat buffer")
+    overlap_comm: bool = option(True, "overlap communication with compute: the engine always overlaps (a "
+                                "performance choice; zero_topo.prefetch: false turns off weight prefetch)",
+                                neox="accepted")
+    contiguous_gradients: bool = option(True, "contiguous gradient buffers: each unit's gradients always live in "
+                                        "one flat buffer (a memory-layout choice)", neox="accepted")
     reduce_scatter: bool = option(True, "gradients are reduce-scattered wherever the plan shards them "
                                   "(grad_factor > 1), all-reduced otherwise", neox="accepted")
     allgather_partitions: bool = option(True, "weights are all-gathered per unit", neox="accepted")
@@ -100,8 +108,12 @@ class ZeroOptimizationBlock:
     load_from_fp32_weights: bool = option(True, "checkpoints always load the fp32 masters", neox="accepted")
     ignore_unused_parameters: bool = option(True, "every parameter is used", neox="accepted")
     legacy_stage1: bool = option(False, "no effect", neox="accepted")
-    cpu_offload: bool = option(False, "old DeepSpeed name of offload_optimizer", choices=(False,), neox="accepted",
-                               why="CPU offload is not implemented; shard the states over more ranks instead")
+    cpu_offload: bool = option(False, "old DeepSpeed name of offload_optimizer.device: cpu (offload is not "
+                               "implemented: the states stay on the device, sharded by the plan)", neox="accepted")
+    zero_quantized_nontrainable_weights_dtype: Optional[str] = option(None, "every weight is trainable",
+                                                                      neox="accepted")
+    memory_efficient_linear: bool = option(True, "ZeRO-3 linear-layer memory trick: activations are kept by "
+                                           "checkpoint_activations here", neox="accepted")
     offload_optimizer: Optional[OffloadBlock] = option(None, "DeepSpeed offload optimizer block (device none only)")
     offload_param: Optional[OffloadBlock] = option(None, "DeepSpeed offload param block (device none only)")
 
@@ -114,8 +126,11 @@ def apply_scheduler(cfg: Config, origin: dict, problems: list) -> None:
     if sch is None:
         return
     bad = len(problems)
+    auto = {k for k in ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "total_num_steps")
+            if AUTO + "scheduler.params." + k in origin and "scheduler.params." + k not in origin}
+    sources = {"lr_decay_iters": "total_num_steps", "warmup": "warmup_num_steps"}  # an "auto" key's source
     for key in ("lr_decay_style", "lr_decay_iters", "warmup", "min_lr"):
-        if key in origin:
+        if key in origin and sources.get(key) not in auto:
             problems.append(f"scheduler ({sch.type}) and {key} both set the learning-rate schedule; keep one")
     for f in dataclasses.fields(sch.params):
         _collect(problems, _check_declared, f"scheduler.params.{f.name}", getattr(sch.params, f.name), f.metadata)
@@ -123,6 +138,13 @@ def apply_scheduler(cfg: Config, origin: dict, problems: list) -> None:
     if len(problems) > bad:
         return
     sp = sch.params
+    if "total_num_steps" in auto:  # HF Trainer: the run's step count
+        sp.total_num_steps = t.lr_decay_iters or t.train_iters
+    if "warmup_num_steps" in auto:  # HF Trainer: its warmup; here the warmup fraction of the config
+        sp.warmup_num_steps = int(t.warmup * ((sp.total_num_steps if sch.type != "WarmupLR" else None)
+                                              or t.lr_decay_iters or t.train_iters))
+    for k in auto:
+        cfg.auto_values["scheduler.params." + k] = getattr(sp, k) if k != "warmup_max_lr" else t.optimizer.params.lr
     if sp.warmup_max_lr is not None:
         if "optimizer.params.lr" in origin and sp.warmup_max_lr != t.optimizer.params.lr:
             problems.append(f"scheduler.params.warmup_max_lr {_fmt(sp.warmup_max_lr)} differs from "
@@ -145,3 +167,77 @@ def apply_scheduler(cfg: Config, origin: dict, problems: list) -> None:
     else:
         t.lr_decay_iters, t.warmup = total, sp.warmup_num_steps / total
     cfg.train.scheduler = None  # mapped: the effective config states lr/warmup/decay
+
+
+# DeepSpeed keys the HF Trainer fills when a file gives "auto" (transformers' HfTrainerDeepSpeedConfig):
+# here they take the value the rest of the config gives (another file, --set, or the default)
+HF_AUTO_KEYS = (
+    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping",
+    "optimizer.params.lr", "optimizer.params.betas", "optimizer.params.eps", "optimizer.params.weight_decay",
+    "scheduler.params.warmup_min_lr", "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+    "scheduler.params.total_num_steps", "fp16.enabled", "bf16.enabled",
+    "zero_optimization.reduce_bucket_size", "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+)
+AUTO = "auto:"  # origin key prefix of a key a file set to "auto" (the value comes from elsewhere)
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def resolve_autos(cfg: Config, origin: dict) -> None:
+    """The HF Trainer's fill-ins for "auto" keys no other file or --set gave: the zero_optimization
+    sizes from hidden_size (hidden^2, 0.9 hidden^2, 10 hidden), fp16/bf16.enabled from ``precision``;
+    every other key keeps the value the rest of the config gives. Records ``cfg.auto_values``
+    (scheduler and batch keys are recorded where they are resolved)."""
+    autos = [p[len(AUTO):] for p in origin if p.startswith(AUTO)]
+    h = cfg.model.hidden_size
+    z = cfg.zero_optimization
+    hf = {"zero_optimization.reduce_bucket_size": h * h,
+          "zero_optimization.stage3_prefetch_bucket_size": int(0.9 * h * h),
+          "zero_optimization.stage3_param_persistence_threshold": 10 * h}
+    for path in autos:
+        if path in origin or path.startswith("scheduler.") or path in BATCH_KEYS:
+            continue  # set elsewhere (reported as it stands), or resolved with the schedule / the world size
+        if path in hf and z is not None:
+            setattr(z, path.split(".")[-1], hf[path])
+        if path in ("fp16.enabled", "bf16.enabled") and cfg.train.precision is not None:
+            block = getattr(cfg.train, path.split(".")[0])
+            block.enabled = resolve_precision(cfg.train) == path.split(".")[0]
+    for path in autos:
+        if path.startswith("scheduler.") or path in BATCH_KEYS:
+            continue
+        obj = cfg if path.startswith("zero_optimization.") else cfg.train
+        for name in path.split(".")[:-1]:
+            obj = getattr(obj, name)
+        value = getattr(obj, path.split(".")[-1])
+        if path == "optimizer.params.weight_decay" and value is None:
+            value = cfg.train.weight_decay  # GPT-NeoX's top-level key is the same setting
+        cfg.auto_values[path] = value
+
+
+def derive_micro_batch(cfg: Config, world_size: int) -> None:
+    """DeepSpeed's rule for a config that gives train_batch_size but no micro-batch: the micro-batch is
+    train_batch_size / (accumulation x world size), the accumulation the one given, else 1 (the
+    accumulation for a given micro-batch is derived by check_batch_size). A split that does not
+    exist is one ConfigError line."""
+    t = cfg.train
+    given = cfg.batch_given
+    if t.train_batch_size is None or given is None or "train_micro_batch_size_per_gpu" in given:
+        return
+    tb = t.train_batch_size
+    ga = t.gradient_accumulation_steps if "gradient_accumulation_steps" in given else 1
+    mb = tb // (ga * world_size)
+    if mb < 1 or mb * ga * world_size != tb:
+        raise ConfigError(f"train_batch_size {tb} cannot be split into train_micro_batch_size_per_gpu x "
+                          f"gradient_accumulation_steps {ga} x world size {world_size} (DeepSpeed's rule); use a "
+                          f"multiple of {ga * world_size} or give the micro-batch")
+    t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps = mb, ga
+
+
+def record_auto_batch(cfg: Config, world_size: int) -> None:
+    """The batch keys a DeepSpeed file left "auto": their values at this world size, for the note line."""
+    t = cfg.train
+    mb, ga = t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps
+    for k, v in zip(BATCH_KEYS, (mb * ga * world_size, mb, ga)):
+        if k in cfg.auto_values:
+            cfg.auto_values[k] = v

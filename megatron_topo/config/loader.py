@@ -12,8 +12,9 @@ import typing
 from typing import Any, Optional
 
 from .checks import validate
-from .deepspeed import apply_scheduler
+from .deepspeed import AUTO, BATCH_KEYS, HF_AUTO_KEYS, apply_scheduler, resolve_autos
 from .neox import REJECTED_KEYS
+from .neox_keys import NEOX_UNSUPPORTED
 from .options import (ConfigError, _collect, _Float, _fmt, _Int, _kind, _norm, _short,
                       _strip_optional, _type_name, raise_problems)
 from .schema import _BLOCK_SECTIONS, MAX_VOCAB, Config, _key_index, _section_type
@@ -127,6 +128,9 @@ def _merge_key(obj, raw_key, value, where: str, origin: dict, src: str, problems
         )
     tp = hints[key]
     base = _strip_optional(tp)
+    if isinstance(value, str) and value == "auto" and path in HF_AUTO_KEYS:
+        origin.setdefault(AUTO + path, src)  # HF Trainer's "auto": the rest of the config gives the value
+        return
     if dataclasses.is_dataclass(base) and isinstance(value, dict):
         child = getattr(obj, key)
         if child is None:
@@ -155,10 +159,13 @@ def merge_into(cfg: Config, data: dict, src: str, origin: dict, problems: Option
 def _merge_top(cfg, index, raw_key, value, src, origin, problems):
     key = _norm(raw_key)
     if key not in index:
-        if key in REJECTED_KEYS:
-            raise ConfigError(f"{src}: '{raw_key}' is not supported: {REJECTED_KEYS[key]}")
+        why = REJECTED_KEYS.get(key) or NEOX_UNSUPPORTED.get(key)
+        if why:  # declared by GPT-NeoX / DeepSpeed: the reason, not a look-alike key
+            raise ConfigError(f"{src}: GPT-NeoX key '{raw_key}' is not supported here: {why}")
         raise ConfigError(f"{src}: unknown key '{raw_key}'{_suggest(key, index)}")
     sec = index[key]
+    if key == "zero_optimization" and isinstance(value, bool):  # DeepSpeed's old form: true is stage 1
+        value = {"stage": 1 if value else 0}
     if sec in _BLOCK_SECTIONS:
         block = getattr(cfg, sec)
         if block is None:
@@ -169,18 +176,21 @@ def _merge_top(cfg, index, raw_key, value, src, origin, problems):
         _merge_block(getattr(cfg, sec), {key: value}, "", origin, src, problems)
 
 
-def load_config(paths: list[str], overrides: Optional[list[str]] = None) -> Config:
+def load_config(paths: list[str], overrides: Optional[list[str]] = None, require: bool = True) -> Config:
     """Merge config files in order (YAML: GPT-NeoX; ``.json``: a DeepSpeed config, the same
     top-level keys), then ``--set`` overrides (which may replace earlier values). Every problem
-    of the files is reported at once (ConfigErrors, one line each)."""
+    of the files is reported at once (ConfigErrors, one line each). ``require``: GPT-NeoX's
+    required keys must be given (training, dry runs); False for reading a ``system:`` file alone."""
     cfg = Config()
     origin: dict = {}
     problems: list = []
+    unreadable = False  # a file that could not be read: its keys are unknown, so none is called missing
     for p in paths:
         try:
             data = load_yaml(p)
         except ConfigError as e:
             problems.append(str(e))
+            unreadable = True
             continue
         _collect(problems, merge_into, cfg, data, p, origin, problems)
     for expr in overrides or []:
@@ -194,26 +204,66 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None) -> Conf
             origin.pop(path, None)
             origin.pop(path.split(".", 1)[-1], None)
         _collect(problems, merge_into, cfg, data, f"--set {expr}", origin, problems)
-    if "max_position_embeddings" not in origin:  # its default follows seq_length wherever that was set
-        cfg.model.max_position_embeddings = cfg.model.seq_length
+    cfg.auto_values.update({k: None for k in BATCH_KEYS if AUTO + k in origin and k not in origin})
+    _collect(problems, resolve_autos, cfg, origin)
     _resolve_aliases(cfg, origin, problems)
+    cfg.batch_given = frozenset(k for k in BATCH_KEYS if k in origin)
+    d = cfg.data
+    if "tokenizer_type" not in origin and (d.vocab_file or d.merge_file):
+        d.tokenizer_type = "GPT2BPETokenizer"  # GPT-NeoX's default, for the GPT-2 files a config names
     c = cfg.checkpoint
     hf_path = c.finetune_from or c.load
+    from_hf = False
     if hf_path and not problems:
         from ..hf_import import apply_hf_model_config, is_hf_folder
 
         if is_hf_folder(hf_path):  # the architecture comes from (and must agree with) its config.json
+            from_hf = True
             try:
                 problems.extend(apply_hf_model_config(cfg, hf_path, origin))
             except ConfigError as e:
                 problems.append(str(e))
             origin.setdefault("vocab_size", hf_path)
+    require = require and not unreadable
+    if require:
+        _collect(problems, check_required, origin, from_hf)
+    from ..neox_checkpoint import check as check_neox, is_neox_checkpoint
+
+    for key in ("finetune_from", "load"):  # a GPT-NeoX/DeepSpeed checkpoint: imported or refused with the way
+        path = getattr(c, key)
+        if path and not from_hf and is_neox_checkpoint(path):
+            problems.extend(check_neox(path, key, c.finetune))
+    if require and not {"train_batch_size", "train_micro_batch_size_per_gpu"} & cfg.batch_given:
+        autos = [f"{k} is \"auto\" in {origin[AUTO + k]}" for k in BATCH_KEYS[:2] if AUTO + k in origin]
+        problems.append(f"train_micro_batch_size_per_gpu or train_batch_size is required (DeepSpeed and GPT-NeoX have "
+                        f"no default{'; ' + ', '.join(autos) + ' and nothing else sets it' if autos else ''}); set one")
     validate(cfg, problems)
     if not problems:
         _collect(problems, resolve_vocab_size, cfg, "vocab_size" in origin, "tokenizer_type" in origin)
     raise_problems(problems)
     cfg.no_effect = no_effect_settings(cfg, origin)
+    from ..data.tokenizer import MERGE_FILE_IGNORED
+
+    if cfg.data.merge_file and str(cfg.data.tokenizer_type).lower() in {t.lower() for t in MERGE_FILE_IGNORED}:
+        cfg.no_effect = sorted(cfg.no_effect + [f"merge_file={cfg.data.merge_file}"])  # GPT-NeoX ignores it too
     return cfg
+
+
+# GPT-NeoX's required keys (NeoXArgs.validate_values), and seq_length and train_iters, which it has no
+# default for either (its data pipeline and schedule fail without them): no config-file default may
+# build or train a model nobody asked for
+REQUIRED_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings", "seq_length",
+                 "train_iters")
+HF_SUPPLIED = REQUIRED_KEYS[:4]  # what an HF folder's config.json gives (finetune_from / load)
+
+
+def check_required(origin: dict, from_hf: bool = False) -> None:
+    """One line naming every required key the files and ``--set`` leave unset."""
+    missing = [k for k in REQUIRED_KEYS if k not in origin and not (from_hf and k in HF_SUPPLIED)]
+    if missing:
+        raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (GPT-NeoX has no "
+                          f"default for {'it' if len(missing) == 1 else 'them'}); set "
+                          f"{'it' if len(missing) == 1 else 'them'} in a config file or with --set")
 
 
 def no_effect_settings(cfg: Config, origin: dict) -> list[str]:
@@ -224,7 +274,7 @@ def no_effect_settings(cfg: Config, origin: dict) -> list[str]:
     for path in origin:
         parts = path.split(".")
         obj = cfg if parts[0] in _BLOCK_SECTIONS else getattr(cfg, index.get(parts[0], ""), None)
-        for name in parts[:-1] if parts[0] in _BLOCK_SECTIONS else []:
+        for name in parts[:-1]:  # nested blocks: zero_optimization.*, fp16.* (of the train section)
             obj = getattr(obj, name, None)
         if obj is None or not dataclasses.is_dataclass(obj):
             continue

@@ -11,8 +11,12 @@ from .options import option
 
 _ANY_BOOL = "a kernel-fusion or bookkeeping choice; attention runs through scaled_dot_product_attention and the " \
     "math is the same either way"
-_PARALLEL_WHY = "ZeRO sharding replaces pipeline and tensor parallelism here (zero_topo.preset / zero_optimization); " \
-    "set it to 1"
+_PARALLEL_WHY = "not used, the model is computed whole on every rank and ZeRO sharding (zero_topo.preset / " \
+    "zero_optimization) splits its states instead; the math is the same"
+
+
+def _mapping(v) -> Optional[str]:
+    return None if isinstance(v, dict) else "expected a mapping of DeepSpeed's keys"
 
 
 @dataclass
@@ -20,8 +24,10 @@ class NeoxCompatConfig:
     """GPT-NeoX / DeepSpeed top-level keys that are accepted because their valid values are what this
     trainer does anyway (no effect); other values are refused with the reason."""
 
-    pipe_parallel_size: int = option(1, "pipeline stages", choices=(0, 1), neox="accepted", why=_PARALLEL_WHY)
-    model_parallel_size: int = option(1, "tensor-parallel degree", choices=(1,), neox="accepted", why=_PARALLEL_WHY)
+    pipe_parallel_size: int = option(1, "pipeline stages: " + _PARALLEL_WHY, ge=0, neox="accepted")
+    model_parallel_size: int = option(1, "tensor-parallel degree: " + _PARALLEL_WHY + "; the derived vocabulary is "
+                                      "still padded to make_vocab_size_divisible_by x model_parallel_size, as in "
+                                      "GPT-NeoX", ge=1, neox="accepted")
     scaled_upper_triang_masked_softmax_fusion: bool = option(False, _ANY_BOOL, neox="accepted")
     scaled_masked_softmax_fusion: bool = option(False, _ANY_BOOL, neox="accepted")
     bias_gelu_fusion: bool = option(False, _ANY_BOOL, neox="accepted")
@@ -71,17 +77,29 @@ class NeoxCompatConfig:
     override_lr_scheduler: bool = option(False, "the schedule always comes from the config", neox="accepted")
     use_checkpoint_lr_scheduler: bool = option(False, "the schedule always comes from the config", choices=(False,),
                                                neox="accepted", why="the schedule is computed from the config's keys")
-    use_wandb: bool = option(False, "Weights & Biases logging", choices=(False,), neox="accepted",
-                             why="metrics go to metrics.jsonl and TensorBoard; wandb is not implemented")
-    wandb_project: Optional[str] = option(None, "unused (use_wandb must be false)", neox="accepted")
-    wandb_group: Optional[str] = option(None, "unused (use_wandb must be false)", neox="accepted")
-    wandb_team: Optional[str] = option(None, "unused (use_wandb must be false)", neox="accepted")
-    wandb_host: Optional[str] = option(None, "unused (use_wandb must be false)", neox="accepted")
+    use_wandb: bool = option(False, "Weights & Biases logging is not implemented: metrics go to metrics.jsonl and "
+                             "TensorBoard", neox="accepted")
+    checkpoint_validation_with_forward_pass: bool = option(
+        False, "save a forward pass's logits with each checkpoint and compare them after loading", choices=(False,),
+        neox="accepted", why="not implemented")
+    wandb_project: Optional[str] = option(None, "unused (wandb is not implemented)", neox="accepted")
+    wandb_group: Optional[str] = option(None, "unused (wandb is not implemented)", neox="accepted")
+    wandb_team: Optional[str] = option(None, "unused (wandb is not implemented)", neox="accepted")
+    wandb_host: Optional[str] = option(None, "unused (wandb is not implemented)", neox="accepted")
     log_grad_norm: bool = option(False, "the gradient norm is always logged (grad_norm)", neox="accepted")
     log_param_norm: bool = option(False, "parameter norm logging", choices=(False,), neox="accepted",
                                   why="not implemented")
     log_optimizer_states: bool = option(False, "optimizer-state norm logging", choices=(False,), neox="accepted",
                                         why="not implemented")
+    sparse_gradients: bool = option(False, "DeepSpeed's sparse embedding gradients", choices=(False,),
+                                    neox="accepted", why="not implemented: embedding gradients are dense")
+    memory_breakdown: bool = option(False, "DeepSpeed's memory printout: peak memory is in metrics.jsonl "
+                                    "(peak_mem_bytes)", neox="accepted")
+    dump_state: bool = option(False, "DeepSpeed's debugging printout of its state", neox="accepted")
+    zero_force_ds_cpu_optimizer: bool = option(True, "DeepSpeed's CPU-optimizer check: Adam(W) runs on the device "
+                                               "(offload is not implemented)", neox="accepted")
+    aio: Optional[dict] = option(None, "DeepSpeed's async I/O settings for NVMe offload (offload is not "
+                                 "implemented)", check=_mapping, neox="accepted")
     log_gradient_noise_scale: bool = option(False, "gradient noise scale logging", choices=(False,), neox="accepted",
                                             why="not implemented")
 
@@ -99,7 +117,6 @@ REJECTED_KEYS = {
     "curriculum_learning": "curriculum learning is not implemented",
     "sequence_parallel": "ZeRO sharding replaces tensor/sequence parallelism here; drop it",
     "weight_by_num_documents": "blend weights come from train_data_weights",
-    "extra_save_iters": "checkpoints are saved every checkpoint_factor steps and every save_interval_minutes",
     "activation_checkpointing": "use checkpoint_activations: true (DeepSpeed's block is not read)",
     "amp": "use precision: bf16 or fp16 (Apex AMP is not used)",
 }
@@ -118,7 +135,8 @@ NEOX_IMPLEMENTED = (
 # where this trainer's default is deliberately not GPT-NeoX's (everything else matches)
 NEOX_DEFAULT_DIFFERS = {
     "pos_emb": "GPT-NeoX defaults to learned; only rotary is implemented (its own configs set rotary)",
-    "tokenizer_type": "GPT-NeoX defaults to GPT2BPETokenizer (needs vocab/merge files); ours is ByteLevel",
+    "tokenizer_type": "GPT-NeoX defaults to GPT2BPETokenizer; so does a config that names vocab_file or "
+                      "merge_file here; without tokenizer files ours is ByteLevel (GPT2BPETokenizer needs them)",
     "num_workers": "GPT-NeoX defaults to 2 loader workers; batches are read in-process here",
     "pipe_parallel_size": "GPT-NeoX defaults to 0; ZeRO sharding replaces pipelining",
     "data_path": "GPT-NeoX has no default; ours is 'builtin' (the Python standard library's source)",

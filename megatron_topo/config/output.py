@@ -9,8 +9,9 @@ import typing
 from .. import atomic
 from .deepspeed import OffloadBlock, SchedulerBlock, ZeroOptimizationBlock
 from .neox import NEOX_DEFAULT_DIFFERS, NEOX_IMPLEMENTED, REJECTED_KEYS
+from .neox_keys import NEOX_UNSUPPORTED
 from .options import _bounds_text, _check_block, _check_split, _fmt, _type_name
-from .schema import Config, SystemConfig, _declared
+from .schema import Config, SystemConfig, _declared, _key_index
 
 
 def neox_table() -> list[tuple[str, str, str]]:
@@ -37,7 +38,8 @@ def neox_table() -> list[tuple[str, str, str]]:
         if path in NEOX_DEFAULT_DIFFERS:
             why += f" (default differs: {NEOX_DEFAULT_DIFFERS[path]})"
         rows.append((path, status, why))
-    rows += [(k, "rejected", v) for k, v in REJECTED_KEYS.items()]
+    declared = _key_index()  # a key declared in the schema is listed once, as declared
+    rows += [(k, "rejected", v) for k, v in {**REJECTED_KEYS, **NEOX_UNSUPPORTED}.items() if k not in declared]
     return rows
 
 
@@ -49,6 +51,19 @@ def neox_table_markdown() -> str:
            "| Key | Status | Why |", "|---|---|---|"]
     out += [f"| `{k}` | {s} | {w.replace('|', '/')} |" for k, s, w in rows]
     return "\n".join(out)
+
+
+def note_lines(cfg: Config) -> list[str]:
+    """The start-of-run note lines (trainer and --dry-run): accepted keys set to a value that changes
+    nothing here, and DeepSpeed "auto" keys with the value the rest of the config gave them."""
+    out = []
+    if cfg.no_effect:
+        out.append(f"note: set but without effect in megatron_topo (docs/neox_compat.md): {', '.join(cfg.no_effect)}")
+    if cfg.auto_values:
+        vals = ", ".join(f"{k}={_fmt(v) if not isinstance(v, list) else v}" for k, v in sorted(cfg.auto_values.items()))
+        out.append(f"note: DeepSpeed \"auto\" values taken from the rest of the config (as the HF Trainer fills "
+                   f"them): {vals}")
+    return out
 
 
 def describe_keys() -> str:

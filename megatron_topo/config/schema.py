@@ -21,11 +21,11 @@ MAX_VOCAB = 2**31 - 1  # token ids are int32 in datasets with >= 65500 ids (GPT-
 
 @dataclass
 class ModelConfig:
-    num_layers: int = option(2, "transformer layers", ge=1, neox="implemented")
-    hidden_size: int = option(64, "model width", ge=1, neox="implemented")
-    num_attention_heads: int = option(4, "attention heads (must divide hidden_size)", ge=1, neox="implemented")
-    seq_length: int = option(64, "tokens per training sample", ge=1, neox="implemented")
-    max_position_embeddings: Optional[int] = option(None, "position limit (default: seq_length)", ge=1,
+    num_layers: int = option(2, "transformer layers (required in a config file)", ge=1, neox="implemented")
+    hidden_size: int = option(64, "model width (required in a config file)", ge=1, neox="implemented")
+    num_attention_heads: int = option(4, "attention heads (must divide hidden_size; required in a config file)", ge=1, neox="implemented")
+    seq_length: int = option(64, "tokens per training sample (required in a config file)", ge=1, neox="implemented")
+    max_position_embeddings: Optional[int] = option(None, "position limit (required in a config file; in code: seq_length)", ge=1,
                                                     neox="implemented")
     vocab_size: int = option(512, "padded vocabulary size; unset in a config file: the tokenizer's size padded "
                              "to a multiple of make_vocab_size_divisible_by (GPT-NeoX's padded_vocab_size)",
@@ -124,6 +124,13 @@ class Fp16Block:
     hysteresis: int = option(2, "overflows tolerated before the scale backs off", ge=1)
     min_loss_scale: float = option(1.0, "lowest dynamic loss scale", gt=0.0)
     fp16: Optional[bool] = option(None, "GPT-NeoX's duplicate of enabled (true enables fp16 too)", neox="implemented")
+    type: Optional[str] = option(None, "GPT-NeoX: bfloat16 selects bf16 mixed precision (as GPT-NeoX derives "
+                                 "precision), fp16 is the same as enabled", choices=("bfloat16", "fp16"),
+                                 neox="implemented")
+    consecutive_hysteresis: bool = option(False, "DeepSpeed: refill the hysteresis after every step without "
+                                          "overflow (false: when the scale grows)")
+    auto_cast: bool = option(False, "DeepSpeed casts floating-point module inputs to fp16: the model's inputs are "
+                             "token ids and compute runs in the configured precision either way", neox="accepted")
 
 
 @dataclass
@@ -177,7 +184,8 @@ class DataConfig:
                                  ignore_case=True)
     vocab_file: Optional[str] = option(None, "tokenizer file (HFTokenizer, SPMTokenizer, GPT2BPETokenizer)",
                                        neox="implemented")
-    merge_file: Optional[str] = option(None, "GPT-2 merges.txt (GPT2BPETokenizer, HFGPT2Tokenizer)",
+    merge_file: Optional[str] = option(None, "GPT-2 merges.txt (GPT2BPETokenizer, HFGPT2Tokenizer; HFTokenizer, "
+                                       "SPMTokenizer and CharLevelTokenizer ignore it, as in GPT-NeoX: noted)",
                                        neox="implemented")
     data_impl: str = option("mmap", "indexed dataset format", choices=("mmap", "infer"), neox="accepted",
                             why="only the mmap format is read; convert cached datasets with tools/preprocess_data.py")
@@ -210,6 +218,9 @@ class CheckpointConfig:
                                           "of our checkpoints")
     finetune: bool = option(False, "with load: weights only, step 0, fresh optimizer (GPT-NeoX)", neox="implemented")
     no_load_optim: bool = option(False, "with load: do not load the optimizer state (GPT-NeoX)", neox="implemented")
+    extra_save_iters: Optional[list[int]] = option(None, "also save at these steps (GPT-NeoX; Pythia's log-spaced "
+                                                   "checkpoints; 0: before the first step of a fresh run)", ge=0,
+                                                   neox="implemented")
     auto_resume: bool = option(False, "no `load`: resume from `save` when it holds a checkpoint, else start fresh")
     save_interval_minutes: float = option(0.0, "also save every N minutes of training (rank 0's clock; 0: off)",
                                           ge=0.0)
@@ -332,6 +343,11 @@ class Config:
     def __post_init__(self):
         # ``key=value`` of accepted settings that change nothing here (load_config fills it)
         self.no_effect: list[str] = []
+        # DeepSpeed "auto" keys (HF Trainer files) -> the value taken from the rest of the config
+        self.auto_values: dict = {}
+        # which of train_batch_size / micro-batch / accumulation a config file set (DeepSpeed derives the
+        # others once the world size is known); None: built in code, micro-batch and accumulation hold
+        self.batch_given: Optional[frozenset] = None
 
     # ---- derived
     @property
@@ -376,7 +392,9 @@ def resolve_precision(t: TrainConfig) -> str:
         else:
             raise ConfigError(f"precision: '{t.precision}' is not valid; use one of fp32, bf16, fp16")
         return p
-    fp16 = t.fp16.enabled or bool(t.fp16.fp16)
+    if t.fp16.type == "bfloat16":  # GPT-NeoX: fp16.type bfloat16 is bf16, whatever fp16.enabled says
+        return "bf16"
+    fp16 = t.fp16.enabled or bool(t.fp16.fp16) or t.fp16.type == "fp16"
     if fp16 and t.bf16.enabled:
         raise ConfigError("fp16.enabled and bf16.enabled are both true; enable at most one")
     if fp16:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..hf_import import is_hf_folder, load_hf_into_engine, load_weights_only
+from ..neox_checkpoint import is_neox_checkpoint, step_folder
+from ..neox_checkpoint import load_into_engine as load_neox_into_engine
 from ..zero_topo import checkpoint as ckpt
 
 
@@ -30,6 +32,9 @@ class TrainerCheckpoints:
         ``auto_resume``, the ``save`` folder when it holds a checkpoint; else None (a fresh run,
         which must not save into a folder holding another run's checkpoints)."""
         c = self.cfg.checkpoint
+        if c.load and c.load == c.save and c.load != self.weights_from and not ckpt.holds_checkpoints(c.load):
+            self.log(f"load = save = {c.load} holds no checkpoint yet: starting fresh (as GPT-NeoX)")
+            return None
         if c.load and c.load != self.weights_from:
             ckpt.resolve(c.load)
             if c.save and os.path.realpath(c.save) != os.path.realpath(c.load) and ckpt.holds_checkpoints(c.save):
@@ -81,6 +86,10 @@ class TrainerCheckpoints:
         if is_hf_folder(path):
             load_hf_into_engine(self.engine, path)
             self.log(f"fine-tuning from the HuggingFace model {path} (step 0, fresh optimizer)")
+            return
+        if is_neox_checkpoint(path):  # GPT-NeoX/DeepSpeed layer files (model-parallel 1, checked at load)
+            load_neox_into_engine(self.engine, path, self.cfg.model.num_layers)
+            self.log(f"fine-tuning from the GPT-NeoX checkpoint {step_folder(path)} (step 0, fresh optimizer)")
             return
         st = load_weights_only(self.engine, path)
         keep = c.no_load_optim and not c.finetune and not c.finetune_from

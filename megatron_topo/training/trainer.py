@@ -12,7 +12,7 @@ import torch
 from .. import fault_injection, lifecycle, preflight
 from .. import metrics as M
 from ..analysis import autoplan
-from ..config import Config, check_batch_size, write_effective_config
+from ..config import Config, check_batch_size, note_lines, write_effective_config
 from ..hf_import import weights_source
 from ..model import build_model
 from ..zero_topo import checkpoint as ckpt
@@ -225,8 +225,8 @@ class Trainer(TrainerCheckpoints):
         start_step = s.step
         t, lg = cfg.train, cfg.logging
         end = min(t.train_iters, until) if until is not None else t.train_iters
-        if cfg.no_effect:
-            self.log(f"note: set but without effect in megatron_topo (docs/neox_compat.md): {', '.join(cfg.no_effect)}")
+        for line in note_lines(cfg):  # accepted no-effect keys, DeepSpeed "auto" values
+            self.log(line)
         self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
         self.log(f"model: {sum(u.numel for u in self.engine.units):,} parameters; precision {cfg.precision}; "
                  f"global batch {self.batches_per_step} x {cfg.model.seq_length} tokens")
@@ -247,6 +247,9 @@ class Trainer(TrainerCheckpoints):
         window_loss = torch.zeros((), dtype=torch.float64, device=rt.device)
         window_steps, window_time = 0, 0.0
         self.engine.comm.reset_counters()
+        extra = set(cfg.checkpoint.extra_save_iters or ())  # GPT-NeoX's extra_save_iters (Pythia: log-spaced)
+        if cfg.checkpoint.save and 0 in extra and s.step == 0 and not self.resume_from:
+            self.save()  # GPT-NeoX saves step 0 when asked and starting from it
         while s.step < end:
             # step_time_s is wall clock: a step until the next one starts, less evaluation,
             # checkpoints and writing the record. It includes the end-of-step agreement and the log
@@ -298,7 +301,7 @@ class Trainer(TrainerCheckpoints):
                 last.update(evals)
             c = cfg.checkpoint
             if c.save and s.step < end and not stop and (
-                    (c.checkpoint_factor and s.step % c.checkpoint_factor == 0) or save_due):
+                    (c.checkpoint_factor and s.step % c.checkpoint_factor == 0) or save_due or s.step in extra):
                 self.save()
             if stop:
                 break

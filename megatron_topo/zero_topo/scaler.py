@@ -10,6 +10,7 @@ class LossScaler:
         self.window = getattr(cfg, "loss_scale_window", 1000)
         self.hysteresis = getattr(cfg, "hysteresis", 2)
         self.min_scale = getattr(cfg, "min_loss_scale", 1.0)
+        self.consecutive = bool(getattr(cfg, "consecutive_hysteresis", False))  # DeepSpeed's consecutive_hysteresis
         self._good_steps = 0
         self._hyst_left = self.hysteresis
 
@@ -25,6 +26,8 @@ class LossScaler:
                 self._hyst_left -= 1
             return
         self._good_steps += 1
+        if self.consecutive:
+            self._hyst_left = self.hysteresis
         if self._good_steps % self.window == 0:
             self.scale *= 2.0
             self._hyst_left = self.hysteresis
