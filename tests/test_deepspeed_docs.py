@@ -176,3 +176,14 @@ def test_dry_run_prints_the_auto_note(tmp_path):
     notes = [x for x in r.stdout.splitlines() if x.startswith("note:")]
     assert notes == ['note: DeepSpeed "auto" values taken from the rest of the config (as the HF Trainer fills '
                      'them): bf16.enabled=true, gradient_accumulation_steps=1, train_batch_size=8']
+
+
+def test_an_effective_config_with_a_null_train_batch_size_loads_and_trains_its_batch(tmp_path):
+    """config.yml (every key, train_batch_size: null) loads back: null is not a given batch size."""
+    m = tmp_path / "m.yml"
+    m.write_text(MODEL + "train_micro_batch_size_per_gpu: 2\ngradient_accumulation_steps: 3\n")
+    eff = tmp_path / "config.yml"
+    eff.write_text(load_config([str(m)]).to_flat_yaml())
+    cfg = load_config([str(eff)])
+    check_batch_size(cfg, 4)
+    assert (cfg.train.train_micro_batch_size_per_gpu, cfg.train.gradient_accumulation_steps) == (2, 3)

@@ -207,7 +207,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     cfg.auto_values.update({k: None for k in BATCH_KEYS if AUTO + k in origin and k not in origin})
     _collect(problems, resolve_autos, cfg, origin)
     _resolve_aliases(cfg, origin, problems)
-    cfg.batch_given = frozenset(k for k in BATCH_KEYS if k in origin)
+    cfg.batch_given = frozenset(k for k in BATCH_KEYS if k in origin and getattr(cfg.train, k) is not None)
     d = cfg.data
     if "tokenizer_type" not in origin and (d.vocab_file or d.merge_file):
         d.tokenizer_type = "GPT2BPETokenizer"  # GPT-NeoX's default, for the GPT-2 files a config names
