@@ -187,3 +187,16 @@ def test_an_effective_config_with_a_null_train_batch_size_loads_and_trains_its_b
     cfg = load_config([str(eff)])
     check_batch_size(cfg, 4)
     assert (cfg.train.train_micro_batch_size_per_gpu, cfg.train.gradient_accumulation_steps) == (2, 3)
+
+
+@pytest.mark.parametrize("consecutive,scale_after", [(False, 2.0 ** 15), (True, 2.0 ** 16)])
+def test_consecutive_hysteresis_refills_after_a_clean_step(consecutive, scale_after):
+    """DeepSpeed's fp16.consecutive_hysteresis: a clean step refills the hysteresis, so overflow, clean,
+    overflow does not back the scale off; without it the second overflow does."""
+    from megatron_topo.config import Fp16Block
+    from megatron_topo.zero_topo.scaler import LossScaler
+
+    s = LossScaler(Fp16Block(enabled=True, hysteresis=2, consecutive_hysteresis=consecutive))
+    for overflow in (True, False, True):
+        s.update(overflow)
+    assert s.scale == scale_after
