@@ -114,15 +114,13 @@ def test_hf_auto_values_come_from_the_rest_of_the_config(tmp_path):
     assert "zero_optimization.offload_param.device=cpu" in lines[0]
 
 
-def test_auto_batch_with_nothing_to_fill_it_is_one_line(tmp_path):
+def test_auto_batch_with_nothing_to_fill_it_takes_the_default_and_names_it(tmp_path):
     p = tmp_path / "m.yml"
     p.write_text(MODEL)
-    with pytest.raises(ConfigError) as e:
-        load_config([str(p), os.path.join(DATA, "hf_ds_config_zero2.json")])
-    assert str(e.value) == (
-        f'train_micro_batch_size_per_gpu or train_batch_size is required (DeepSpeed and GPT-NeoX have no default; '
-        f'train_batch_size is "auto" in {DATA}/hf_ds_config_zero2.json, train_micro_batch_size_per_gpu is "auto" in '
-        f'{DATA}/hf_ds_config_zero2.json and nothing else sets it); set one')
+    cfg = load_config([str(p), os.path.join(DATA, "hf_ds_config_zero2.json")])
+    check_batch_size(cfg, 8)
+    assert (cfg.auto_values["train_micro_batch_size_per_gpu"], cfg.auto_values["train_batch_size"]) == (4, 32)
+    assert "train_micro_batch_size_per_gpu=4" in note_lines(cfg)[1]
 
 
 @pytest.mark.parametrize("given,world,want", [

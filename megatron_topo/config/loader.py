@@ -233,6 +233,12 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
         path = getattr(c, key)
         if path and not from_hf and is_neox_checkpoint(path):
             problems.extend(check_neox(path, key, c.finetune))
+    from ..neox_checkpoint import check as check_neox, is_neox_checkpoint
+
+    for key in ("finetune_from", "load"):  # a GPT-NeoX/DeepSpeed checkpoint: imported or refused with the way
+        path = getattr(c, key)
+        if path and not from_hf and is_neox_checkpoint(path):
+            problems.extend(check_neox(path, key, c.finetune))
     if require and not {"train_batch_size", "train_micro_batch_size_per_gpu"} & cfg.batch_given:
         autos = [f"{k} is \"auto\" in {origin[AUTO + k]}" for k in BATCH_KEYS[:2] if AUTO + k in origin]
         problems.append(f"train_micro_batch_size_per_gpu or train_batch_size is required (DeepSpeed and GPT-NeoX have "
@@ -249,11 +255,9 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     return cfg
 
 
-# GPT-NeoX's required keys (NeoXArgs.validate_values), and seq_length and train_iters, which it has no
-# default for either (its data pipeline and schedule fail without them): no config-file default may
-# build or train a model nobody asked for
-REQUIRED_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings", "seq_length",
-                 "train_iters")
+# GPT-NeoX's required keys (NeoXArgs.validate_values) and seq_length, which it has no default for
+# either (its data pipeline fails without it): no config-file default may build a model nobody asked for
+REQUIRED_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings", "seq_length")
 HF_SUPPLIED = REQUIRED_KEYS[:4]  # what an HF folder's config.json gives (finetune_from / load)
 
 

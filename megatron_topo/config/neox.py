@@ -140,4 +140,8 @@ NEOX_DEFAULT_DIFFERS = {
     "num_workers": "GPT-NeoX defaults to 2 loader workers; batches are read in-process here",
     "pipe_parallel_size": "GPT-NeoX defaults to 0; ZeRO sharding replaces pipelining",
     "data_path": "GPT-NeoX has no default; ours is 'builtin' (the Python standard library's source)",
+    "train_iters": "GPT-NeoX has no default (its model files, e.g. llama/7B.yml, leave it to a training file); "
+                   "ours is 100",
+    "train_micro_batch_size_per_gpu": "GPT-NeoX has no default (it needs this or train_batch_size); ours is 4, "
+                                      "and a DeepSpeed \"auto\" left unfilled takes it, named in the note line",
 }
