@@ -233,16 +233,6 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
         path = getattr(c, key)
         if path and not from_hf and is_neox_checkpoint(path):
             problems.extend(check_neox(path, key, c.finetune))
-    from ..neox_checkpoint import check as check_neox, is_neox_checkpoint
-
-    for key in ("finetune_from", "load"):  # a GPT-NeoX/DeepSpeed checkpoint: imported or refused with the way
-        path = getattr(c, key)
-        if path and not from_hf and is_neox_checkpoint(path):
-            problems.extend(check_neox(path, key, c.finetune))
-    if require and not {"train_batch_size", "train_micro_batch_size_per_gpu"} & cfg.batch_given:
-        autos = [f"{k} is \"auto\" in {origin[AUTO + k]}" for k in BATCH_KEYS[:2] if AUTO + k in origin]
-        problems.append(f"train_micro_batch_size_per_gpu or train_batch_size is required (DeepSpeed and GPT-NeoX have "
-                        f"no default{'; ' + ', '.join(autos) + ' and nothing else sets it' if autos else ''}); set one")
     validate(cfg, problems)
     if not problems:
         _collect(problems, resolve_vocab_size, cfg, "vocab_size" in origin, "tokenizer_type" in origin)
