@@ -141,15 +141,15 @@ def test_batch_sizes_are_derived_as_deepspeed_does(tmp_path, given, world, want)
 
 def test_a_batch_no_split_gives_is_one_line(tmp_path):
     p = tmp_path / "ds.json"
-    p.write_text(json.dumps({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 4}))
+    p.write_text(json.dumps({"train_batch_size": 48, "gradient_accumulation_steps": 4}))
     m = tmp_path / "m.yml"
     m.write_text(MODEL)
     cfg = load_config([str(m), str(p)])
     with pytest.raises(ConfigError) as e:
         check_batch_size(cfg, 8)
     assert str(e.value) == ("train_batch_size 48 cannot be split into train_micro_batch_size_per_gpu x "
-                            "gradient_accumulation_steps x world size 8 with micro-batch 4 (DeepSpeed's rule); use a "
-                            "multiple of 32 or change the micro-batch")
+                            "gradient_accumulation_steps 4 x world size 8 (DeepSpeed's rule); use a multiple of 32 "
+                            "or give the micro-batch")
 
 
 def test_overlap_comm_false_and_contiguous_gradients_false_are_noted(tmp_path):
