@@ -324,6 +324,9 @@ class DistributedConfig:
     backend: str = option("auto", "auto: nccl on GPUs, gloo on CPU", choices=("auto", "nccl", "gloo", "mpi"))
     collective_timeout_s: float = option(600.0, "a collective waiting longer than this fails the run", gt=0.0)
     device: str = option("auto", "auto: cuda when a GPU is visible, else cpu", choices=("auto", "cpu", "cuda"))
+    trace_collectives: Optional[str] = option(None, "a directory: every rank writes rank_{r}.jsonl there, one JSON "
+                                              "line per collective as it is issued (seq, op, group, bytes, dtype), "
+                                              "flushed at once: the last collective of every rank after a hang")
 
 
 @dataclass

@@ -114,7 +114,7 @@ class TrainerCheckpoints:
         trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
                          "consumed_valid": s.consumed_valid, "global_batch": self.batches_per_step}
         path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rt.rank,
-                         self.rt.barrier, keep_last=c.keep_last)
+                         self.engine.comm.barrier, keep_last=c.keep_last)
         if self.lifecycle is not None:
             self.lifecycle.saved()  # the time-based interval restarts
         return path

@@ -28,16 +28,6 @@ class Runtime:
     heartbeat: Optional[object] = None  # faults.Heartbeat: names a vanished rank when a collective fails
     strict: bool = False  # Comm checks that every collective's tensors live on ``device``
 
-    def barrier(self):
-        """All ranks wait for each other: a one-element all-reduce on the runtime device read
-        back on the host (``dist.barrier`` needs a CPU backend or a bound device; this works
-        on gloo, NCCL/RCCL and the fake process group alike)."""
-        if self.distributed:
-            t = torch.zeros(1, device=self.device)
-            dist.all_reduce(t)
-            if t.device.type != "meta":
-                t.cpu()
-
 
 def setup_runtime(cfg: Config) -> Runtime:
     try:

@@ -2,6 +2,7 @@
 checkpoints."""
 from __future__ import annotations
 
+import datetime
 import math
 import sys
 import time
@@ -12,10 +13,11 @@ import torch
 from .. import fault_injection, lifecycle, preflight
 from .. import metrics as M
 from ..analysis import autoplan
-from ..config import Config, check_batch_size, note_lines, write_effective_config
+from ..config import Config, ConfigError, DistributedConfig, check_batch_size, note_lines, write_effective_config
 from ..hf_import import weights_source
 from ..model import build_model
 from ..zero_topo import checkpoint as ckpt
+from ..zero_topo import trace
 from ..zero_topo.comm import Comm
 from ..zero_topo.engine import ZeroTopoEngine
 from ..zero_topo.sharding import Plan, effective_config
@@ -29,9 +31,16 @@ class TrainingError(RuntimeError):
     """A condition that stops training; one line for the user."""
 
 
-def new_comm(rt: Runtime) -> Comm:
-    """The collectives of this process on the runtime's topology and device (groups created on use)."""
-    return Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict)
+def new_comm(rt: Runtime, dcfg: Optional[DistributedConfig] = None) -> Comm:
+    """The collectives of this process on the runtime's topology and device (groups created on use,
+    with ``dcfg``'s collective timeout; its collective trace, when ``trace_collectives`` is set)."""
+    dcfg = dcfg or DistributedConfig()
+    if dcfg.trace_collectives:
+        bad = trace.check_dir(dcfg.trace_collectives)
+        if bad:
+            raise ConfigError(bad)
+    return Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict,
+                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s), trace_dir=dcfg.trace_collectives)
 
 
 def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None, comm: Optional[Comm] = None):
@@ -42,7 +51,7 @@ def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=No
     model = model if model is not None else build_model(cfg.model, device="meta")
     model.init_buffers(rt.device)
     plan = plan or autoplan.resolve(cfg, rt.topo)[0]
-    comm = comm or new_comm(rt)
+    comm = comm or new_comm(rt, cfg.distributed)
     eng = ZeroTopoEngine(
         model, model.shard_units(), plan, comm, precision=cfg.precision,
         lr=t.optimizer.params.lr, betas=tuple(t.optimizer.params.betas), eps=t.optimizer.params.eps,
@@ -74,7 +83,7 @@ class Trainer(TrainerCheckpoints):
             self.log(batch_note)
         seed_everything(cfg.train.seed)
         plan, ranked = autoplan.resolve(cfg, rt.topo)  # preset auto: the modelled fastest plan that fits
-        comm = new_comm(rt)
+        comm = new_comm(rt, cfg.distributed)
         if ranked:
             self.log(autoplan.summary(ranked, cfg.system))
             # the plans the model cannot tell apart are timed here (zero_topo.auto_trials)
@@ -116,7 +125,7 @@ class Trainer(TrainerCheckpoints):
     # ---------------------------------------------------------------- data
     def _build_data(self):
         rt = self.rt
-        return build_data(self.cfg, rt.rank, rt.world_size, rt.barrier if rt.distributed else None)
+        return build_data(self.cfg, rt.rank, rt.world_size, self.engine.comm.barrier if rt.distributed else None)
 
     # ---------------------------------------------------------------- steps
     def train_step(self) -> dict:

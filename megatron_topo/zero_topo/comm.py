@@ -3,10 +3,13 @@
 Every collective a rank issues goes through :class:`Comm`, which knows the topology and charges
 the bytes this rank sends (``volumes.ring_bytes``, docs/design.md §4.8) to the widest level its group
 spans: ``intra_gpu``, ``intra_node`` or ``inter_node``. Scalar control traffic (overflow flags,
-norms) is charged to ``control`` so the volume counters match the formulas exactly.
+norms) is charged to ``control`` so the volume counters match the formulas exactly. With a
+``trace_dir`` every collective is also written, as it is issued, to the rank's collective trace
+(:mod:`.trace`).
 """
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -14,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..topology import LEVELS, Topology
+from .trace import CollectiveTrace
 from .volumes import ring_bytes
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -108,15 +112,20 @@ class TwoStageHandle(Handle):
 class Comm:
     """``device`` is where every tensor handed to a collective must live (the runtime device:
     NCCL/RCCL refuse host tensors). With ``strict`` each collective checks it, so a host tensor
-    fails on CPU exactly where it would fail on a GPU."""
+    fails on CPU exactly where it would fail on a GPU. ``timeout``: every process group it creates
+    gets it (``distributed.collective_timeout_s``; without it a subgroup gets PyTorch's default, not
+    the run's). ``trace_dir``: write the collective trace there (``distributed.trace_collectives``)."""
 
     def __init__(self, topo: Topology, rank: int, distributed: bool = True,
-                 device: torch.device | str = "cpu", strict: bool = False) -> None:
+                 device: torch.device | str = "cpu", strict: bool = False,
+                 timeout: Optional[datetime.timedelta] = None, trace_dir: Optional[str] = None) -> None:
         self.topo = topo
         self.rank = rank
         self.distributed = distributed and dist.is_available() and dist.is_initialized()
         self.device = torch.device(device)
         self.strict = strict
+        self.timeout = timeout
+        self.trace = CollectiveTrace(trace_dir, rank) if trace_dir else None
         self.bytes = {lvl: 0 for lvl in (*LEVELS, "control")}
         self._cache: dict[tuple, Group] = {}
 
@@ -134,13 +143,18 @@ class Comm:
                 if len(g) == self.topo.world_size:
                     handle = dist.group.WORLD
                 else:
-                    handle = dist.new_group(list(g))
+                    handle = dist.new_group(list(g), timeout=self.timeout)
             if self.rank in g:
                 mine = Group(g, handle, self.topo.level(g))
         if mine is None:
             raise ValueError(f"rank {self.rank} is in no group of the partition")
         self._cache[key] = mine
         return mine
+
+    def _issue(self, op: str, group: Group, buffer_bytes: int, dtype: torch.dtype) -> None:
+        """Record a collective in the trace as it is issued (before it can block)."""
+        if self.trace is not None:
+            self.trace.record(op, group.ranks, buffer_bytes, dtype)
 
     def _charge(self, group: Group, nbytes: int, control: bool = False, *tensors: torch.Tensor) -> None:
         if self.strict:
@@ -187,13 +201,15 @@ class Comm:
 
     # -------------------------------------------------------------------------- collectives
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
-                   async_op: bool = False) -> Optional[dist.Work]:
+                   async_op: bool = False, account: bool = True) -> Optional[dist.Work]:
         """``out`` = concat over group order of every member's ``inp``."""
         d = group.size
         if d == 1:
             out.copy_(inp.view_as(out))
             return None
-        self._charge(group, ring_bytes("all_gather", inp.numel() * inp.element_size() * d, d), False, out, inp)
+        S = inp.numel() * inp.element_size() * d
+        self._charge(group, ring_bytes("all_gather", S, d) if account else 0, False, out, inp)
+        self._issue("all_gather", group, S, inp.dtype)
         return _all_gather(out, inp, group=group.handle, async_op=async_op)
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
@@ -203,6 +219,7 @@ class Comm:
             out.copy_(inp.view_as(out))
             return None
         self._charge(group, ring_bytes("reduce_scatter", inp.numel() * inp.element_size(), d), False, out, inp)
+        self._issue("reduce_scatter", group, inp.numel() * inp.element_size(), inp.dtype)
         return _reduce_scatter(out, inp, group=group.handle, async_op=async_op)
 
     def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
@@ -212,6 +229,7 @@ class Comm:
             out.copy_(inp)
             return None
         self._charge(group, ring_bytes("all_to_all", inp.numel() * inp.element_size(), d), False, out, inp)
+        self._issue("all_to_all", group, inp.numel() * inp.element_size(), inp.dtype)
         return dist.all_to_all_single(out, inp, group=group.handle, async_op=async_op)
 
     def all_reduce(self, t: torch.Tensor, group: Group, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
@@ -220,4 +238,5 @@ class Comm:
         if d == 1:
             return None
         self._charge(group, ring_bytes("all_reduce", t.numel() * t.element_size(), d) if account else 0, control, t)
+        self._issue("all_reduce", group, t.numel() * t.element_size(), t.dtype)
         return dist.all_reduce(t, op=op, group=group.handle, async_op=async_op)

@@ -39,15 +39,13 @@ def unit_table(engine: ZeroTopoEngine) -> list[dict]:
 # ------------------------------------------------------------------------------- save
 def _gather_digests(engine: ZeroTopoEngine, item: bytes) -> list[bytes]:
     """All ranks' (size, digest) records on every rank; doubles as the 'all files written' barrier.
-    Uses torch.distributed directly so the engine's traffic counters are not disturbed."""
+    Not counted in the engine's traffic counters (it is in the collective trace)."""
     if not engine.comm.distributed:
         return [item]
-    import torch.distributed as dist
-
     dev = engine.comm.device  # NCCL/RCCL only take tensors on the runtime device
     t = torch.tensor(list(item), dtype=torch.uint8, device=dev)
     out = torch.empty(t.numel() * engine.topo.world_size, dtype=torch.uint8, device=dev)
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, t)
+    engine.comm.all_gather(out, t, engine.comm.world, account=False)
     raw = engine.comm.to_host(out).numpy().tobytes()
     n = len(item)
     records = [raw[i * n:(i + 1) * n] for i in range(engine.topo.world_size)]

@@ -1,0 +1,144 @@
+"""The collective trace (``distributed.trace_collectives: DIR``): every rank appends one JSON line
+per collective to ``DIR/rank_{r}.jsonl`` as the collective is issued, before it can block:
+
+    {"seq": 0, "op": "all_gather", "group": [0, 1], "bytes": 4096, "dtype": "bfloat16"}
+
+``seq`` counts this rank's collectives from 0; ``group`` is the ranks of the communicator (sorted);
+``bytes`` is the whole buffer the collective moves (S in docs/design.md §4.8: an all-gather's
+output, a reduce-scatter's input, an all-to-all's or all-reduce's buffer); ``dtype`` is its element
+type. Each line is flushed to the operating system as it is written, so after a hang (or a kill)
+the files show the last collective every rank issued, like NCCL's flight recorder.
+
+NCCL and RCCL require that ranks sharing communicators issue their collectives in one consistent
+order; the engine issues the same sequence on every rank by construction (docs/design.md §4.7).
+:func:`compare_traces` checks that from the files: every rank's sequence of (op, group size,
+bytes, dtype) is the same, and the members of each group issued the same collectives on it.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from typing import IO, Optional, Sequence
+
+import torch
+
+FILE = "rank_{rank}.jsonl"
+_NAME = re.compile(r"rank_(\d+)\.jsonl$")
+
+
+def check_dir(path: str, key: str = "distributed.trace_collectives") -> Optional[str]:
+    """The reason ``path`` cannot hold the trace files (None when it can): it must be a directory,
+    or not exist yet under a writable directory."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{key} {path} exists and is not a directory; point it at a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        return f"{key} {path}: {parent} is a file, not a directory"
+    probe = path if os.path.isdir(path) else parent
+    if probe and not os.access(probe, os.W_OK | os.X_OK):
+        return f"{key} {path}: {probe} is not writable; point it at a writable directory"
+    return None
+
+
+class CollectiveTrace:
+    """Appends this rank's collectives to ``DIR/rank_{rank}.jsonl`` (a fresh file per process)."""
+
+    def __init__(self, directory: str, rank: int) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, FILE.format(rank=rank))
+        self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
+        self.seq = 0
+
+    def record(self, op: str, ranks: Sequence[int], nbytes: int, dtype: torch.dtype) -> None:
+        if self._file is None:
+            return
+        line = {"seq": self.seq, "op": op, "group": list(ranks), "bytes": int(nbytes),
+                "dtype": str(dtype).removeprefix("torch.")}
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()  # to the OS now: the line survives a hang or a kill of this process
+        self.seq += 1
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def load_traces(directory: str) -> dict[int, list[dict]]:
+    """Every ``rank_{r}.jsonl`` under ``directory``, by rank (a torn last line is dropped)."""
+    out: dict[int, list[dict]] = {}
+    for path in glob.glob(os.path.join(directory, "rank_*.jsonl")):
+        m = _NAME.search(path)
+        if not m:
+            continue
+        records = []
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # the process died while writing its last line
+        out[int(m.group(1))] = records
+    return dict(sorted(out.items()))
+
+
+def _key(rec: dict) -> tuple:
+    return rec["op"], len(rec["group"]), rec["bytes"], rec["dtype"]
+
+
+def _show(rec: dict) -> str:
+    return f"#{rec['seq']} {rec['op']} over {len(rec['group'])} ranks {rec['group']}, {rec['bytes']} B {rec['dtype']}"
+
+
+def compare_traces(traces: dict[int, list[dict]], world_size: Optional[int] = None) -> list[str]:
+    """Problems (one line each; [] when consistent) of the per-rank traces of one job: a missing
+    rank (with ``world_size``), ranks whose sequences of (op, group size, bytes, dtype) differ, and
+    groups whose members issued different collectives on them (or in a different order)."""
+    problems: list[str] = []
+    if world_size is not None:
+        missing = sorted(set(range(world_size)) - set(traces))
+        if missing:
+            problems.append(f"no trace from rank(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    if not traces:
+        return problems or ["no traces"]
+    ref_rank = min(traces)
+    ref = traces[ref_rank]
+    for r, recs in traces.items():
+        if r == ref_rank:
+            continue
+        for i, (a, b) in enumerate(zip(ref, recs)):
+            if _key(a) != _key(b):
+                problems.append(f"rank {r} differs from rank {ref_rank} at collective {i}: {_show(b)} vs {_show(a)}")
+                break
+        else:
+            if len(ref) != len(recs):
+                problems.append(f"rank {r} issued {len(recs)} collectives, rank {ref_rank} {len(ref)}")
+    # each group: its members' subsequences on it must agree (the order NCCL/RCCL need)
+    on_group: dict[tuple, dict[int, list[dict]]] = {}
+    for r, recs in traces.items():
+        for rec in recs:
+            g = tuple(rec["group"])
+            if r not in g:
+                problems.append(f"rank {r} issued a collective on group {list(g)}, which it is not in: {_show(rec)}")
+                continue
+            on_group.setdefault(g, {}).setdefault(r, []).append(rec)
+    for g, per_rank in sorted(on_group.items()):
+        members = [r for r in g if r in traces]
+        seqs = {r: per_rank.get(r, []) for r in members}
+        first = members[0]
+        for r in members[1:]:
+            a, b = seqs[first], seqs[r]
+            for i, (x, y) in enumerate(zip(a, b)):
+                if _key(x) != _key(y):
+                    problems.append(f"group {list(g)}: its collective {i} is {_show(y)} on rank {r} but {_show(x)} "
+                                    f"on rank {first}")
+                    break
+            else:
+                if len(a) != len(b):
+                    problems.append(f"group {list(g)}: rank {r} issued {len(b)} collectives on it, rank {first} "
+                                    f"{len(a)}")
+    return problems
