@@ -1,7 +1,8 @@
 """Overlap in backward, proven by the engine's event trace (order of launches and waits against
-backward progress), not by timing: reductions finish oldest first, each unit's cross-replica
-combine starts right after its reduction lands, ZeRO++'s second hop goes out before the next
-unit's first hop."""
+backward progress), not by timing: reductions finish oldest first, each at a fixed point (when the
+reduction ``max_in_flight`` units later has been launched), each unit's cross-replica combine
+starts right after its reduction is finished, ZeRO++'s second hop goes out before the next unit's
+first hop. The points are fixed by program position, so every rank has the same trace."""
 import pytest
 
 from megatron_topo.config import ZeroTopoConfig
@@ -31,7 +32,9 @@ def _pos(trace, what, unit):
 
 @pytest.mark.parametrize("preset", ["topo", "zeropp", "zero3", "mics"])
 def test_reductions_finish_oldest_first_and_combines_start_during_backward(preset):
-    trace, k, n = run_distributed(_trace, 4, preset)[0]  # 2 nodes x 1 GPU x 2 GCDs
+    traces = run_distributed(_trace, 4, preset)  # 2 nodes x 1 GPU x 2 GCDs
+    assert all(t == traces[0] for t in traces), traces  # one schedule on every rank
+    trace, k, n = traces[0]
     launches = [u for e, u in trace if e == "launch_reduce"]
     waits = [u for e, u in trace if e == "wait_reduce"]
     assert launches == list(reversed(range(n))), trace  # backward order: head first
@@ -41,6 +44,8 @@ def test_reductions_finish_oldest_first_and_combines_start_during_backward(prese
         # at most k reductions in flight: unit u is finished no later than the launch k+1 after it
         if i + k + 1 < n:
             assert _pos(trace, "wait_reduce", u) < _pos(trace, "launch_reduce", launches[i + k + 1]), (u, trace)
+        if i + k < n:  # ... and exactly then: right after the launch k later (a fixed point, not "when it lands")
+            assert _pos(trace, "wait_reduce", u) == _pos(trace, "launch_reduce", launches[i + k]) + 1, (u, trace)
         if preset in ("topo", "mics"):  # node-sharded gradients: combined across nodes once per step
             assert _pos(trace, "combine", u) == _pos(trace, "wait_reduce", u) + 1, (u, trace)
             if i + k < n:  # every combine but the last k starts while autograd is still running

@@ -40,13 +40,12 @@ class Group:
         return self.ranks.index(rank)
 
 
-def _landed(works: list[Optional[dist.Work]]) -> bool:
-    """Non-blocking: have all these collectives completed?"""
-    return all(w is None or w.is_completed() for w in works)
-
-
 class Handle:
-    """An in-flight collective plus work to finish after it (dequantize, accumulate)."""
+    """An in-flight collective plus work to finish after it (dequantize, accumulate).
+
+    Nothing here asks whether a collective has completed: when a collective is launched must
+    never depend on another's progress, which differs between ranks, or ranks would issue
+    collectives on different communicators in different orders (docs/design.md §4.7)."""
 
     def __init__(self, works: list[Optional[dist.Work]], then: Optional[Callable[[], Any]] = None) -> None:
         self._works = works
@@ -54,13 +53,9 @@ class Handle:
         self.done = False
         self.result: Any = None
 
-    def landed(self) -> bool:
-        """Non-blocking: the collectives are complete (``wait`` will not block on the wire)."""
-        return self.done or _landed(self._works)
-
-    def advance(self, force: bool = False) -> bool:
-        """Launch the next stage if its input has landed (or, with ``force``, wait for it);
-        returns True when a stage was launched. A one-stage handle has none."""
+    def advance(self) -> bool:
+        """Launch the next stage (waiting for this one first); True when a stage was launched. A
+        one-stage handle has none."""
         return False
 
     def wait(self) -> Any:
@@ -80,8 +75,8 @@ class Handle:
 
 class TwoStageHandle(Handle):
     """Two dependent collectives (ZeRO++'s 2-hop reduction, the quantized combine): the second
-    stage, ``launch_second``, runs once the first stage's works have landed and returns the
-    second stage's works; ``then`` finishes."""
+    stage, ``launch_second``, goes out when the owner calls ``advance`` (at a point fixed by program
+    position, the same on every rank), after waiting for the first stage; ``then`` finishes."""
 
     def __init__(self, first: list[Optional[dist.Work]], launch_second: Callable[[], list[Optional[dist.Work]]],
                  then: Callable[[], Any]) -> None:
@@ -90,11 +85,8 @@ class TwoStageHandle(Handle):
         self._launch_second = launch_second
         self.second_launched = False
 
-    def landed(self) -> bool:
-        return self.done or (self.second_launched and _landed(self._works))
-
-    def advance(self, force: bool = False) -> bool:
-        if self.second_launched or not (force or _landed(self._first)):
+    def advance(self) -> bool:
+        if self.second_launched:
             return False
         for w in self._first:
             if w is not None:
@@ -105,7 +97,7 @@ class TwoStageHandle(Handle):
         return True
 
     def wait(self) -> Any:
-        self.advance(force=True)
+        self.advance()
         return super().wait()
 
 

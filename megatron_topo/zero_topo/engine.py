@@ -11,11 +11,14 @@ Usage (what training/trainer.py does)::
 Forward: a pre-hook gathers a unit (prefetching the next one), a post-hook frees it and arms a
 hook on its output that gathers it again -- from the secondary copy -- when backward reaches it.
 Backward: once every parameter of a unit has its gradient, the unit's gradient is reduced
-asynchronously into the fp32 gradient shard; all reductions are waited for at the end of
-``backward``. On the last micro-batch of a step (``backward(loss, last_micro_batch=True)``) each
-unit's cross-replica combine is launched as soon as its reduction lands, overlapping the rest of
-backward. Step: the post-update all-gather that rebuilds primary shards runs in the background and
-each unit waits for its own at its next gather, so it overlaps the next forward.
+asynchronously into the fp32 gradient shard; a unit's reduction is finished when the reduction
+``max_in_flight`` units later has been launched, the rest at the end of ``backward``. On the last
+micro-batch of a step (``backward(loss, last_micro_batch=True)``) each unit's cross-replica combine
+is launched when its reduction is finished, overlapping the rest of backward. Every launch point is
+fixed by program position, never by whether a collective has completed, so every rank issues the
+same collectives in the same order (docs/design.md §4.7). Step: the post-update all-gather that
+rebuilds primary shards runs in the background and each unit waits for its own at its next gather,
+so it overlaps the next forward.
 """
 from __future__ import annotations
 
@@ -185,7 +188,6 @@ class ZeroTopoEngine:
             if not fired["done"]:
                 fired["done"] = True
                 self._event("backward", u)
-                self._poll(limit=self.max_in_flight)
                 for v in (*u.borrows, u):
                     if not v.gathered:
                         v.start_gather(backward=True)
@@ -211,7 +213,7 @@ class ZeroTopoEngine:
         # an earlier unit's 2-hop reduction has had this unit's backward to land its first hop:
         # its second hop goes out now, before this unit's first hop queues behind it
         for v in self._in_flight:
-            if v.advance_reduce(force=True):
+            if v.advance_reduce():
                 self._event("hop2", v)
         self._event("launch_reduce", u)
         u.start_reduce(self._grad_scale)
@@ -222,20 +224,19 @@ class ZeroTopoEngine:
             self._finish_reduce(u)
         else:
             self._in_flight.append(u)
-        self._poll(limit=self.max_in_flight)
+        self._retire(limit=self.max_in_flight)
 
-    def _poll(self, limit: int) -> None:
-        """Finish in-flight reductions oldest first: every one that has landed, and then by
-        waiting while more than ``limit`` are in flight. Called at every gradient hook."""
-        while self._in_flight:
-            u = self._in_flight[0]
-            if len(self._in_flight) <= limit and not u.reduce_landed():
-                break
-            self._in_flight.pop(0)
-            self._finish_reduce(u)
+    def _retire(self, limit: int) -> None:
+        """Finish in-flight reductions oldest first while more than ``limit`` are in flight: a
+        unit's reduction is finished (and on the last micro-batch its combine launched) when the
+        reduction ``limit`` units later has been launched, and every one at the end of backward.
+        Fixed by program position, never by whether a reduction has landed (which differs between
+        ranks): every rank issues the same collectives in the same order."""
+        while len(self._in_flight) > limit:
+            self._finish_reduce(self._in_flight.pop(0))
 
     def _finish_reduce(self, u: ShardedUnit) -> None:
-        if u.advance_reduce(force=True):
+        if u.advance_reduce():
             self._event("hop2", u)
         self._event("wait_reduce", u)
         u.wait_reduce()
@@ -266,7 +267,7 @@ class ZeroTopoEngine:
         """Backward of one micro-batch; gradients end up reduced in the fp32 shards.
 
         ``last_micro_batch=True`` (the last backward before ``step``) also starts each unit's
-        cross-replica combine as soon as its reduction is done; ``step`` is correct either way.
+        cross-replica combine when its reduction is finished; ``step`` is correct either way.
         """
         if any(u.combine_handle is not None for u in self.units):
             raise RuntimeError("backward() called after backward(..., last_micro_batch=True) without step() "
@@ -283,7 +284,7 @@ class ZeroTopoEngine:
             for u in reversed(self.units):  # units whose parameters got no gradient at all
                 if not u.reduced_this_backward:
                     self._reduce_unit(u)
-            self._poll(limit=0)
+            self._retire(limit=0)
         finally:
             self.in_backward = False
             self._last_micro = False

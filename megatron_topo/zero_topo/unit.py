@@ -286,14 +286,10 @@ class ShardedUnit:
         """Drop the error-feedback residuals (a skipped step's gradients were not finite)."""
         self.ef_reduce = self.ef_combine = None
 
-    def reduce_landed(self) -> bool:
-        """Non-blocking: every collective of this unit's reduction has completed."""
-        return all(h.landed() for h in self.reduce_handles)
-
-    def advance_reduce(self, force: bool = False) -> bool:
-        """Launch a 2-hop reduction's second hop once its first hop has landed (``force``:
-        wait for it); True when a hop was launched."""
-        return any([h.advance(force) for h in self.reduce_handles])
+    def advance_reduce(self) -> bool:
+        """Launch a 2-hop reduction's second hop (waiting for its first hop); True when a hop was
+        launched now. The engine calls it at fixed points of its schedule."""
+        return any([h.advance() for h in self.reduce_handles])
 
     def wait_reduce(self) -> None:
         for h in self.reduce_handles:
@@ -303,19 +299,19 @@ class ShardedUnit:
     # -------------------------------------------------------------------------- step
     def start_combine(self) -> None:
         """Launch the once-per-step sum of gradient shards across replicas (async). The engine
-        calls it as soon as the last micro-batch's reduction of this unit has landed, so the
-        cross-node traffic overlaps the rest of backward; ``combine_replicas`` waits for it."""
+        calls it when it finishes the last micro-batch's reduction of this unit, during the rest of
+        backward, so the cross-node traffic overlaps it; ``combine_replicas`` waits for it."""
         if self.combine_handle is not None:
             return
         o_lo = self.optim_range[0] - self.grad_range[0]
         self.combine_handle = self.combine_transport(self, o_lo, o_hi=o_lo + self.layout.optim_numel)
 
     def advance_combine(self) -> bool:
-        """Launch the second stage of a two-stage combine (the quantized combine's all-gather)
-        once its first stage has landed, waiting for it: the engine calls it for every unit, in
-        unit order on every rank, before it waits for any unit's result. True if it went out now."""
+        """Launch the second stage of a two-stage combine (the quantized combine's all-gather),
+        waiting for its first stage: the engine calls it for every unit, in unit order on every
+        rank, before it waits for any unit's result. True if it went out now."""
         h = self.combine_handle
-        return isinstance(h, TwoStageHandle) and h.advance(force=True)
+        return isinstance(h, TwoStageHandle) and h.advance()
 
     def combine_replicas(self) -> torch.Tensor:
         """Once per step: sum gradient shards across replicas; return this rank's fp32
