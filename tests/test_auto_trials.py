@@ -241,3 +241,29 @@ def test_timing_settings_need_preset_auto_and_are_not_recorded(tmp_path):
     saved = tmp_path / "config.yml"  # what a run records loads back (a resolved preset, default timing)
     saved.write_text(eff.to_flat_yaml())
     assert load_config([str(saved)]).zero_topo == eff.zero_topo
+
+
+def _live_groups(rank, world, tmp):
+    import torch.distributed as dist
+
+    from megatron_topo.training import trainer as trainer_mod
+    cfg = _config(tmp, ZeroTopoConfig(preset="auto", auto_trials=3), 1, "groups")
+    made = []
+    real = trainer_mod.build_engine
+
+    def build(*a, **kw):  # every engine the trainer builds: the trials' and the run's
+        made.append(1)
+        return real(*a, **kw)
+    trainer_mod.build_engine = build
+    tr = Trainer(cfg, local_runtime(rank, world, gcds=2, gpus=1), datasets=datasets(cfg), log=lambda *_: None)
+    live = {pg for pg in dist.distributed_c10d._world.pg_map if pg is not dist.group.WORLD}
+    groups = [getattr(tr.engine.groups, f.name) for f in dataclasses.fields(tr.engine.groups)]
+    run = {g.handle for g in groups if g is not None and g.handle is not None and g.handle is not dist.group.WORLD}
+    return len(made), len(live), live == run
+
+
+def test_trial_process_groups_are_destroyed_with_their_engines(tmp_path):
+    """After the trials (3 plans, at least twice each) the process groups alive are exactly
+    the run engine's: each trial destroyed its own (on 1d0c977 they were never destroyed)."""
+    for built, live, same in run_distributed(_live_groups, 4, tmp_path):
+        assert built >= 4 and live > 0 and same, (built, live, same)  # 3 plans, extra passes while close, the run

@@ -20,7 +20,8 @@ topo_q's; the extra passes are spent only where the choice is that close. The ru
 trains with the plan whose time is lowest. Every rank times the same steps and reduces the times
 with one MAX all-reduce, so every rank makes the same choice.
 
-A trial engine is a throw-away: its own sharded initialisation, freed before the next one is built;
+A trial engine is a throw-away: its own sharded initialisation and process groups, freed (the groups
+destroyed) before the next one is built;
 the run's engine is built afterwards exactly as for an explicit plan (the RNGs are re-seeded), so a
 run under ``auto`` equals the same run with the chosen plan written out, bit for bit. A run resumed
 on the same number of ranks keeps its checkpoint's plan when that plan is on the shortlist (it was
@@ -126,6 +127,7 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
     gen = torch.Generator().manual_seed(t.seed + rt.rank)
     tokens = torch.randint(0, m.vocab_size, (accum, t.train_micro_batch_size_per_gpu, m.seq_length + 1),
                            generator=gen).to(rt.device)
+    mark = comm.group_mark()
     eng = build(_trial_cfg(cfg), rt, plan, comm=comm)
     eng.train()
     lr = learning_rate(cfg, 1)
@@ -133,6 +135,7 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
     log_every = cfg.logging.log_interval
     loss_sum = torch.zeros((), dtype=torch.float64, device=rt.device)
     times = []
+    finished = False
     try:
         for i in range(1 + steps):
             t0 = time.perf_counter()
@@ -153,10 +156,13 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
         agree.close()
         for u in eng.units:  # the last step's post-step gathers land before their buffers are freed
             u.wait_publish()
+        finished = True
     finally:
         eng.remove_hooks()  # the hooks' closures hold the engine from the trial model's modules
         del eng
         gc.collect()
+        if finished:  # the trial's process groups go with it (not after a failure: teardown can hang)
+            comm.destroy_groups_since(mark)
         if rt.device.type == "cuda":
             torch.cuda.empty_cache()
     return comm.all_reduce_host(times, op=dist.ReduceOp.MAX) if rt.distributed else times
@@ -178,8 +184,9 @@ def _checkpoint_plan(path: Optional[str], world_size: int) -> Optional[dict]:
 
 def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build: Callable[..., object],
            resume_from: Optional[str] = None, log: Callable[[str], None] = print) -> Plan:
-    """The plan a ``preset: auto`` run trains with (module docstring). ``comm`` is the run's: the
-    trial engines create their process groups in it, and the run's engine reuses them."""
+    """The plan a ``preset: auto`` run trains with (module docstring). ``comm`` is the run's: each
+    trial engine creates its process groups in it and destroys them when it is freed; the run's
+    engine then creates its own."""
     z, topo = cfg.zero_topo, rt.topo
     short = autoplan.shortlist(ranked, z.auto_trials, z.auto_trial_window)
     if not short:

@@ -46,7 +46,7 @@ def new_comm(rt: Runtime, dcfg: Optional[DistributedConfig] = None) -> Comm:
 def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None, comm: Optional[Comm] = None):
     """Sharded initialisation: the model is built without storage and the engine materialises,
     initialises and shards one unit at a time, so no rank ever holds the whole model. ``comm``:
-    an existing one whose process groups the engine reuses (preset auto's trial engines)."""
+    an existing one (the run's: its collective trace; preset auto's trial engines build in it)."""
     t = cfg.train
     model = model if model is not None else build_model(cfg.model, device="meta")
     model.init_buffers(rt.device)

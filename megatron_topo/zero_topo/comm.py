@@ -120,6 +120,7 @@ class Comm:
         self.trace = CollectiveTrace(trace_dir, rank) if trace_dir else None
         self.bytes = {lvl: 0 for lvl in (*LEVELS, "control")}
         self._cache: dict[tuple, Group] = {}
+        self._created: list[tuple] = []  # partition keys, in creation order
 
     # -------------------------------------------------------------------------- groups
     def partition(self, groups: Sequence[Sequence[int]]) -> Group:
@@ -141,7 +142,25 @@ class Comm:
         if mine is None:
             raise ValueError(f"rank {self.rank} is in no group of the partition")
         self._cache[key] = mine
+        self._created.append(key)
         return mine
+
+    def group_mark(self) -> int:
+        """A mark for :meth:`destroy_groups_since` (how many partitions exist now)."""
+        return len(self._created)
+
+    def destroy_groups_since(self, mark: int) -> None:
+        """Destroy the process groups of every partition created since ``mark``, in creation order
+        (every rank calls this at the same point: destroying a communicator may be collective),
+        and forget them; the world group stays. Nothing may still be in flight on them: a barrier
+        first, so no peer is still receiving on a communicator this rank tears down."""
+        if any(self._cache[k].handle not in (None, dist.group.WORLD) for k in self._created[mark:]):
+            self.barrier()
+        for key in self._created[mark:]:
+            grp = self._cache.pop(key)
+            if self.distributed and grp.handle is not None and grp.handle is not dist.group.WORLD:
+                dist.destroy_process_group(grp.handle)
+        del self._created[mark:]
 
     def _issue(self, op: str, group: Group, buffer_bytes: int, dtype: torch.dtype) -> None:
         """Record a collective in the trace as it is issued (before it can block)."""

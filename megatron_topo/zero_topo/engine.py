@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from . import layout as L
 from . import memory
+from . import transports
 from .comm import Comm
 from .optimizer import ShardedAdamW
 from .sharding import Plan
@@ -126,12 +127,14 @@ class ZeroTopoEngine:
         w, g, o = self.plan.factors
         c = self.comm
         s = self.plan.secondary_degree
-        # every rank creates every group in the same order
+        used = transports.reduce_groups(self.plan, P)
+        # every rank creates the same groups in the same order, only those the plan sends over (a
+        # partition of one-rank groups creates none: weight with w = 1, replicas with g = W, ...)
         weight = c.partition(L.blocks(W, w))
-        secondary = c.partition(L.blocks(W, s)) if s else None
-        grad = c.partition(L.blocks(W, g))
-        node = c.partition(L.blocks(W, P))
-        peers = c.partition(L.two_hop_peer_groups(W, g, P)) if g > P else None
+        secondary = c.partition(L.blocks(W, s)) if s and w > 1 else None
+        grad = c.partition(L.blocks(W, g)) if "grad" in used else None
+        node = c.partition(L.blocks(W, P)) if "node" in used else None
+        peers = c.partition(L.two_hop_peer_groups(W, g, P)) if "two_hop_peers" in used else None
         replicas = c.partition(L.strided(W, g))
         optim = c.partition(L.blocks(W, o))
         post = c.partition(L.post_gather_groups(W, w, o))

@@ -169,6 +169,14 @@ def select_reduce(plan: Plan, ranks_per_node: int) -> ReduceFn:
     return two_hop_reduce
 
 
+def reduce_groups(plan: Plan, ranks_per_node: int) -> tuple[str, ...]:
+    """The ``UnitGroups`` fields the plan's reduce transport sends over: the engine creates these
+    reduce groups only (ZeRO++'s node and peer groups, or the gradient group), none it never uses."""
+    fn = select_reduce(plan, ranks_per_node)
+    return {reduce_scatter_16bit: ("grad",), quantized_all_to_all_reduce: ("grad",),
+            two_hop_reduce: ("node", "two_hop_peers")}.get(fn, ())
+
+
 # ------------------------------------------------------------------------------ combine
 # (u, o_lo, o_hi): [o_lo, o_hi) is this rank's optimizer shard inside its gradient shard
 

@@ -39,8 +39,8 @@ class ParamSpec:
 class UnitGroups:
     weight: Group  # w consecutive ranks (primary shards)
     secondary: Optional[Group]  # s consecutive ranks
-    grad: Group  # g consecutive ranks
-    node: Group  # ranks of this node (first hop of the 2-hop reduction)
+    grad: Optional[Group]  # g consecutive ranks (None: the reduce transport does not use it)
+    node: Optional[Group]  # ranks of this node (first hop of the 2-hop reduction; None without it)
     two_hop_peers: Optional[Group]
     replicas: Group  # ranks holding the same gradient shard (cross-replica combine)
     optim: Group  # os consecutive ranks (norm)
