@@ -142,3 +142,33 @@ def compare_traces(traces: dict[int, list[dict]], world_size: Optional[int] = No
                     problems.append(f"group {list(g)}: rank {r} issued {len(b)} collectives on it, rank {first} "
                                     f"{len(a)}")
     return problems
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m megatron_topo.zero_topo.trace DIR [--world-size W]``: compare a job's traces;
+    prints each problem (exit 1) or one line saying they agree (exit 0)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m megatron_topo.zero_topo.trace",
+                                 description="Compare the collective traces (distributed.trace_collectives) of one job.")
+    ap.add_argument("dir")
+    ap.add_argument("--world-size", type=int, default=None, help="report ranks with no trace")
+    a = ap.parse_args(argv)
+    if not os.path.isdir(a.dir):
+        print(f"error: {a.dir} is not a directory", file=sys.stderr)
+        return 2
+    traces = load_traces(a.dir)
+    problems = compare_traces(traces, a.world_size)
+    for p in problems:
+        print(p)
+    if problems:
+        return 1
+    counts = sorted({len(t) for t in traces.values()})
+    groups = {tuple(r["group"]) for t in traces.values() for r in t}
+    print(f"{len(traces)} ranks issued the same {counts[0]} collectives in the same order over {len(groups)} groups")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
