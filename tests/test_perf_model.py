@@ -168,15 +168,13 @@ def test_in_flight_bound_is_the_engines():
     assert inspect.signature(ZeroTopoEngine).parameters["max_in_flight"].default == pm.REDUCTIONS_IN_FLIGHT
 
 
-def test_combine_lag_is_when_the_reduction_lands():
-    """A unit's combine starts at the first gradient hook after its reduction lands: reduce/backward
-    units later while the reductions keep up, at most REDUCTIONS_IN_FLIGHT units (the engine then
-    waits for the oldest), immediately without a reduction (ddp, zero1)."""
+def test_combine_lag_is_the_engines_fixed_point():
+    """A unit's combine starts when the reduction REDUCTIONS_IN_FLIGHT units later is launched (a
+    point fixed by program position, the same on every rank), immediately without a reduction
+    (ddp, zero1)."""
     from megatron_topo.analysis.perf_model.step import combine_lag
-    assert combine_lag(0.0, 1.0) == 0.0
-    assert combine_lag(0.25, 1.0) == pytest.approx(0.25)
-    assert combine_lag(5.0, 1.0) == pm.REDUCTIONS_IN_FLIGHT
-    assert combine_lag(1.0, 0.0) == pm.REDUCTIONS_IN_FLIGHT
+    assert combine_lag(0.0) == 0.0
+    assert combine_lag(0.25) == combine_lag(5.0) == pm.REDUCTIONS_IN_FLIGHT
 
 
 def test_two_stage_combine_runs_its_all_gather_after_the_backward():
@@ -196,8 +194,9 @@ def test_two_stage_combine_runs_its_all_gather_after_the_backward():
 
 
 def test_step_overlap_matches_the_engine():
-    """Since 3af3320 the combine of each unit is launched during the last backward once its
-    reduction lands, and each unit's post-step gather is waited for at its next forward gather."""
+    """The combine of each unit is launched during the last backward REDUCTIONS_IN_FLIGHT units
+    after its own (issue 27; from 3af3320 to then once its reduction landed), and each unit's
+    post-step gather is waited for at its next forward gather."""
     from megatron_topo.analysis.perf_model.step import combine_lag
     shape = pm.Shape(44, 6144, 2048, 50432)
     topo, n = frontier(6), shape.units
@@ -208,8 +207,8 @@ def test_step_overlap_matches_the_engine():
         B, F = t.backward_s, t.forward_s
         assert t.step_comm_s == pytest.approx(C + A)
         red = t.comm_s["grad_reduce"]
-        k = combine_lag(red, t.compute_s * 3 / 4) + 1  # its reduction's time in units of backward, <= in flight
-        assert 1 < k <= pm.REDUCTIONS_IN_FLIGHT + 1
+        k = combine_lag(red) + 1  # the combine starts REDUCTIONS_IN_FLIGHT units after its backward
+        assert red > 0 and k == pm.REDUCTIONS_IN_FLIGHT + 1
         assert t.last_backward_s == pytest.approx(max(B + k * C / n, k * B / n + C))
         assert t.first_forward_s == pytest.approx(max(F, A) + min(F, A) / n)
         assert t.step_s == pytest.approx(2 * (F + B) + t.first_forward_s + t.last_backward_s + t.optimizer_s)

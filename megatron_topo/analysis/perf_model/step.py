@@ -34,14 +34,12 @@ def _pipeline(a: float, b: float, n: int, lag: float = 0.0) -> float:
     return max(a + k * b / n, k * a / n + b)
 
 
-def combine_lag(reduce_s: float, t_b: float) -> float:
+def combine_lag(reduce_s: float) -> float:
     """Units of backward between a unit's reduction launch and its combine launch: the engine
-    starts a unit's combine at the first gradient hook after its reduction lands (``reduce_s`` /
-    ``t_b`` units when the reductions keep up with the backward), and never lets more than
-    ``REDUCTIONS_IN_FLIGHT`` reductions pend (the backward waits for the oldest)."""
-    if reduce_s <= 0.0:
-        return 0.0  # no reduction (ddp, zero1): the combine starts with the gradient
-    return REDUCTIONS_IN_FLIGHT if t_b <= 0.0 else min(float(REDUCTIONS_IN_FLIGHT), reduce_s / t_b)
+    finishes a unit's reduction, and launches its combine, right after the reduction
+    ``REDUCTIONS_IN_FLIGHT`` units later is launched -- a point fixed by program position, the same
+    on every rank (docs/design.md §4.7) -- and at once without a reduction (ddp, zero1)."""
+    return 0.0 if reduce_s <= 0.0 else float(REDUCTIONS_IN_FLIGHT)
 
 
 def combine_tail(plan: Plan, topo: Topology) -> float:
@@ -75,12 +73,12 @@ def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: fl
     else:
         fwd, bwd = _phase(t_f, fwd_ag, 0.0, n, prefetch), _phase(t_b, bwd_ag, red, n, prefetch)
     if step_overlap and not serial:
-        # the last backward launches each unit's combine once its reduction lands (combine_lag);
+        # the last backward launches each unit's combine REDUCTIONS_IN_FLIGHT units later (combine_lag);
         # the next step's first forward waits, unit by unit, for that unit's post-step gather
         # (docs/design.md §7.2); on the same level as that pass's traffic they share its link
         under = comb * (1.0 - tail)
         bwd_last = comb * tail + (_phase(t_b + own_c, bwd_ag, red + under, n, prefetch) if levels.get("combine") in bwd_lv
-                                  else _pipeline(bwd + own_c, under, n, lag=combine_lag(red, t_b)))
+                                  else _pipeline(bwd + own_c, under, n, lag=combine_lag(red)))
         fwd_first = (_phase(t_f + own_p, fwd_ag + post, 0.0, n, prefetch)
                      if levels.get("post_step_all_gather") in fwd_lv else _pipeline(post, fwd + own_p, n))
     else:  # serial, or step_overlap=False: combine and post-step gather blocking in step()
