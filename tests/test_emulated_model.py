@@ -197,7 +197,7 @@ def test_accumulation_report_renders_model_and_fsdp2_constants():
     from megatron_topo.analysis.emulation import accum_report
 
     shape, topo, system = emulated_setup()
-    cpu = emu.CpuRates(3e10, 1.7, 2e-9, 1.2e-3, 3e-9)  # calls dear enough that topo is fastest at 2 micro-batches
+    cpu = emu.CpuRates(3e10, 1.7, 2e-9, 1.2e-3, 3e-9)
     plans = {"ddp": pm.preset_plan("ddp", topo), "topo": pm.preset_plan("topo", topo),
              "zeropp": pm.preset_plan("zeropp", topo), "mics": pm.preset_plan("mics", topo),
              "zero3": pm.preset_plan("zero3", topo), "fsdp2_full": pm.preset_plan("zero3", topo),
