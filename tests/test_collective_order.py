@@ -163,4 +163,4 @@ def test_a_trace_dir_that_cannot_be_one_is_one_error_line(how, tmp_path, monkeyp
     assert rc == 2
     assert line.startswith(f"error: distributed.trace_collectives {target}")
     assert ("exists and is not a directory" if how == "file" else "is a file, not a directory") in line
-    assert not (tmp_path / "log").exists()  # nothing written before the check
+    assert not (tmp_path / "log" / "metrics.jsonl").exists()  # stopped before training logged anything
