@@ -91,7 +91,7 @@ class TrainerCheckpoints:
             load_neox_into_engine(self.engine, path, self.cfg.model.num_layers)
             self.log(f"fine-tuning from the GPT-NeoX checkpoint {step_folder(path)} (step 0, fresh optimizer)")
             return
-        st = load_weights_only(self.engine, path)
+        st = load_weights_only(self.engine, path, self.cfg)
         keep = c.no_load_optim and not c.finetune and not c.finetune_from
         if keep:
             self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
@@ -99,12 +99,23 @@ class TrainerCheckpoints:
         self.log(f"loaded the weights of {ckpt.resolve(path)} (step {self.state.step}, fresh optimizer)")
 
     def _load(self, path: str):
-        st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg)  # refuses another architecture
+        st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg,  # refuses another architecture
+                       unverified=self.cfg.checkpoint.load_unverified)
         self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
                                 consumed_valid=st.get("consumed_valid", 0))
         if "python_rng" in st:
             random.seed(st["python_rng"])
         self.log(f"resumed from {ckpt.resolve(path)} at step {self.state.step}")
+
+    def _check_data_position(self) -> None:
+        """A loaded consumed_samples must be a position in this run's training data: beyond its end
+        the sample index would silently wrap (meta.json's schema already refuses a negative one)."""
+        n, src = self.state.consumed_samples, self.resume_from or self.weights_from
+        if src and self.train_ds is not None and n > len(self.train_ds):
+            raise ckpt.CheckpointError(
+                f"{ckpt.resolve(src)}: trainer.consumed_samples {n:,} in meta.json is beyond the {len(self.train_ds):,} "
+                f"samples of this run's training data (train_iters x global batch); the data position would wrap; "
+                f"is meta.json from this run?")
 
     def save(self) -> Optional[str]:
         c = self.cfg.checkpoint

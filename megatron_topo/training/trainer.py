@@ -93,6 +93,7 @@ class Trainer(TrainerCheckpoints):
         if datasets is None:
             datasets = self._build_data()
         self.train_ds, self.valid_ds = datasets[0], datasets[1]
+        self._check_data_position()
         mk = lambda ds: Batches(ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
                                 rt.world_size, rt.rank, rt.device) if ds is not None else None
         self.train_batches, self.valid_batches = mk(self.train_ds), mk(self.valid_ds)
