@@ -12,7 +12,7 @@ import torch
 from .. import fault_injection, lifecycle, preflight
 from .. import metrics as M
 from ..analysis import autoplan
-from ..config import Config, check_batch_size, note_lines, write_effective_config
+from ..config import Config, check_batch_size, check_log_dir, note_lines, write_effective_config
 from ..hf_import import weights_source
 from ..model import build_model
 from ..zero_topo import checkpoint as ckpt
@@ -61,6 +61,7 @@ class Trainer(TrainerCheckpoints):
         self.log = log if rt.rank == 0 else (lambda *a, **k: None)
         self.lifecycle: Optional[lifecycle.Lifecycle] = None  # set while train() runs
         ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
+        check_log_dir(cfg.logging.log_dir)  # not inside a checkpoint, not over a user's config.yml
         self.weights_from = weights_source(cfg)  # finetune_from / an HF `load` / finetune, no_load_optim
         self.resume_from = self._resume_source()  # `load`, `save` under auto_resume, or None: fresh
         if self.resume_from and self.resume_from != cfg.checkpoint.load:
