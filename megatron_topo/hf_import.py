@@ -181,7 +181,7 @@ def load_weights_only(engine, path: str, config=None) -> dict:
     if diff and not c.finetune_architecture_change:
         raise ckpt.CheckpointError(
             f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); its weights were trained for "
-            f"the saved architecture: use the saved values, or set checkpoint.finetune_architecture_change=true to "
+            f"the saved architecture: use the saved values, or set finetune_architecture_change: true to "
             f"change it deliberately")
     files: dict = {}
     for i, u in enumerate(engine.units):

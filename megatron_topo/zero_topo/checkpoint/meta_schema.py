@@ -171,7 +171,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> 
         if lacking:
             raise MetaError(f"files: no size and SHA-256 recorded for {lacking[0]}"
                             f"{f' and {len(lacking) - 1} more' if len(lacking) > 1 else ''}, so its bytes cannot be "
-                            f"verified; refusing to load it (set checkpoint.load_unverified=true to load it anyway)")
+                            f"verified; refusing to load it (set load_unverified: true to load it anyway)")
     config = None
     if meta.get("config") is not None:
         config = _file(meta["config"], "config")
