@@ -200,8 +200,10 @@ CASES = [
      "meta.json: step: must lie in [0,"),
     ("meta-world-size-float", T, LOAD, _meta(_set(["world_size"], 1.0)), 2, "world_size: expected an integer, got float"),
     ("meta-trainer-not-object", T, LOAD, _meta(_set(["trainer"], "abc")), 2, "trainer: expected an object, got str"),
-    ("meta-trainer-no-consumed", G, GEN, _meta(_delete(["trainer", "consumed_samples"])), 2,
-     "trainer.consumed_samples: missing"),
+    ("meta-trainer-no-consumed", T, LOAD + ["--set", "train_iters=3"], _meta(_delete(["trainer", "consumed_samples"])),
+     2, "meta.json: trainer.consumed_samples: missing"),
+    ("meta-trainer-consumed-a-string", G, GEN, _meta(_set(["trainer", "consumed_samples"], "8")), 2,
+     "trainer.consumed_samples: expected an integer, got str '8'"),
     ("meta-consumed-negative", T, LOAD + ["--set", "train_iters=3"], _meta(_set(["trainer", "consumed_samples"], -5)),
      2, "trainer.consumed_samples: must lie in [0,"),
     ("meta-consumed-beyond-data", T, LOAD + ["--set", "train_iters=3"],
@@ -364,10 +366,10 @@ def test_an_index_of_a_hub_cache_snapshot_may_link_into_its_blobs(world, tmp_pat
     blobs = d / "hub" / "models--x" / "blobs"
     snap_dir.mkdir(parents=True)
     blobs.mkdir()
-    for f in ("config.json", "model.safetensors"):
+    _index()(d)  # hf/model.safetensors.index.json
+    for f in ("config.json", "model.safetensors", "model.safetensors.index.json"):
         os.rename(d / "hf" / f, blobs / f)
         os.symlink(os.path.join("..", "..", "blobs", f), snap_dir / f)
-    _index()(d / "hub" / "models--x" / "snapshots" / "rev" / ".." / ".." / ".." / "..") if False else None
     assert call(T, ["cfg.yml", "--set", f"finetune_from={snap_dir}", "--set", "log_dir=log_hub"]) == 0
 
 

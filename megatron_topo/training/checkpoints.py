@@ -23,6 +23,14 @@ class TrainState:
     bad_steps: int = 0
 
 
+def _train_state(st: dict, path: str) -> TrainState:
+    """The trainer state a resume continues from (meta.json's schema checked the types)."""
+    if st.get("consumed_samples") is None:
+        raise ckpt.CheckpointError(f"{ckpt.resolve(path)}/meta.json: trainer.consumed_samples: missing; without it the "
+                                   f"run cannot tell where in the data it stopped")
+    return TrainState(step=st["step"], consumed_samples=st["consumed_samples"], consumed_valid=st.get("consumed_valid", 0))
+
+
 class TrainerCheckpoints:
     """Resume, load and save for :class:`~megatron_topo.training.Trainer` (which holds ``cfg``,
     ``rt``, ``engine``, ``state``, ``effective_cfg``, ``weights_from``, ``lifecycle`` and ``log``)."""
@@ -94,15 +102,13 @@ class TrainerCheckpoints:
         st = load_weights_only(self.engine, path, self.cfg)
         keep = c.no_load_optim and not c.finetune and not c.finetune_from
         if keep:
-            self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
-                                    consumed_valid=st.get("consumed_valid", 0))
+            self.state = _train_state(st, path)
         self.log(f"loaded the weights of {ckpt.resolve(path)} (step {self.state.step}, fresh optimizer)")
 
     def _load(self, path: str):
         st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg,  # refuses another architecture
                        unverified=self.cfg.checkpoint.load_unverified)
-        self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
-                                consumed_valid=st.get("consumed_valid", 0))
+        self.state = _train_state(st, path)
         if "python_rng" in st:
             random.seed(st["python_rng"])
         self.log(f"resumed from {ckpt.resolve(path)} at step {self.state.step}")

@@ -73,7 +73,7 @@ class FileRecord:
 @dataclass
 class TrainerState:
     step: int
-    consumed_samples: int
+    consumed_samples: Optional[int] = None  # the trainer's resume requires it; offline readers do not
     consumed_valid: int = 0
 
 
@@ -152,10 +152,11 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> 
     holders = _int(holders, "shard_holders", 1, ws)
     units = [_unit(u, f"units[{i}]") for i, u in enumerate(_list(meta["units"], "units"))]
     tr = _dict(meta["trainer"], "trainer")
-    for k in ("step", "consumed_samples"):
-        if k not in tr:
-            raise MetaError(f"trainer.{k}: missing")
-    trainer = TrainerState(_int(tr["step"], "trainer.step"), _int(tr["consumed_samples"], "trainer.consumed_samples"),
+    if "step" not in tr:
+        raise MetaError("trainer.step: missing")
+    consumed = tr.get("consumed_samples")
+    trainer = TrainerState(_int(tr["step"], "trainer.step"),
+                           None if consumed is None else _int(consumed, "trainer.consumed_samples"),
                            _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"))
     if trainer.step != step:
         raise MetaError(f"trainer.step: {trainer.step} differs from step {step}")
