@@ -18,13 +18,15 @@ import time
 
 import pytest
 
-from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate
+from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate, plot_metrics
+from megatron_topo.commands import plan as plan_tool
 from megatron_topo.commands import train as train_cli
 
 from .cli_cases import ROOT, build_hostile_world, call, one_error_line, scratch
 
 STEP = "ck/global_step2"
 T, C, H, G = train_cli.main, consolidate_checkpoint.main, convert_to_hf.main, generate.main
+PL, PM = plan_tool.main, plot_metrics.main
 LOAD = ["cfg.yml", "--set", "load=ck"]
 FT = ["cfg.yml", "--set", "finetune_from=hf"]
 GEN = ["--checkpoint", "ck", "--prompt-ids", "1,2", "--max-new-tokens", "2"]
@@ -299,6 +301,13 @@ CASES = [
      "min_lr 0.5 is above optimizer.params.lr 0.001"),
     ("sched-min-lr-above-a-lowered-lr", T, S("optimizer.params.lr=1e-5", "min_lr=1e-4"), None, 2,
      "min_lr 0.0001 is above optimizer.params.lr 1e-05"),
+    # ---- an empty model file is an error, not the default model
+    ("empty-config-file", T, ["empty.yml"], _write("empty.yml", ""), 2, "empty.yml: the file sets no keys"),
+    ("comment-only-config-file", T, ["cfg.yml", "c.yml"], _write("c.yml", "# seq_length: 32\n"), 2,
+     "c.yml: the file sets no keys (it is empty or only comments)"),
+    ("empty-mapping-config-file", T, ["cfg.yml", "e.yml"], _write("e.yml", "{}\n"), 2, "e.yml: the file sets no keys"),
+    ("plan-empty-model-file", PL, ["--model", "empty.yml", "--system", os.path.join(ROOT, "configs", "frontier.yml"),
+                                   "--nodes", "2"], _write("empty.yml", "\n\n"), 2, "empty.yml: the file sets no keys"),
     # ---- outputs over files the run did not create
     ("log-dir-inside-checkpoint-step", T, S(f"log_dir={STEP}"), None, 2,
      f"log_dir {STEP} lies inside the checkpoint folder"),
@@ -398,3 +407,14 @@ def test_set_still_parses_yaml_for_other_keys_and_quoted_or_null_strings():
                            "vocab_size=64"])
     assert cfg.model.seq_length == 32 and cfg.data.train_data_paths == ["a", "b"]
     assert cfg.checkpoint.save == "q # x" and cfg.checkpoint.load is None
+
+
+def test_plot_metrics_says_which_non_finite_points_it_did_not_draw(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.jsonl").write_text(
+        "".join(f'{{"step": {i}, "loss": {v}}}\n' for i, v in enumerate(["1.0", "NaN", "Infinity", "0.5", "-Infinity"])))
+    capfd.readouterr()
+    assert call(PM, ["r", "--out", "o.png"]) == 0
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert err == ["plot_metrics: warning: r: loss: 3 non-finite value(s) not drawn (step 1, 2, 4)"], err

@@ -211,6 +211,10 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
             problems.append(str(e))
             unreadable = True
             continue
+        if data is None or data == {}:  # would silently give the default model
+            problems.append(f"{p}: the file sets no keys (it is empty or only comments); give the config it "
+                            f"was meant to hold")
+            continue
         _collect(problems, merge_into, cfg, data, p, origin, problems)
     for expr in overrides or []:
         try:
