@@ -28,7 +28,8 @@ def _train_state(st: dict, path: str) -> TrainState:
     if st.get("consumed_samples") is None:
         raise ckpt.CheckpointError(f"{ckpt.resolve(path)}/meta.json: trainer.consumed_samples: missing; without it the "
                                    f"run cannot tell where in the data it stopped")
-    return TrainState(step=st["step"], consumed_samples=st["consumed_samples"], consumed_valid=st.get("consumed_valid", 0))
+    return TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
+                      consumed_valid=st.get("consumed_valid", 0))
 
 
 class TrainerCheckpoints:
@@ -119,9 +120,9 @@ class TrainerCheckpoints:
         n, src = self.state.consumed_samples, self.resume_from or self.weights_from
         if src and self.train_ds is not None and n > len(self.train_ds):
             raise ckpt.CheckpointError(
-                f"{ckpt.resolve(src)}: trainer.consumed_samples {n:,} in meta.json is beyond the {len(self.train_ds):,} "
-                f"samples of this run's training data (train_iters x global batch); the data position would wrap; "
-                f"is meta.json from this run?")
+                f"{ckpt.resolve(src)}: trainer.consumed_samples {n:,} in meta.json is beyond the "
+                f"{len(self.train_ds):,} samples of this run's training data (train_iters x global batch); the "
+                f"data position would wrap; is meta.json from this run?")
 
     def save(self) -> Optional[str]:
         c = self.cfg.checkpoint
