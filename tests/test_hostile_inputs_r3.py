@@ -291,7 +291,7 @@ CASES = [
     # ---- a step's size, the schedule
     ("step-accumulation-1e6", T, S("gradient_accumulation_steps=1e6"), None, 2,
      "gradient_accumulation_steps must lie in [1, 16384], got 1000000"),
-    ("step-seq-length-1e9", T, S("seq_length=1e9"), None, 2, "seq_length must lie in [1, 1048576], got 1000000000"),
+    ("step-seq-length-1e9", T, S("seq_length=1e9", "max_position_embeddings=1e9"), None, 2, "seq_length must lie in [1, 1048576], got 1000000000"),
     ("step-micro-batch-1e7", T, S("train_micro_batch_size_per_gpu=10000000"), None, 2,
      "train_micro_batch_size_per_gpu must lie in [1, 65536]"),
     ("step-tokens-per-rank", T, S("train_micro_batch_size_per_gpu=65536", "gradient_accumulation_steps=16384",
