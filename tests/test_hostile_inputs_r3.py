@@ -302,7 +302,7 @@ CASES = [
     ("sched-min-lr-above-a-lowered-lr", T, S("optimizer.params.lr=1e-5", "min_lr=1e-4"), None, 2,
      "min_lr 0.0001 is above optimizer.params.lr 1e-05"),
     # ---- an empty model file is an error, not the default model
-    ("empty-config-file", T, ["empty.yml"], _write("empty.yml", ""), 2, "empty.yml: the file sets no keys"),
+    ("empty-config-file", T, ["cfg.yml", "empty.yml"], _write("empty.yml", ""), 2, "empty.yml: the file sets no keys"),
     ("comment-only-config-file", T, ["cfg.yml", "c.yml"], _write("c.yml", "# seq_length: 32\n"), 2,
      "c.yml: the file sets no keys (it is empty or only comments)"),
     ("empty-mapping-config-file", T, ["cfg.yml", "e.yml"], _write("e.yml", "{}\n"), 2, "e.yml: the file sets no keys"),
@@ -391,12 +391,15 @@ def test_log_dir_of_an_earlier_run_is_reused(world, tmp_path, monkeypatch):
     assert (d / "lg" / "config.yml").read_text() != first and "train_iters: 3" in (d / "lg" / "config.yml").read_text()
 
 
+MODEL = ["num_layers=2", "hidden_size=32", "num_attention_heads=4", "seq_length=16", "max_position_embeddings=16"]
+
+
 @pytest.mark.parametrize("value", ["run #2/ck", "a: b", "[x, y]", "{k: v}", "&anchor", "*alias", "'half", "- item",
                                    "x # y # z", "!!python/object foo", "%TAG", "`tick`", "@at", "| block"])
 def test_set_keeps_yaml_syntax_as_text_for_string_keys(value):
     from megatron_topo.config import load_config
 
-    cfg = load_config([], [f"save={value}", f"zero_topo.preset=zero1", "vocab_size=64", f"log_dir={value}"])
+    cfg = load_config([], [f"save={value}", "zero_topo.preset=zero1", "vocab_size=64", f"log_dir={value}", *MODEL])
     assert cfg.checkpoint.save == value and cfg.logging.log_dir == value
 
 
@@ -404,7 +407,7 @@ def test_set_still_parses_yaml_for_other_keys_and_quoted_or_null_strings():
     from megatron_topo.config import load_config
 
     cfg = load_config([], ["seq_length=32 # tokens", "train_data_paths=[a, b]", "save='q # x'", "load=null",
-                           "vocab_size=64"])
+                           "vocab_size=64", *MODEL[:3], "max_position_embeddings=32"])
     assert cfg.model.seq_length == 32 and cfg.data.train_data_paths == ["a", "b"]
     assert cfg.checkpoint.save == "q # x" and cfg.checkpoint.load is None
 

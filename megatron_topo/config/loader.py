@@ -214,6 +214,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
         if data is None or data == {}:  # would silently give the default model
             problems.append(f"{p}: the file sets no keys (it is empty or only comments); give the config it "
                             f"was meant to hold")
+            unreadable = True  # its keys are unknown: none is called missing (one line)
             continue
         _collect(problems, merge_into, cfg, data, p, origin, problems)
     for expr in overrides or []:
