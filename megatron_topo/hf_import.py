@@ -13,13 +13,13 @@ taken from it, keys they set must agree (one line naming every differing key).
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Optional
 
 import torch
 
 from .config import ConfigError
+from .model import hf_schema
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -43,15 +43,7 @@ def is_hf_folder(path: Optional[str]) -> bool:
 
 
 def read_hf_config(path: str) -> dict:
-    p = os.path.join(path, "config.json")
-    try:
-        with open(p) as f:
-            hf = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{p}: cannot read the HuggingFace config ({e})") from None
-    if not isinstance(hf, dict):
-        raise ConfigError(f"{p}: not a HuggingFace config (the top level is not an object)")
-    return hf
+    return hf_schema.read_config(path)  # size-capped, every field we read checked (one line per problem)
 
 
 def model_keys_from_hf(hf: dict, where: str) -> dict:
@@ -59,6 +51,7 @@ def model_keys_from_hf(hf: dict, where: str) -> dict:
     cannot build."""
     from .model.spec import spec_for_hf
 
+    hf_schema.check_config(hf, where)  # types and bounds of the fields we read: one line naming the field
     spec = spec_for_hf(hf)
     if spec is None:
         raise ConfigError(f"{where}: model_type {hf.get('model_type')!r} is not supported; GPT-NeoX (gpt_neox: "
@@ -97,8 +90,7 @@ class HFWeights:
         for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
             p = os.path.join(path, index)
             if os.path.isfile(p):
-                with open(p) as f:
-                    self._where = dict(json.load(f)["weight_map"])
+                self._where = hf_schema.read_weight_map(path, index)  # files inside `path` only
                 break
         else:
             for name in ("model.safetensors", "pytorch_model.bin"):
@@ -173,14 +165,24 @@ def load_hf_into_engine(engine, path: str, weights=None) -> None:
     engine.republish()
 
 
-def load_weights_only(engine, path: str) -> dict:
+def load_weights_only(engine, path: str, config=None) -> dict:
     """One of our checkpoints' master weights (any plan / world size), no optimizer state;
-    returns the checkpoint's trainer state (for no_load_optim, which keeps its step)."""
+    returns the checkpoint's trainer state (for no_load_optim, which keeps its step). With
+    ``config`` (the run's Config), architecture keys that differ from the saved ones are refused
+    unless ``checkpoint.finetune_architecture_change`` is set, and rank files without a recorded
+    SHA-256 unless ``checkpoint.load_unverified`` is."""
     from .zero_topo import checkpoint as ckpt
 
+    c = config.checkpoint if config is not None else None
     sp = ckpt.resolve(path)
-    meta = ckpt.read_meta(sp)
+    meta = ckpt.read_meta(sp, unverified=bool(c and c.load_unverified))
     ckpt.check_compatible(sp, meta, ckpt.unit_table(engine))
+    diff = ckpt.architecture_diff(sp, meta, config) if config is not None else []
+    if diff and not c.finetune_architecture_change:
+        raise ckpt.CheckpointError(
+            f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); its weights were trained for "
+            f"the saved architecture: use the saved values, or set finetune_architecture_change: true to "
+            f"change it deliberately")
     files: dict = {}
     for i, u in enumerate(engine.units):
         lo, hi = u.optim_range

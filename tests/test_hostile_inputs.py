@@ -105,7 +105,7 @@ CASES = [
     ("cfg-zero-timeout", T, S("distributed.collective_timeout_s=0"), None, 2,
      "distributed.collective_timeout_s must be > 0"),
     ("cfg-zero-micro-batch", T, S("train_micro_batch_size_per_gpu=0"), None, 2,
-     "train_micro_batch_size_per_gpu must be >= 1"),
+     "train_micro_batch_size_per_gpu must lie in [1, 65536], got 0"),
     ("cfg-model-too-large-for-memory", T, S("hidden_size=1048576"), None, 1,
      "rank 0: out of memory (an allocation of 52776612659200 bytes failed)"),
     # ---- config: choices

@@ -348,8 +348,8 @@ def test_activation_checkpointing_same_gradients():
 
 
 @pytest.mark.parametrize("bad,needle", [
-    ({}, "KeyError: 'hidden_size'"),
-    (dict(rms_norm_eps="abc"), "could not convert string to float: 'abc'"),
+    ({}, "hidden_size: missing"),
+    (dict(rms_norm_eps="abc"), "rms_norm_eps: expected a finite number > 0, got str 'abc'"),
     (dict(hidden_act="gelu"), "hidden_act 'gelu' (ours is silu)"),
     (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "rope_type 'llama3' is not supported"),
 ])

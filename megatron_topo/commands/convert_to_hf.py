@@ -24,12 +24,17 @@ as it is. A config tokenizer that cannot be built or has more ids than the model
 with a warning; an override that fails is an error.
 
 The directory is written under a temporary name and renamed; an existing non-empty output is
-never touched without ``--force``. Bad input prints one line on stderr and exits 2.
+never touched without ``--force``, and with it the new folder takes the old one's place in one
+atomic exchange (Linux ``renameat2``; elsewhere the old one is moved aside first and a crash in
+between is undone by the next conversion into that output, which also removes the hidden
+temporary folders of killed conversions). Bad input prints one line on stderr and exits 2.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -84,6 +89,9 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     except ValueError as e:
         raise CheckpointError(f"--max-shard-size: {e}") from None
     check_output_outside(checkpoint, output)  # never the checkpoint, its run folder or a folder above it
+    for line in clean_stale_temporaries(output):  # what a killed earlier conversion into `output` left behind
+        if warn is not None:
+            warn(line)
     if os.path.exists(output) and not os.path.isdir(output):
         raise CheckpointError(f"--output {output} exists and is not a directory")
     if os.path.isdir(output) and os.listdir(output) and not force:
@@ -131,10 +139,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
             os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
         os.chmod(tmp, 0o777 & ~umask)
         if os.path.isdir(output):
-            old = f"{tmp}.old"
-            os.replace(output, old)
-            os.replace(tmp, output)
-            shutil.rmtree(old, ignore_errors=True)
+            replace_dir(tmp, output)
         else:
             os.replace(tmp, output)
     finally:
@@ -142,6 +147,80 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
             writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
     return output
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the directories ``a`` and ``b`` in one atomic step (Linux renameat2 RENAME_EXCHANGE);
+    False where the kernel, libc or filesystem does not offer it."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def replace_dir(new: str, output: str) -> None:
+    """Put the finished folder ``new`` in place of the folder ``output`` with no moment where
+    ``output`` is missing: an atomic exchange where the system has one; elsewhere ``output`` is moved
+    aside to ``new.old`` first, which :func:`clean_stale_temporaries` puts back after a crash."""
+    from megatron_topo.atomic import fsync_dir
+
+    if _exchange(new, output):
+        fsync_dir(os.path.dirname(os.path.abspath(output)))
+        shutil.rmtree(new, ignore_errors=True)  # the previous export, now under the temporary name
+        return
+    old = f"{new}.old"
+    os.replace(output, old)
+    os.replace(new, output)
+    fsync_dir(os.path.dirname(os.path.abspath(output)))
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temporaries(output: str) -> list:
+    """Remove the hidden ``.NAME.tmp.PID`` folders of conversions into ``output`` whose process is
+    gone, first putting back a previous export a crash left aside (``.NAME.tmp.PID.old`` while
+    ``output`` is missing); returns what was done, one line each."""
+    parent = os.path.dirname(os.path.abspath(output))
+    base = os.path.basename(os.path.abspath(output))
+    pat = re.compile(rf"\.{re.escape(base)}\.tmp\.(\d+)(\.old)?")
+    try:
+        names = sorted(os.listdir(parent), key=lambda n: not n.endswith(".old"))
+    except OSError:
+        return []
+    done = []
+    for name in names:
+        m = pat.fullmatch(name)
+        p = os.path.join(parent, name)
+        if not m or _alive(int(m.group(1))) or not os.path.isdir(p) or os.path.islink(p):
+            continue
+        if m.group(2) and not os.path.lexists(output):
+            os.replace(p, output)
+            done.append(f"restored {output} from {name} (a conversion was killed while replacing it)")
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"removed {name}, left by a killed conversion")
+    return done
 
 
 def _tokenizer(st, mcfg, overrides: dict):

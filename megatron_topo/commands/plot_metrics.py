@@ -61,6 +61,14 @@ def series(records: list[dict], keys) -> tuple[list[int], list[float], str | Non
     return [], [], None
 
 
+def _say_skipped(label: str, what: str, steps: list, vals: list) -> None:
+    bad = [st for st, v in zip(steps, vals) if not math.isfinite(v)]
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        print(f"plot_metrics: warning: {label}: {what}: {len(bad)} non-finite value(s) not drawn (step {shown})",
+              file=sys.stderr)
+
+
 def smooth(values: list[float], n: int) -> list[float]:
     """Trailing mean over the last ``n`` finite values (non-finite points stay gaps)."""
     if n <= 1:
@@ -148,6 +156,7 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None) -> st
             steps, vals, _ = series(recs, keys)
             if not steps:
                 continue
+            _say_skipped(label, ttl, steps, vals)  # non-finite points are gaps in the curve: say which
             c = colors[i % len(colors)]
             if smooth_n > 1:
                 ax.plot(steps, vals, color=c, alpha=0.25, linewidth=1)

@@ -10,6 +10,9 @@ from .options import (ConfigError, _check_attention_config, _check_declared, _ch
 from .schema import AUTO_TRIAL_KEYS, PRECISIONS, Config, ZeroTopoConfig, _declared, resolve_precision
 
 
+MAX_TOKENS_PER_RANK_STEP = 1 << 32  # a step's size bound: micro-batch x accumulation x seq_length per rank
+
+
 def validate(cfg: Config, problems: Optional[list] = None) -> None:
     """Every declared field's bounds and choices (from its ``option`` metadata), then the rules
     that tie fields together. Every problem is found: raised together (ConfigErrors, one line
@@ -31,6 +34,15 @@ def _cross_checks(cfg: Config, problems: list) -> None:
     add = problems.append
     if t.precision is None or str(t.precision).lower() in PRECISIONS:  # (a bad name is the field's problem)
         _collect(problems, resolve_precision, t)
+    tokens = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * m.seq_length
+    if tokens > MAX_TOKENS_PER_RANK_STEP:
+        add(f"a step would take {tokens:,} tokens per rank (train_micro_batch_size_per_gpu "
+            f"{t.train_micro_batch_size_per_gpu} x gradient_accumulation_steps {t.gradient_accumulation_steps} x "
+            f"seq_length {m.seq_length}); the bound is {MAX_TOKENS_PER_RANK_STEP:,} (2**32): use fewer micro-batches "
+            f"per step")
+    if 0 <= t.optimizer.params.lr < t.min_lr < float("inf"):
+        add(f"min_lr {t.min_lr:g} is above optimizer.params.lr {t.optimizer.params.lr:g}: the schedule would decay "
+            f"upwards and train at min_lr; set min_lr <= lr")
     if m.num_attention_heads and m.hidden_size % m.num_attention_heads:
         add(f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
     if m.max_position_embeddings is not None and m.seq_length > m.max_position_embeddings:

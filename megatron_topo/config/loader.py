@@ -102,6 +102,25 @@ def _coerce(value, tp, where: str):
     return value
 
 
+def _is_text_key(parts: list) -> bool:
+    """Whether the dotted key ``parts`` (GPT-NeoX flat or nested) is a declared string field."""
+    index = _key_index()
+    key = _norm(parts[0])
+    if key not in index:
+        return False
+    sec = index[key]
+    obj_type, rest = (_section_type(sec), parts[1:]) if sec in _BLOCK_SECTIONS else (_section_type(sec), parts)
+    tp = None
+    for p in rest:
+        if not dataclasses.is_dataclass(obj_type):
+            return False
+        tp = typing.get_type_hints(obj_type).get(_norm(p))
+        if tp is None:
+            return False
+        obj_type = _strip_optional(tp)
+    return tp is not None and _strip_optional(tp) is str
+
+
 def _suggest(key: str, valid) -> str:
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
@@ -192,10 +211,15 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
             problems.append(str(e))
             unreadable = True
             continue
+        if data is None or data == {}:  # would silently give the default model
+            problems.append(f"{p}: the file sets no keys (it is empty or only comments); give the config it "
+                            f"was meant to hold")
+            unreadable = True  # its keys are unknown: none is called missing (one line)
+            continue
         _collect(problems, merge_into, cfg, data, p, origin, problems)
     for expr in overrides or []:
         try:
-            data = parse_set(expr)
+            data = parse_set(expr, _is_text_key)
         except ConfigError as e:
             problems.append(str(e))
             continue

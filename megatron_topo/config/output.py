@@ -91,8 +91,56 @@ def describe_keys() -> str:
     return "\n".join(lines)
 
 
+EFFECTIVE_HEADER = "# effective config written by megatron_topo (train.py); a later run with this log_dir replaces it\n"
+
+
+def _written_by_a_run(path: str) -> bool:
+    """Whether ``path`` is an effective config an earlier run wrote (our header, or, from before the
+    header, exactly the canonical dump of a config with a zero_topo block)."""
+    import yaml
+
+    from ..safe_files import MIB, read_small_text
+
+    try:
+        text = read_small_text(path, 4 * MIB, OSError)
+    except OSError:
+        return False
+    if text.startswith(EFFECTIVE_HEADER):
+        return True
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(data, dict) and "zero_topo" in data and yaml.safe_dump(data, sort_keys=False) == text
+
+
+def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
+    """Before a run writes into ``log_dir``: refuse a log_dir that is or lies inside a checkpoint's
+    step folder (its config.yml is the checkpoint's, digest-checked), and a ``config.yml`` there
+    that no run wrote (a user's own file: it is not overwritten)."""
+    from .options import ConfigError
+
+    real = os.path.realpath(log_dir)
+    p = real
+    while True:
+        if os.path.isfile(os.path.join(p, "meta.json")) or re.fullmatch(r"(\.tmp_)?global_step\d+(\.old)?",
+                                                                         os.path.basename(p)):
+            raise ConfigError(f"log_dir {log_dir} lies inside the checkpoint folder {p}; the run would write its "
+                              f"config.yml and metrics over the checkpoint's files: set log_dir elsewhere")
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    path = os.path.join(log_dir, name)
+    if os.path.lexists(path) and not (os.path.isfile(path) and not os.path.islink(path) and _written_by_a_run(path)):
+        raise ConfigError(f"log_dir {log_dir} holds a {name} that no run wrote (a file of your own?); it is not "
+                          f"overwritten: move it, or set log_dir to another folder")
+
+
 def write_effective_config(cfg: Config, directory: str, name: str = "config.yml") -> str:
-    """Atomically write the effective config into ``directory``; returns the path."""
+    """Atomically write the effective config into ``directory``; returns the path. A file there
+    that no run wrote is refused (:func:`check_log_dir`), never replaced."""
+    check_log_dir(directory, name)
     path = os.path.join(directory, name)
-    atomic.write_text(path, cfg.to_flat_yaml())
+    atomic.write_text(path, EFFECTIVE_HEADER + cfg.to_flat_yaml())
     return path

@@ -24,7 +24,8 @@ class ModelConfig:
     num_layers: int = option(2, "transformer layers (required in a config file)", ge=1, neox="implemented")
     hidden_size: int = option(64, "model width (required in a config file)", ge=1, neox="implemented")
     num_attention_heads: int = option(4, "attention heads (must divide hidden_size; required in a config file)", ge=1, neox="implemented")
-    seq_length: int = option(64, "tokens per training sample (required in a config file)", ge=1, neox="implemented")
+    seq_length: int = option(64, "tokens per training sample (required in a config file)", ge=1, le=1 << 20,
+                             neox="implemented")
     max_position_embeddings: Optional[int] = option(None, "position limit (required in a config file; in code: seq_length)", ge=1,
                                                     neox="implemented")
     vocab_size: int = option(512, "padded vocabulary size; unset in a config file: the tokenizer's size padded "
@@ -143,8 +144,8 @@ PRECISIONS = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16", "half")
 
 @dataclass
 class TrainConfig:
-    train_micro_batch_size_per_gpu: int = option(4, "samples per rank per micro-batch", ge=1)
-    gradient_accumulation_steps: int = option(1, "micro-batches per optimizer step", ge=1)
+    train_micro_batch_size_per_gpu: int = option(4, "samples per rank per micro-batch", ge=1, le=1 << 16)
+    gradient_accumulation_steps: int = option(1, "micro-batches per optimizer step", ge=1, le=1 << 14)
     train_iters: int = option(100, "optimizer steps to train", ge=1)
     seed: int = option(1234, "seed of initialisation and data order", ge=0, le=2**32 - 1)
     optimizer: OptimizerBlock = field(default_factory=OptimizerBlock)
@@ -224,6 +225,10 @@ class CheckpointConfig:
     auto_resume: bool = option(False, "no `load`: resume from `save` when it holds a checkpoint, else start fresh")
     save_interval_minutes: float = option(0.0, "also save every N minutes of training (rank 0's clock; 0: off)",
                                           ge=0.0)
+    load_unverified: bool = option(False, "load a checkpoint whose meta.json records no size and SHA-256 for its "
+                                   "rank files (their bytes cannot be verified; refused otherwise)")
+    finetune_architecture_change: bool = option(False, "finetune_from one of our checkpoints into a model whose "
+                                                "architecture keys differ from the saved ones (refused otherwise)")
 
 
 @dataclass

@@ -162,20 +162,27 @@ _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
 
 
-def parse_set(expr: str) -> dict:
-    """``a.b.c=value`` -> {'a': {'b': {'c': value}}} with the value parsed as YAML."""
+def parse_set(expr: str, is_text=None) -> dict:
+    """``a.b.c=value`` -> {'a': {'b': {'c': value}}} with the value parsed as YAML, except where
+    ``is_text(parts)`` says the key's declared type is a string: then the value is the text as
+    written (``save=run #2/ck`` keeps its ``#``), unless it is quoted YAML or null."""
     if "=" not in expr:
         raise ConfigError(f"--set {expr!r}: expected dotted.key=value")
     key, raw = expr.split("=", 1)
     parts = key.strip().split(".")
     if not all(p.strip() for p in parts):
         raise ConfigError(f"--set {expr!r}: empty key name in {key.strip()!r}; expected dotted.key=value")
-    try:
-        value = parse_yaml(raw, f"--set {expr}") if raw != "" else ""
-    except ConfigError as e:
-        if "expands to more than" in str(e):
-            raise
-        value = raw  # not YAML: the text itself
+    text = raw.strip()
+    quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+    if is_text is not None and is_text(parts) and not quoted and text not in ("null", "Null", "NULL", "~"):
+        value = text
+    else:
+        try:
+            value = parse_yaml(raw, f"--set {expr}") if raw != "" else ""
+        except ConfigError as e:
+            if "expands to more than" in str(e):
+                raise
+            value = raw  # not YAML: the text itself
     out: dict = {}
     cur = out
     for p in parts[:-1]:

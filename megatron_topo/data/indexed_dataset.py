@@ -25,8 +25,9 @@ from typing import Optional
 
 import numpy as np
 
-from ..atomic import commit, fsync_dir, remove_quietly, temp_name
+from ..atomic import remove_quietly, temp_name
 from .errors import DataError
+from .pair_commit import commit_pair, finish_interrupted, journal_path
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -66,6 +67,7 @@ def strip_suffix(path: str) -> str:
 
 
 def dataset_exists(prefix: str) -> bool:
+    finish_interrupted(prefix)
     return os.path.isfile(index_file_path(prefix)) and os.path.isfile(data_file_path(prefix))
 
 
@@ -86,6 +88,7 @@ class MMapIndexedDataset:
 
     # ------------------------------------------------------------------ opening and checking
     def _open(self, verify: bool) -> None:
+        finish_interrupted(self.prefix)  # a replacement a crash interrupted is completed first
         idx_path, bin_path = index_file_path(self.prefix), data_file_path(self.prefix)
         for path in (idx_path, bin_path):
             if not os.path.isfile(path):
@@ -303,13 +306,13 @@ class MMapIndexedDatasetBuilder:
             f.write(doc_idx.astype("<i8").tobytes())
             f.flush()
             os.fsync(f.fileno())
-        commit(self._bin_tmp, data_file_path(self.prefix))
-        commit(self._idx_tmp, index_file_path(self.prefix))
-        fsync_dir(os.path.dirname(os.path.abspath(self.prefix)))
+        commit_pair(self.prefix, self._bin_tmp, self._idx_tmp)  # journalled: never a new .bin with an old .idx
 
     def abort(self) -> None:
         if not self._bin.closed:
             self._bin.close()
+        if os.path.lexists(journal_path(self.prefix)):  # the switch began: the next reader completes it
+            return
         remove_quietly(self._bin_tmp)
         remove_quietly(self._idx_tmp)
 

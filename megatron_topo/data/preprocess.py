@@ -76,8 +76,38 @@ class PreprocessStats:
 _W: dict = {}
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """Make this worker end when the process that started it does (a killed preprocess must not
+    leave its pool running): the kernel's parent-death signal where there is one (Linux prctl),
+    else a thread that watches the parent."""
+    import signal
+    import threading
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+        if os.getppid() != parent_pid:  # the parent died before the signal was armed
+            os._exit(1)
+        return
+    except (OSError, AttributeError):
+        pass
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def init_worker(tokenizer_type, vocab_file, vocab_size, keys, append_eod, dtype, merge_file=None,
-                ftfy=False) -> None:
+                ftfy=False, parent_pid=None) -> None:
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker
     fix = None
     if ftfy:
@@ -207,7 +237,7 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
             builders[k] = MMapIndexedDatasetBuilder(stats.outputs[k], dtype)
         if workers > 1:  # spawn: no forked tokenizer state; a worker that dies fails the run (no hang)
             pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=init_worker,
-                                       initargs=init_args)
+                                       initargs=init_args + (os.getpid(),))  # workers die with this process
             for f in [pool.submit(os.getpid) for _ in range(workers)]:
                 f.result()
             stats.startup_seconds = time.perf_counter() - t0

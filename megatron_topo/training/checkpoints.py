@@ -23,6 +23,15 @@ class TrainState:
     bad_steps: int = 0
 
 
+def _train_state(st: dict, path: str) -> TrainState:
+    """The trainer state a resume continues from (meta.json's schema checked the types)."""
+    if st.get("consumed_samples") is None:
+        raise ckpt.CheckpointError(f"{ckpt.resolve(path)}/meta.json: trainer.consumed_samples: missing; without it the "
+                                   f"run cannot tell where in the data it stopped")
+    return TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
+                      consumed_valid=st.get("consumed_valid", 0))
+
+
 class TrainerCheckpoints:
     """Resume, load and save for :class:`~megatron_topo.training.Trainer` (which holds ``cfg``,
     ``rt``, ``engine``, ``state``, ``effective_cfg``, ``weights_from``, ``lifecycle`` and ``log``)."""
@@ -91,20 +100,29 @@ class TrainerCheckpoints:
             load_neox_into_engine(self.engine, path, self.cfg.model.num_layers)
             self.log(f"fine-tuning from the GPT-NeoX checkpoint {step_folder(path)} (step 0, fresh optimizer)")
             return
-        st = load_weights_only(self.engine, path)
+        st = load_weights_only(self.engine, path, self.cfg)
         keep = c.no_load_optim and not c.finetune and not c.finetune_from
         if keep:
-            self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
-                                    consumed_valid=st.get("consumed_valid", 0))
+            self.state = _train_state(st, path)
         self.log(f"loaded the weights of {ckpt.resolve(path)} (step {self.state.step}, fresh optimizer)")
 
     def _load(self, path: str):
-        st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg)  # refuses another architecture
-        self.state = TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
-                                consumed_valid=st.get("consumed_valid", 0))
+        st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg,  # refuses another architecture
+                       unverified=self.cfg.checkpoint.load_unverified)
+        self.state = _train_state(st, path)
         if "python_rng" in st:
             random.seed(st["python_rng"])
         self.log(f"resumed from {ckpt.resolve(path)} at step {self.state.step}")
+
+    def _check_data_position(self) -> None:
+        """A loaded consumed_samples must be a position in this run's training data: beyond its end
+        the sample index would silently wrap (meta.json's schema already refuses a negative one)."""
+        n, src = self.state.consumed_samples, self.resume_from or self.weights_from
+        if src and self.train_ds is not None and n > len(self.train_ds):
+            raise ckpt.CheckpointError(
+                f"{ckpt.resolve(src)}: trainer.consumed_samples {n:,} in meta.json is beyond the "
+                f"{len(self.train_ds):,} samples of this run's training data (train_iters x global batch); the "
+                f"data position would wrap; is meta.json from this run?")
 
     def save(self) -> Optional[str]:
         c = self.cfg.checkpoint

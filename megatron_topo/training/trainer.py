@@ -13,7 +13,7 @@ import torch
 from .. import fault_injection, lifecycle, preflight
 from .. import metrics as M
 from ..analysis import autoplan
-from ..config import Config, ConfigError, DistributedConfig, check_batch_size, note_lines, write_effective_config
+from ..config import Config, ConfigError, DistributedConfig, check_batch_size, check_log_dir, note_lines, write_effective_config
 from ..hf_import import weights_source
 from ..model import build_model
 from ..zero_topo import checkpoint as ckpt
@@ -70,6 +70,7 @@ class Trainer(TrainerCheckpoints):
         self.log = log if rt.rank == 0 else (lambda *a, **k: None)
         self.lifecycle: Optional[lifecycle.Lifecycle] = None  # set while train() runs
         ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
+        check_log_dir(cfg.logging.log_dir)  # not inside a checkpoint, not over a user's config.yml
         self.weights_from = weights_source(cfg)  # finetune_from / an HF `load` / finetune, no_load_optim
         self.resume_from = self._resume_source()  # `load`, `save` under auto_resume, or None: fresh
         if self.resume_from and self.resume_from != cfg.checkpoint.load:
@@ -102,6 +103,7 @@ class Trainer(TrainerCheckpoints):
         if datasets is None:
             datasets = self._build_data()
         self.train_ds, self.valid_ds = datasets[0], datasets[1]
+        self._check_data_position()
         mk = lambda ds: Batches(ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
                                 rt.world_size, rt.rank, rt.device) if ds is not None else None
         self.train_batches, self.valid_batches = mk(self.train_ds), mk(self.valid_ds)

@@ -13,14 +13,14 @@ replaces one of its functions patches ``checkpoint.storage``.
 """
 from __future__ import annotations
 
-from .live import check_compatible, check_resume, gather_full_state, load, save, unit_table
+from .live import architecture_diff, check_compatible, check_resume, gather_full_state, load, save, unit_table
 from .offline import full_unit_state, load_model_config, read_config_yaml, read_full_state, unit_state_range
 from .storage import (ARCH_KEYS, FORMAT_VERSION, LATEST, STATE_KEYS, SUPPORTED_FORMATS, CheckpointError,
                       _atomic_write_bytes, _remove_quietly, _shard_tensors, check_output_outside, check_save_dir,
                       file_digest, holds_checkpoints, load_rank_file, rank_file, read_meta, resolve, step_dir)
 
 __all__ = [
-    "ARCH_KEYS", "FORMAT_VERSION", "LATEST", "STATE_KEYS", "SUPPORTED_FORMATS", "CheckpointError",
+    "ARCH_KEYS", "FORMAT_VERSION", "architecture_diff", "LATEST", "STATE_KEYS", "SUPPORTED_FORMATS", "CheckpointError",
     "check_compatible", "check_output_outside", "check_resume", "check_save_dir", "file_digest",
     "full_unit_state", "gather_full_state", "holds_checkpoints", "load", "load_model_config",
     "load_rank_file", "rank_file", "read_config_yaml", "read_full_state", "read_meta", "resolve", "save",

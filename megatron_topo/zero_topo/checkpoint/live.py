@@ -195,20 +195,27 @@ def _saved_config(sp: str, meta: dict) -> Optional[Config]:
         raise CheckpointError(f"{os.path.join(sp, 'config.yml')}: {e}") from None
 
 
+def architecture_diff(sp: str, meta: dict, cfg: Config) -> list[str]:
+    """``key saved -> now`` for every architecture key (of either model spec) the run's model
+    config changes (empty when the checkpoint has no config.yml)."""
+    from ...model.spec import spec_for
+
+    saved = _saved_config(sp, meta)
+    if saved is None:
+        return []
+    keys = dict.fromkeys((*spec_for(saved.model).arch_keys, *spec_for(cfg.model).arch_keys))
+    return [f"{k} {getattr(saved.model, k)!r} -> {getattr(cfg.model, k)!r}" for k in keys
+            if getattr(saved.model, k) != getattr(cfg.model, k)]
+
+
 def check_resume(sp: str, meta: dict, cfg: Config) -> None:
     """A resume must keep the architecture (every key of the model spec's arch_keys; the plan, world size and
     precision may change) and have steps left to train."""
-    saved = _saved_config(sp, meta)
-    if saved is not None:
-        from ...model.spec import spec_for
-
-        keys = dict.fromkeys((*spec_for(saved.model).arch_keys, *spec_for(cfg.model).arch_keys))
-        diff = [f"{k} {getattr(saved.model, k)!r} -> {getattr(cfg.model, k)!r}" for k in keys
-                if getattr(saved.model, k) != getattr(cfg.model, k)]
-        if diff:
-            raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
-                                  f"resume with the saved values or start a new run (another plan or world size "
-                                  f"is fine)")
+    diff = architecture_diff(sp, meta, cfg)
+    if diff:
+        raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
+                              f"resume with the saved values or start a new run (another plan or world size "
+                              f"is fine)")
     step = int(meta["step"])
     if cfg.train.train_iters < step:
         raise CheckpointError(f"{sp} is at step {step} but train_iters is {cfg.train.train_iters}; set "
@@ -216,12 +223,12 @@ def check_resume(sp: str, meta: dict, cfg: Config) -> None:
 
 
 def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = False,
-         config: Optional[Config] = None) -> dict:
+         config: Optional[Config] = None, unverified: bool = False) -> dict:
     """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json.
     With ``config`` (the run's Config), a changed architecture or a ``train_iters`` below the
     saved step is refused first."""
     sp = storage.resolve(path)
-    meta = storage.read_meta(sp)
+    meta = storage.read_meta(sp, unverified=unverified)
     check_compatible(sp, meta, unit_table(engine))
     if config is not None:
         check_resume(sp, meta, config)

@@ -37,8 +37,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ... import safe_files
 from ...atomic import atomic_open, write_bytes
 from ...atomic import remove_quietly as _remove_quietly
+from . import meta_schema
 
 LATEST = "latest"
 FORMAT_VERSION = 2
@@ -48,7 +50,8 @@ SUPPORTED_FORMATS = (1, 2)  # a missing "format" is 1
 ARCH_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "rotary_pct", "rotary_emb_base",
              "gpt_j_residual", "no_weight_tying", "norm", "layernorm_epsilon")
 STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
-_META_KEYS = ("step", "world_size", "plan", "units", "trainer")
+LATEST_CAP = 4 * safe_files.KIB  # 'global_stepN' and a newline
+META_CAP = 256 * safe_files.MIB  # a unit table of some 10**6 parameters fits many times over
 
 
 class CheckpointError(RuntimeError):
@@ -166,15 +169,15 @@ def resolve(path: str) -> str:
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
     latest = os.path.join(path, LATEST)
-    if os.path.isfile(latest):
-        try:
-            with open(latest) as f:
-                name = f.read().strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{latest} is unreadable: {_one_line(e)}") from None
-        if not name or os.sep in name or name in (".", ".."):
-            raise CheckpointError(f"{latest} holds {name!r}, not a global_stepN directory name")
+    if os.path.lexists(latest):
+        latest = safe_files.inside(path, LATEST, latest, CheckpointError)  # no symlink out, no FIFO
+        name = safe_files.read_small_text(latest, LATEST_CAP, CheckpointError).strip()
+        if not re.fullmatch(r"global_step\d{1,18}", name):
+            raise CheckpointError(f"{latest} holds {safe_files.excerpt(name)}, not a global_stepN directory name")
         d = os.path.join(path, name)
+        if os.path.lexists(d) and not _inside(os.path.realpath(d), os.path.realpath(path)):
+            raise CheckpointError(f"{latest} names {name}, a symbolic link out of {path}; only folders inside it "
+                                  f"are read")
         if os.path.isfile(os.path.join(d, "meta.json")):
             return d
         old = d + ".old"  # a crash while re-saving the same step left the complete old copy here
@@ -234,38 +237,24 @@ def holds_checkpoints(root: Optional[str]) -> bool:
         d.startswith("global_step") and d[len("global_step"):].isdigit() for d in os.listdir(root))
 
 
-def _holders(plan: dict) -> int:
-    """Ranks 0..os-1 hold every optimizer shard exactly once (shard index depends on rank % os)."""
-    return int(plan["optimizer_factor"])
-
-
-def read_meta(step_path: str) -> dict:
+def read_meta(step_path: str, unverified: bool = False) -> dict:
+    """meta.json of a step folder, checked against :mod:`.meta_schema` (one line naming the field
+    that is wrong). Rank files without a size and SHA-256 record are refused unless ``unverified``."""
     path = os.path.join(step_path, "meta.json")
+    text = safe_files.read_small_text(path, META_CAP, CheckpointError)
     try:
-        with open(path) as f:
-            meta = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path} is unreadable: {_one_line(e)}") from None
+        meta = json.loads(text)
+    except (RecursionError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is unreadable: {_one_line(e)[:120]}") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
-    missing = [k for k in _META_KEYS if k not in meta]
+    missing = [k for k in meta_schema.REQUIRED if k not in meta]
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
-    fmt = meta.get("format", 1)
-    if isinstance(fmt, bool) or fmt not in SUPPORTED_FORMATS:
-        raise CheckpointError(f"{path}: checkpoint format {fmt!r} is not supported; this megatron_topo reads formats "
-                              f"{', '.join(map(str, SUPPORTED_FORMATS))} (saved by another version?)")
     try:
-        ws = int(meta["world_size"])
-        units = meta["units"]
-        ok = ws >= 1 and isinstance(units, list) and all(
-            isinstance(u, dict) and int(u["numel"]) >= 0 and int(u["padded"]) >= int(u["numel"])
-            and isinstance(u["params"], list) for u in units)
-        _holders(meta.get("plan") or {"optimizer_factor": ws})
-    except (TypeError, ValueError, KeyError):
-        ok = False
-    if not ok:
-        raise CheckpointError(f"{path} is malformed: bad world_size, plan or unit table")
+        meta_schema.validate(meta, SUPPORTED_FORMATS, unverified)
+    except meta_schema.MetaError as e:
+        raise CheckpointError(f"{path}: {e}") from None
     return meta
 
 

@@ -10,7 +10,10 @@ Build: on first use the C file is compiled with the system C compiler (``$CC``, 
 ``gcc`` / ``clang``) into a shared library cached under ``$MEGATRON_TOPO_KERNEL_CACHE`` (default
 ``~/.cache/megatron_topo/kernels``), keyed by the source, the compiler, the flags and the CPU, and
 loaded with ctypes (no Python headers, no torch headers: it compiles in about a second); an
-unwritable user cache falls back to the temp dir.
+unwritable user cache falls back to the temp dir. A cache folder is used only when it is this
+user's own with mode 0700, and a cached library is loaded only when its SHA-256 matches the one
+recorded at its build (:mod:`._cache`); otherwise it is rebuilt, or the reference kernels are used,
+with one ``warning:`` line.
 ``-march=native`` is tried first, then portable flags (``$MEGATRON_TOPO_KERNEL_CFLAGS`` adds
 flags). The library is then checked against the
 reference on a small input full of special cases; any failure (no compiler, a compile error, a
@@ -35,6 +38,7 @@ import threading
 
 import torch
 
+from . import _cache
 from ._common import (check_dequantize_args, check_dequantize_sum_args, check_quantize_args,
                       check_requantize_args, num_blocks, payload_dtype, payload_nbytes)
 
@@ -102,19 +106,37 @@ def _cache_dirs() -> list[str]:
             os.path.join(tempfile.gettempdir(), f"megatron_topo_kernels_{uid}")]
 
 
-def _writable(d: str) -> bool:
-    try:
-        os.makedirs(d, exist_ok=True)
-        return os.access(d, os.W_OK | os.X_OK)
-    except OSError:
-        return False
+_warned: set = set()
+
+
+def _warn(line: str) -> None:
+    """One stderr line per distinct problem and process (a refused cache, a rebuilt library)."""
+    if line not in _warned:
+        _warned.add(line)
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def _private_cache() -> tuple[str | None, list[str]]:
+    """The first candidate cache folder that is private to this user (see _cache.py)."""
+    refused = []
+    for d in _cache_dirs():
+        why = _cache.private_dir(d)
+        if why is None:
+            return d, refused
+        refused.append(f"{d} {why}")
+        if os.path.lexists(d):  # someone else's folder (or one others can write): say so, once
+            _warn(f"kernel cache {d} {why}; not used (nothing is loaded from it)")
+    return None, refused
 
 
 def _build() -> tuple[ctypes.CDLL, str]:
     with open(_SRC, "rb") as f:
         src = f.read()
     errors = []
-    cache = next((d for d in _cache_dirs() if _writable(d)), _cache_dirs()[-1])
+    cache, refused = _private_cache()
+    if cache is None:
+        raise RuntimeError("no private kernel cache folder (" + "; ".join(refused) + "); set "
+                           f"{CACHE_ENV} to a folder of your own, mode 0700")
     for cc in _compilers():
         cid = _compiler_id(cc)
         for extra in _FLAG_SETS:
@@ -123,9 +145,11 @@ def _build() -> tuple[ctypes.CDLL, str]:
                                              _cpu_signature().encode(),
                                              sys.platform.encode()])).hexdigest()[:20]
             path = os.path.join(cache, f"mt_cpu_fast_{key}.so")
-            if not os.path.isfile(path):
+            ok, why = _cache.verified(path)
+            if why:
+                _warn(f"cached kernel library {path} {why}; rebuilding it")
+            if not ok:
                 try:
-                    os.makedirs(cache, exist_ok=True)
                     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
                     os.close(fd)
                     r = subprocess.run(cc.split() + flags + ["-o", tmp, _SRC], capture_output=True,
@@ -135,9 +159,14 @@ def _build() -> tuple[ctypes.CDLL, str]:
                         errors.append(f"{cc} {' '.join(extra) or '(portable)'}: "
                                       f"{(r.stderr or r.stdout).strip()[-400:]}")
                         continue
-                    os.replace(tmp, path)  # atomic: concurrent builders write the same file
+                    _cache.write_record(path, _cache.file_sha256(tmp))  # the record first: a reader
+                    os.replace(tmp, path)  # never sees a new library with no record (atomic renames)
                 except Exception as e:  # unwritable cache, compiler crash, timeout
                     errors.append(f"{cc}: {e!r}")
+                    continue
+                ok, why = _cache.verified(path)
+                if not ok:  # replaced under us (only this user can write here)
+                    errors.append(f"{path}: {why or 'vanished after the build'}")
                     continue
             try:
                 lib = ctypes.CDLL(path)

@@ -1,0 +1,105 @@
+"""Reading small files and following paths taken from files, safely (issue 29).
+
+* :func:`inside` resolves a name read from a file (an HF index's ``weight_map``, a checkpoint's
+  ``latest``) inside the folder it belongs to: an absolute path, a ``..`` component, a symlink
+  that leads out of the folder, a FIFO, a device or a folder is refused with one line.
+* :func:`read_small` reads a small file (``latest``, ``meta.json``, ``config.json``, an index) with a
+  size cap, opening it non-blocking so a FIFO cannot hang the reader, and refusing anything but a
+  regular file.
+* :func:`excerpt` renders a piece of a file's content for an error line: short and escaped.
+
+Errors are raised as ``err`` (the caller's one-line error class: CheckpointError, ConfigError...).
+"""
+from __future__ import annotations
+
+import os
+import stat
+from typing import Sequence, Type
+
+KIB, MIB = 1 << 10, 1 << 20
+
+
+def excerpt(text, limit: int = 40) -> str:
+    """A short escaped rendering of file content for an error line (never the whole of it)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "backslashreplace")
+    s = str(text)
+    cut = len(s) > limit
+    r = repr(s[:limit])
+    return f"{r[:-1]}...{r[-1]} ({len(s):,} characters)" if cut else r
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def inside(folder: str, name, what: str, err: Type[Exception], also: Sequence[str] = ()) -> str:
+    """``folder/name`` for a ``name`` read from ``what``, when it is a regular file inside ``folder``
+    (symlinks followed, but only within ``folder`` or the folders in ``also``)."""
+    if not isinstance(name, str) or not name:
+        raise err(f"{what}: names {excerpt(name)}, not a file name")
+    if "\0" in name or os.path.isabs(name) or name.startswith("~"):
+        raise err(f"{what}: names {excerpt(name)}, an absolute path; only files inside {folder} are read")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise err(f"{what}: names {excerpt(name)}, which leads out of {folder} ('..'); only files inside it are read")
+    path = os.path.join(folder, name)
+    real = os.path.realpath(path)
+    roots = [os.path.realpath(r) for r in (folder, *also)]
+    if not any(real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+        raise err(f"{what}: {excerpt(name)} is a symbolic link out of {folder} (to {excerpt(real, 80)}); "
+                  f"only files inside it are read")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise err(f"{what}: names {excerpt(name)}, which does not exist in {folder}") from None
+    except OSError as e:
+        raise err(f"{what}: {excerpt(name)} cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise err(f"{what}: {excerpt(name)} is {_kind(st.st_mode)}, not a file; refusing to read it")
+    return path
+
+
+def read_small(path: str, cap: int, err: Type[Exception], what: str = "") -> bytes:
+    """The bytes of the regular file ``path``, at most ``cap`` of them (a larger file is an error).
+    Opened non-blocking: a FIFO or device is refused, not waited on."""
+    name = what or path
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise err(f"{name} is unreadable: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise err(f"{name} is {_kind(st.st_mode)}, not a file; refusing to read it")
+        if st.st_size > cap:
+            raise err(f"{name} is {st.st_size:,} bytes; a file of this kind is at most {cap:,} bytes")
+        chunks, total = [], 0
+        while True:
+            b = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+            if total > cap:
+                raise err(f"{name} grew past {cap:,} bytes while being read")
+        return b"".join(chunks)
+    except OSError as e:
+        raise err(f"{name} is unreadable: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def read_small_text(path: str, cap: int, err: Type[Exception], what: str = "") -> str:
+    raw = read_small(path, cap, err, what)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise err(f"{what or path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None

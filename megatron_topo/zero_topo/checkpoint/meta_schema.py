@@ -1,0 +1,179 @@
+"""The schema of a checkpoint's ``meta.json``, validated on read (issue 29): every field a reader uses
+is declared here with its type and bounds, and a file that breaks one is refused with one line naming
+the file and the field (``meta.json: step: expected an integer, got str '2'``), never a traceback or a
+silently wrapped value further on.
+
+:func:`validate` returns a :class:`Meta` (typed) and checks the dict callers keep using against it;
+``files`` records are required for every rank file that holds tensors unless the caller allows an
+unverified load.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+RANK_FILE = re.compile(r"rank_\d{5}\.pt")
+REQUIRED = ("step", "world_size", "plan", "units", "trainer")
+MAX_COUNT = 1 << 62  # steps, samples, element counts: far beyond any run, far below int64 overflow
+
+
+class MetaError(ValueError):
+    """One field of meta.json is wrong; ``str()`` is ``FIELD: what is wrong``."""
+
+
+def _show(v: Any) -> str:
+    s = repr(v)
+    return f"{type(v).__name__} {s[:40] + '...' if len(s) > 40 else s}"
+
+
+def _int(v: Any, where: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise MetaError(f"{where}: expected an integer, got {_show(v)}")
+    if not lo <= v <= hi:
+        raise MetaError(f"{where}: must lie in [{lo:,}, {hi:,}], got {v:,}")
+    return v
+
+
+def _dict(v: Any, where: str) -> dict:
+    if not isinstance(v, dict):
+        raise MetaError(f"{where}: expected an object, got {_show(v)}")
+    return v
+
+
+def _list(v: Any, where: str) -> list:
+    if not isinstance(v, list):
+        raise MetaError(f"{where}: expected a list, got {_show(v)}")
+    return v
+
+
+@dataclass
+class ParamRecord:
+    name: str
+    offset: int
+    numel: int
+    shape: tuple
+
+
+@dataclass
+class UnitRecord:
+    numel: int
+    padded: int
+    params: list = field(default_factory=list)
+
+
+@dataclass
+class FileRecord:
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class TrainerState:
+    step: int
+    consumed_samples: Optional[int] = None  # the trainer's resume requires it; offline readers do not
+    consumed_valid: int = 0
+
+
+@dataclass
+class Meta:
+    format: int
+    step: int
+    world_size: int
+    plan: dict
+    shard_holders: int
+    units: list
+    trainer: TrainerState
+    files: dict  # rank file name -> FileRecord
+    config: Optional[FileRecord] = None
+
+
+def _param(v: Any, where: str, unit_numel: int) -> ParamRecord:
+    p = _list(v, where)
+    if len(p) != 4:
+        raise MetaError(f"{where}: expected [name, offset, numel, shape], got {len(p)} values")
+    name, off, numel, shape = p
+    if not isinstance(name, str) or not name:
+        raise MetaError(f"{where}[0] (name): expected a parameter name, got {_show(name)}")
+    off = _int(off, f"{where}[1] (offset)", 0, unit_numel)
+    numel = _int(numel, f"{where}[2] (numel)", 0, unit_numel)
+    dims = tuple(_int(d, f"{where}[3] (shape)", 0, MAX_COUNT) for d in _list(shape, f"{where}[3] (shape)"))
+    if math.prod(dims) != numel:
+        raise MetaError(f"{where}: shape {list(dims)} has {math.prod(dims):,} elements, numel says {numel:,}")
+    if off + numel > unit_numel:
+        raise MetaError(f"{where}: [{off:,}, {off + numel:,}) runs past the unit's {unit_numel:,} elements")
+    return ParamRecord(name, off, numel, dims)
+
+
+def _unit(v: Any, where: str) -> UnitRecord:
+    u = _dict(v, where)
+    for k in ("numel", "padded", "params"):
+        if k not in u:
+            raise MetaError(f"{where}.{k}: missing")
+    numel = _int(u["numel"], f"{where}.numel")
+    padded = _int(u["padded"], f"{where}.padded", numel)
+    params = [_param(p, f"{where}.params[{j}]", numel) for j, p in enumerate(_list(u["params"], f"{where}.params"))]
+    end = 0
+    for j, p in sorted(enumerate(params), key=lambda t: t[1].offset):
+        if p.offset < end:
+            raise MetaError(f"{where}.params[{j}] ({p.name}): offset {p.offset:,} overlaps the parameter before it")
+        end = p.offset + p.numel
+    return UnitRecord(numel, padded, params)
+
+
+def _file(v: Any, where: str) -> FileRecord:
+    r = _dict(v, where)
+    if "bytes" not in r or "sha256" not in r:
+        raise MetaError(f"{where}: expected {{bytes, sha256}}, got keys {sorted(map(str, r))[:4]}")
+    if not isinstance(r["sha256"], str) or not SHA256.fullmatch(r["sha256"]):
+        raise MetaError(f"{where}.sha256: expected 64 lowercase hex digits, got {_show(r['sha256'])}")
+    return FileRecord(_int(r["bytes"], f"{where}.bytes"), r["sha256"])
+
+
+def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> Meta:
+    """The typed :class:`Meta` of ``meta`` (a parsed meta.json), or MetaError for the first bad field."""
+    fmt = meta.get("format", 1)
+    if isinstance(fmt, bool) or fmt not in supported_formats:
+        raise MetaError(f"format: checkpoint format {fmt!r} is not supported; this megatron_topo reads formats "
+                        f"{', '.join(map(str, supported_formats))} (saved by another version?)")
+    for k in REQUIRED:
+        if k not in meta:
+            raise MetaError(f"{k}: missing (the file is incomplete)")
+    step = _int(meta["step"], "step")
+    ws = _int(meta["world_size"], "world_size", 1, 1 << 24)
+    plan = _dict(meta["plan"], "plan")
+    for k in ("weight_factor", "grad_factor", "optimizer_factor"):
+        if k not in plan:
+            raise MetaError(f"plan.{k}: missing")
+        _int(plan[k], f"plan.{k}", 1, ws)
+    holders = meta.get("shard_holders") or ws
+    holders = _int(holders, "shard_holders", 1, ws)
+    units = [_unit(u, f"units[{i}]") for i, u in enumerate(_list(meta["units"], "units"))]
+    tr = _dict(meta["trainer"], "trainer")
+    if "step" not in tr:
+        raise MetaError("trainer.step: missing")
+    consumed = tr.get("consumed_samples")
+    trainer = TrainerState(_int(tr["step"], "trainer.step"),
+                           None if consumed is None else _int(consumed, "trainer.consumed_samples"),
+                           _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"))
+    if trainer.step != step:
+        raise MetaError(f"trainer.step: {trainer.step} differs from step {step}")
+    files = {}
+    raw_files = meta.get("files")
+    if raw_files is not None:
+        for name, rec in _dict(raw_files, "files").items():
+            if not RANK_FILE.fullmatch(str(name)):
+                raise MetaError(f"files: {str(name)[:40]!r} is not a rank file name (rank_NNNNN.pt)")
+            files[name] = _file(rec, f"files.{name}")
+    if not unverified:
+        lacking = [f"rank_{r:05d}.pt" for r in range(ws) if f"rank_{r:05d}.pt" not in files]
+        if lacking:
+            raise MetaError(f"files: no size and SHA-256 recorded for {lacking[0]}"
+                            f"{f' and {len(lacking) - 1} more' if len(lacking) > 1 else ''}, so its bytes cannot be "
+                            f"verified; refusing to load it (set load_unverified: true to load it anyway)")
+    config = None
+    if meta.get("config") is not None:
+        config = _file(meta["config"], "config")
+    return Meta(fmt, step, ws, plan, holders, units, trainer, files, config)
