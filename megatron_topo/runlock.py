@@ -135,10 +135,12 @@ class RunLock:
 
     def acquire(self, folder: str, what: str) -> None:
         """Lock ``folder`` (created if missing) for this run or raise LockError naming the owner."""
-        folder = os.path.abspath(folder)
+        given, folder = folder, os.path.abspath(folder)
         path = os.path.join(folder, LOCK_NAME)
         if any(p == path for p, _ in self.held):
             return
+        if os.path.lexists(folder) and not os.path.isdir(folder):
+            raise LockError(f"{what} {given} exists and is not a directory; point {what.split('.')[-1]} at a directory")
         missing, up = [], folder
         while not os.path.lexists(up) and os.path.dirname(up) != up:
             missing.append(up)
