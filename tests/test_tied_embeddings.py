@@ -78,6 +78,8 @@ def _train_tied(rank, world, tmp, load, steps):
     cfg.zero_topo.quant_block_size = cfg.zero_topo.grad_quant_block_size = 64
     cfg.logging.log_dir = str(tmp / f"run{world}")
     cfg.checkpoint.save, cfg.checkpoint.load = str(tmp / f"ck{world}"), load
+    if load is not None:  # resharded onto another world size: the global batch changes on purpose
+        cfg.train.train_batch_size = cfg.train.train_micro_batch_size_per_gpu * world
     rt = Runtime(rank, world, rank, Topology(world, 2 if world > 1 else 1, max(1, world // 2)), torch.device("cpu"),
                  world > 1)
     tr = Trainer(cfg, rt, datasets=datasets(cfg))

@@ -149,8 +149,8 @@ class TrainConfig:
     train_iters: int = option(100, "optimizer steps to train", ge=1)
     seed: int = option(1234, "seed of initialisation and data order", ge=0, le=2**32 - 1)
     optimizer: OptimizerBlock = field(default_factory=OptimizerBlock)
-    train_batch_size: Optional[int] = option(None, "DeepSpeed's global batch: must equal micro-batch x "
-                                             "accumulation x world size (checked at start)", ge=1,
+    train_batch_size: Optional[int] = option(None, "DeepSpeed's global batch = micro-batch x accumulation x "
+                                             "world size; the accumulation count is derived from it", ge=1,
                                              neox="implemented")
     weight_decay: float = option(0.1, "decoupled weight decay", ge=0.0, neox="implemented")
     gradient_clipping: float = option(1.0, "clip the global gradient norm to this (0: off)", ge=0.0,
