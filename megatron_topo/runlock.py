@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Callable, Optional
 
+from .pids import pid_alive
+
 LOCK_NAME = ".megatron_topo.lock"
 LEASE_S = float(os.environ.get("MEGATRON_TOPO_LOCK_LEASE_S", "300"))
 _SLURM_LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
@@ -49,15 +51,6 @@ def _proc_start(pid: int) -> Optional[str]:
     except (OSError, IndexError):
         return None
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _job_id() -> Optional[str]:
@@ -86,7 +79,7 @@ def stale_reason(owner: dict, lock_path: str, now: Optional[float] = None) -> Op
     """Why the lock of ``owner`` is stale, or None while its owner may still run."""
     host, pid = owner.get("host"), owner.get("pid")
     if host == socket.gethostname() and isinstance(pid, int):
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return f"process {pid} on {host} has exited"
         start = _proc_start(pid)
         if owner.get("pid_start") and start and start != owner["pid_start"]:

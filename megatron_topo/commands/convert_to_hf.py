@@ -38,6 +38,7 @@ import re
 import shutil
 import sys
 
+from megatron_topo.pids import pid_alive
 from megatron_topo.cli import OneLineParser, fail
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -187,15 +188,6 @@ def replace_dir(new: str, output: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def clean_stale_temporaries(output: str) -> list:
     """Remove the hidden ``.NAME.tmp.PID`` folders of conversions into ``output`` whose process is
@@ -212,7 +204,7 @@ def clean_stale_temporaries(output: str) -> list:
     for name in names:
         m = pat.fullmatch(name)
         p = os.path.join(parent, name)
-        if not m or _alive(int(m.group(1))) or not os.path.isdir(p) or os.path.islink(p):
+        if not m or pid_alive(int(m.group(1))) or not os.path.isdir(p) or os.path.islink(p):
             continue
         if m.group(2) and not os.path.lexists(output):
             os.replace(p, output)

@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from ...pids import pid_alive
 from .rates import format_rate
 
 PREFIX = "mtemu"
@@ -83,15 +84,6 @@ def _kill_namespace(ns: str) -> None:
     shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
 
 def cleanup_leftovers(include_live: bool = False) -> list[str]:
     """Remove namespaces left by emulator runs whose process is gone (or all of ours with
@@ -102,7 +94,7 @@ def cleanup_leftovers(include_live: bool = False) -> list[str]:
         if not m:
             continue
         pid = int(m.group(1))
-        if include_live or (pid != os.getpid() and not _pid_alive(pid)):
+        if include_live or (pid != os.getpid() and not pid_alive(pid)):
             _kill_namespace(ns)
             removed.append(ns)
     return removed
