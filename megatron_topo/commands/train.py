@@ -43,9 +43,26 @@ def main(argv=None) -> int:
 
     signals = StopSignals().install()
     try:
-        return _train(args, signals)
+        rc = _train(args, signals)
     finally:
         signals.restore()
+    if rc != 0 and _distributed():
+        # a refused or failed distributed run leaves at once, its line printed and its lock released:
+        # the interpreter's teardown of a live gloo/NCCL process group can abort the process
+        # ("terminate called without an active exception", exit -6 instead of the run's status)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    return rc
+
+
+def _distributed() -> bool:
+    try:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+    except ImportError:
+        return False
 
 
 def _train(args, signals) -> int:
