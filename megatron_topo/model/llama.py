@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
-from .spec import OUTPUT, apply_rotary, init_by_role, rotary_inv_freq, rotary_tables
+from .gpt_neox import rotary_inv_freq as _inv_freq  # the model's head size, rotary_pct and rotary_emb_base
+from .spec import OUTPUT, apply_rotary, init_by_role, rotary_tables
 
 
 def gated(cfg) -> bool:
@@ -195,6 +196,3 @@ class Llama(nn.Module):
     def init_buffers(self, device) -> None:
         self.inv_freq = _inv_freq(self.cfg, device)
 
-
-def _inv_freq(cfg, device=None) -> torch.Tensor:
-    return rotary_inv_freq(cfg.hidden_size // cfg.num_attention_heads, cfg.rotary_pct, cfg.rotary_emb_base, device)
