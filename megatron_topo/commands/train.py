@@ -53,6 +53,14 @@ def main(argv=None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
+    if _distributed():
+        # a finished run destroys its process groups while the interpreter is fully alive: left to
+        # the interpreter's teardown, gloo's worker threads can still hold tensors and abort the
+        # process (SIGABRT, "terminate called without an active exception", exit -6 after "done:");
+        # NCCL warns that the group was never destroyed
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     return rc
 
 
