@@ -37,7 +37,7 @@ from megatron_topo.cli import OneLineParser
 from megatron_topo.config import ConfigError, ModelConfig, load_config
 from megatron_topo.metrics import flops_per_iteration
 
-from .model_paths import OPT_IMPL, Ours, Plain
+from megatron_topo.analysis.bench.model_paths import OPT_IMPL, Ours, Plain
 
 TARGET = 0.95
 

@@ -51,10 +51,10 @@ from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
 from megatron_topo.cli import OneLineParser
 
-from .accum import accum_defs, run_accum
-from .measure import measure, merge, row_key, summary_line
-from .report import machine, write_reports
-from .runs import ACCUM_STRATEGIES, ALL_STRATEGIES, EXTRA_STRATEGIES, LOG_DIR, MODEL_SET, SCALING_STRATEGIES, run_def
+from megatron_topo.analysis.bench.accum import accum_defs, run_accum
+from megatron_topo.analysis.bench.measure import measure, merge, row_key, summary_line
+from megatron_topo.analysis.bench.report import machine, write_reports
+from megatron_topo.analysis.bench.runs import ACCUM_STRATEGIES, ALL_STRATEGIES, EXTRA_STRATEGIES, LOG_DIR, MODEL_SET, SCALING_STRATEGIES, run_def
 
 
 def build_parser():
