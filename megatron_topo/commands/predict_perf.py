@@ -12,7 +12,7 @@ count next to the ZeRO-topo paper's 20B numbers, and each preset's weak-scaling 
 the smallest to the largest count. Bad input prints one line on stderr and exits 2.
 
     python tools/predict_perf.py --emulated runs/bench_sharding_overlap/results.json \\
-        [--system configs/emulated_cpu.yml] [--overlap engine|store_forward|serial] [--engine-before-3af3320]
+        [--system configs/emulated_cpu.yml] [--overlap engine|store_forward|serial] [--no-step-overlap]
 
 predicts the emulated cluster's step times for a tools/bench_sharding.py results.json and prints
 them next to the measured ones with the error (docs/frontier.md §4.1): link rates from the system
@@ -61,8 +61,9 @@ def parse_args(argv=None):
                    help="predict a tools/bench_sharding.py run on the emulated cluster and compare")
     p.add_argument("--overlap", choices=emu.EMULATED_OVERLAP, default="engine",
                    help="--emulated: how CPU work and shaped transfers overlap (megatron_topo.analysis.emulation.predict.estimate_emulated)")
-    p.add_argument("--engine-before-3af3320", dest="old_engine", action="store_true",
-                   help="--emulated: the run used the engine before 3af3320 (blocking combine/post-step gather)")
+    p.add_argument("--no-step-overlap", dest="no_step_overlap", action="store_true",
+                   help="--emulated: the run's engine ran the cross-node combine and the post-step gather "
+                        "blocking inside step() (the engine before commit 3af3320)")
     p.add_argument("--presets", default="zero3,zeropp,topo", help="comma-separated presets")
     p.add_argument("--nic-sharing", choices=pm.NIC_SHARING, default="ring",
                    help="how ranks share the node's NICs (docs/design.md §7.1)")
@@ -97,7 +98,7 @@ def _ints(text: str) -> list[int]:
 def run(args) -> dict:
     if args.emulated:
         return emulated(args.emulated, args.system or os.path.join(REPO, "configs", "emulated_cpu.yml"),
-                        args.overlap, not args.old_engine, args.overrides)
+                        args.overlap, not args.no_step_overlap, args.overrides)
     if args.validate_zeropp:
         cfg = load_config([args.system or os.path.join(REPO, "configs", "dgx2_v100.yml")], args.overrides, require=False)
         rows = sources.validate_zeropp_table1(cfg.system, args.stack, args.nic_sharing)
