@@ -1,9 +1,11 @@
 """One program per command (docs/design.md §6): tools/NAME.py is a launcher of megatron_topo.commands.NAME,
 and pyproject.toml's entry point megatron-topo-NAME runs the same main; train.py is the launcher of
 ``train``."""
+
 import ast
 import importlib
 import os
+
 import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,6 +4,7 @@ against a minimal plain-PyTorch GPT-NeoX loop, on the same batch, precision and 
 
 Launcher for :mod:`megatron_topo.commands.bench_model` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.bench_model import main
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.emulate_cluster` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.emulate_cluster import main
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.fp16_gradient_error` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.fp16_gradient_error import main
 
 if __name__ == "__main__":

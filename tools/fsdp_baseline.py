@@ -4,6 +4,7 @@ sharded by ``torch.distributed.fsdp.fully_shard`` instead of the zero_topo engin
 
 Launcher for :mod:`megatron_topo.commands.fsdp_baseline` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.fsdp_baseline import main
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.measure_collectives` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.measure_collectives import main
 
 if __name__ == "__main__":

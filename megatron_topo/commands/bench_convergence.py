@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_convergence"))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--reuse", action="store_true",
-                    help="read a variant whose DIR/VARIANT/metrics.jsonl already reaches --steps instead of rerunning it")
+                    help="read a variant whose DIR/VARIANT/metrics.jsonl already reaches --steps instead of "
+                         "rerunning it")
     a = ap.parse_args(argv)
     if a.steps < 30:
         ap.error(f"--steps must be >= 30 (three logged windows), got {a.steps}")

@@ -9,7 +9,6 @@ writes JSON (``--json``).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -18,8 +17,8 @@ import tempfile
 
 from megatron_topo.cli import OneLineParser
 from megatron_topo.data import DataError
-from megatron_topo.data.errors import error_line
 from megatron_topo.data.builtin import stdlib_files
+from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
 
 
@@ -38,7 +37,6 @@ def make_corpus(directory: str, megabytes: float) -> str:
 
 def train_bpe_for_bench(inputs, directory: str, vocab_size: int) -> str:
     from megatron_topo.commands.train_tokenizer import train_bpe
-
     from megatron_topo.data.corpus import expand_sources, iter_source_documents
 
     path = os.path.join(directory, "bench_bpe.json")

@@ -20,7 +20,7 @@ puts the backends side by side (``speedup`` = first backend's time / each other'
 """
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import os
 import statistics
@@ -75,7 +75,7 @@ def cases(x: torch.Tensor, block_size: int):
         acc = torch.zeros(piece, dtype=torch.float32, device=x.device)
         out.append((f"dequantize_sum k={K} int{bits}", bits,
                     lambda backend, q=q_stack, s=s_stack, b=bits: kernels.dequantize_sum(
-                        q, s, b, block_size, piece, out=acc, accumulate=True, backend=backend)))
+                        q, s, b, block_size, piece, out=acc, accumulate=True, backend=backend)))  # noqa: B023
         out.append((f"dequant_sum_requant k={K} int{bits}", bits,
                     lambda backend, q=q_stack, s=s_stack, b=bits: kernels.dequantize_sum_requantize(
                         q, s, b, block_size, backend=backend)))
@@ -139,8 +139,8 @@ def main(argv=None) -> int:
                 for backend in backends:
                     # the copy is timed right before each kernel, so the ratio stays meaningful
                     # when other work on the machine changes the available bandwidth
-                    got[backend][1].append(timed(lambda: dst.copy_(x), args.warmup, args.repeats))
-                    got[backend][0].append(timed(lambda: fn(backend), args.warmup, args.repeats))
+                    got[backend][1].append(timed(functools.partial(dst.copy_, x), args.warmup, args.repeats))
+                    got[backend][0].append(timed(functools.partial(fn, backend), args.warmup, args.repeats))
             for backend in backends:
                 t, t_copy = statistics.median(got[backend][0]), statistics.median(got[backend][1])
                 copy_times.append(t_copy)
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
                              "gbps": nbytes / t / 1e9, "copy_gbps": nbytes / t_copy / 1e9,
                              "ratio_vs_copy": t_copy / t, "rounds_ms": [v * 1e3 for v in got[backend][0]]})
         t_copy = statistics.median(copy_times)
-        t_clone = timed(lambda: x.clone(), args.warmup, args.repeats)
+        t_clone = timed(x.clone, args.warmup, args.repeats)
         copies[mib] = {"size_mib": nbytes / 2 ** 20, "ms": t_copy * 1e3,
                        "gbps": nbytes / t_copy / 1e9, "clone_ms": t_clone * 1e3,
                        "clone_gbps": nbytes / t_clone / 1e9}

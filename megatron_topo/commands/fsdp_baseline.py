@@ -34,8 +34,8 @@ from megatron_topo.cli import OneLineParser
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.model import build_model
 from megatron_topo.topology import Topology, launcher_env, topology_from_config
-from megatron_topo.zero_topo.volumes import ring_bytes
 from megatron_topo.training import Batches, learning_rate, loss_fn, seed_everything
+from megatron_topo.zero_topo.volumes import ring_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -14,7 +14,6 @@ measured step cost to tools/predict_perf.py (docs/frontier.md §4). It writes
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -24,10 +23,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from megatron_topo.analysis.perf_sources import fit_ring
 from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser
 from megatron_topo.config import ConfigError, load_config
-from megatron_topo.analysis.perf_sources import fit_ring
 from megatron_topo.training import setup_runtime
 
 OPS = ("all_gather", "reduce_scatter")

@@ -27,18 +27,16 @@ from seed 004 (megatron_topo.analysis.perf_sources).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import re
 import sys
 
-from megatron_topo.cli import OneLineParser
-
 from megatron_topo.analysis import perf_model as pm
 from megatron_topo.analysis import perf_sources as sources
 from megatron_topo.analysis.emulation import predict as emu
+from megatron_topo.cli import OneLineParser
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.topology import Topology
 from megatron_topo.zero_topo.sharding import PRESETS
@@ -60,7 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--emulated", metavar="RESULTS_JSON",
                    help="predict a tools/bench_sharding.py run on the emulated cluster and compare")
     p.add_argument("--overlap", choices=emu.EMULATED_OVERLAP, default="engine",
-                   help="--emulated: how CPU work and shaped transfers overlap (megatron_topo.analysis.emulation.predict.estimate_emulated)")
+                   help="--emulated: how CPU work and shaped transfers overlap "
+                        "(megatron_topo.analysis.emulation.predict.estimate_emulated)")
     p.add_argument("--no-step-overlap", dest="no_step_overlap", action="store_true",
                    help="--emulated: the run's engine ran the cross-node combine and the post-step gather "
                         "blocking inside step() (the engine before commit 3af3320)")
@@ -100,9 +99,11 @@ def run(args) -> dict:
         return emulated(args.emulated, args.system or os.path.join(REPO, "configs", "emulated_cpu.yml"),
                         args.overlap, not args.no_step_overlap, args.overrides)
     if args.validate_zeropp:
-        cfg = load_config([args.system or os.path.join(REPO, "configs", "dgx2_v100.yml")], args.overrides, require=False)
+        cfg = load_config([args.system or os.path.join(REPO, "configs", "dgx2_v100.yml")], args.overrides,
+                          require=False)
         rows = sources.validate_zeropp_table1(cfg.system, args.stack, args.nic_sharing)
-        return {"validate_zeropp": rows, "system": cfg.system.name, "stack": args.stack, "nic_sharing": args.nic_sharing}
+        return {"validate_zeropp": rows, "system": cfg.system.name, "stack": args.stack,
+                "nic_sharing": args.nic_sharing}
     if args.derive_alpha:
         cfg = load_config([args.system or os.path.join(REPO, "configs", "frontier.yml")], args.overrides, require=False)
         return {"derive_alpha": sources.derive_rccl_ring(cfg.system, cfg.topology.gcds_per_gpu
@@ -184,10 +185,12 @@ def render_emulated(r: dict) -> str:
              f"CPU: {c['flops'] / 1e9:.2f} GFLOP/s per rank (from ddp's unshaped step), transport "
              f"{c['transport_gbs']:.2f} GB/s, {c['quant_s_per_element'] * 1e9:.2f} ns per quantized element "
              f"(from {', '.join(r['calibrated_on']['quantization']) or 'none'})", "",
-             f"{'strategy':<10} {'predicted s':>11} {'measured s':>10} {'error':>7}   {'unshaped pred':>13} {'meas':>6}"]
+             f"{'strategy':<10} {'predicted s':>11} {'measured s':>10} {'error':>7}   "
+             f"{'unshaped pred':>13} {'meas':>6}"]
     for x in r["rows"]:
         mu = x["measured_unshaped_s"]
-        lines.append(f"{x['strategy']:<10} {x['predicted_s']:>11.2f} {x['measured_s']:>10.2f} {x['error'] * 100:>+6.0f}%"
+        lines.append(f"{x['strategy']:<10} {x['predicted_s']:>11.2f} {x['measured_s']:>10.2f} "
+                     f"{x['error'] * 100:>+6.0f}%"
                      f"   {x['predicted_unshaped_s']:>13.2f} {mu if mu is None else format(mu, '.2f'):>6}")
     return "\n".join(lines)
 
@@ -229,7 +232,8 @@ def render_sources(r: dict) -> str:
              f"{'model':>6} {'tokens':>6} {'IB':>3}   {'ZeRO-3':>13}   {'ZeRO++':>13}   {'speedup':>11}  {'error':>6}"]
     for x in r["validate_zeropp"]:
         lines.append(f"{x['model']:>6} {x['tokens']:>6} {x['ib']:>3}   {x['zero3']:>6.1f} / {x['zero3_pred']:>4.1f}"
-                     f"   {x['zeropp']:>6.1f} / {x['zeropp_pred']:>4.1f}   {x['speedup']:>4.2f} / {x['speedup_pred']:>4.2f}"
+                     f"   {x['zeropp']:>6.1f} / {x['zeropp_pred']:>4.1f}   "
+                     f"{x['speedup']:>4.2f} / {x['speedup_pred']:>4.2f}"
                      f"  {x['speedup_error'] * 100:>+5.0f}%")
     return "\n".join(lines)
 

@@ -17,7 +17,6 @@ import os
 import sys
 import time
 
-
 from megatron_topo.cli import OneLineParser
 
 
@@ -49,7 +48,8 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
-    sizes = ", ".join(f"{name} {len(ds) if ds is not None else 0}" for name, ds in zip(("train", "valid", "test"), splits))
+    sizes = ", ".join(f"{name} {len(ds) if ds is not None else 0}"
+                      for name, ds in zip(("train", "valid", "test"), splits))
     cache = cfg.data.data_cache_dir or "data_cache"
     print(f"data ready for {args.world_size} ranks in {time.perf_counter() - t0:.1f} s: {sizes} samples "
           f"(caches in {os.path.abspath(cache)})")

@@ -22,9 +22,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-
 from megatron_topo.cli import OneLineParser
-from megatron_topo.data import DataError, TOKENIZERS
+from megatron_topo.data import TOKENIZERS, DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
 from megatron_topo.data.tokenizer import MERGE_FILE_IGNORED
