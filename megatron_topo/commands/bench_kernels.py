@@ -74,8 +74,8 @@ def cases(x: torch.Tensor, block_size: int):
         q_stack, s_stack = torch.stack(qs), torch.stack(ss)
         acc = torch.zeros(piece, dtype=torch.float32, device=x.device)
         out.append((f"dequantize_sum k={K} int{bits}", bits,
-                    lambda backend, q=q_stack, s=s_stack, b=bits: kernels.dequantize_sum(
-                        q, s, b, block_size, piece, out=acc, accumulate=True, backend=backend)))  # noqa: B023
+                    lambda backend, q=q_stack, s=s_stack, b=bits, a=acc: kernels.dequantize_sum(
+                        q, s, b, block_size, piece, out=a, accumulate=True, backend=backend)))
         out.append((f"dequant_sum_requant k={K} int{bits}", bits,
                     lambda backend, q=q_stack, s=s_stack, b=bits: kernels.dequantize_sum_requantize(
                         q, s, b, block_size, backend=backend)))
