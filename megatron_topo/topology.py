@@ -41,10 +41,6 @@ class Topology:
     def num_nodes(self) -> int:
         return self.world_size // self.ranks_per_node
 
-    @property
-    def num_gpus(self) -> int:
-        return self.world_size // self.gcds_per_gpu
-
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(node, gpu within node, gcd within gpu) of ``rank``."""
         if not 0 <= rank < self.world_size:

@@ -10,7 +10,8 @@ import pytest
 
 from megatron_topo.analysis.emulation import cluster as C
 from megatron_topo.analysis import formulas
-from megatron_topo.analysis.bench import cli, report, runs
+from megatron_topo.analysis.bench import report, runs
+from megatron_topo.commands import bench_sharding
 from megatron_topo.topology import Topology
 
 from . import volume_cases as V
@@ -67,7 +68,7 @@ def test_unit_lengths_pad_to_whole_blocks_per_shard():
 
 
 def test_dry_run_lists_every_strategy(capsys):
-    assert cli.main(["--dry-run", "--series", "main", "scaling", "--scaling-nodes", "1", "2"]) == 0
+    assert bench_sharding.main(["--dry-run", "--series", "main", "scaling", "--scaling-nodes", "1", "2"]) == 0
     out = capsys.readouterr().out
     for s in runs.ALL_STRATEGIES:
         assert f"2x2x2 {s}:" in out

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from megatron_topo.analysis.emulation import cli as emulate_cluster
+from megatron_topo.commands import emulate_cluster
 from megatron_topo.analysis.emulation import cluster as C
 from megatron_topo.analysis.emulation.rates import RateError, format_rate, parse_latency_us, parse_rate
 

@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.check_neox_configs` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.check_neox_configs import main
 
 if __name__ == "__main__":

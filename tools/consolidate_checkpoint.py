@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.consolidate_checkpoint` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.consolidate_checkpoint import main
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.convert_to_hf` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.convert_to_hf import main
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Run a command as an emulated multi-node job: one network namespace per GPU package.
 
-Launcher for :mod:`megatron_topo.analysis.emulation.cli` (``--help`` lists the options).
+Launcher for :mod:`megatron_topo.commands.emulate_cluster` (``--help`` lists the options).
 """
-from megatron_topo.analysis.emulation.cli import main
+
+from megatron_topo.commands.emulate_cluster import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.generate` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.generate import main
 
 if __name__ == "__main__":

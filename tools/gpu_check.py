@@ -5,6 +5,7 @@ equal, device memory against the dry run; one table, exit 1 on any failure.
 
 Launcher for :mod:`megatron_topo.commands.gpu_check` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.gpu_check import main
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.inspect_data` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.inspect_data import main
 
 if __name__ == "__main__":

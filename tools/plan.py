@@ -4,6 +4,7 @@ and the fastest legal sharding plan under the device memory (modelled step time)
 
 Launcher for :mod:`megatron_topo.commands.plan` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.plan import main
 
 if __name__ == "__main__":

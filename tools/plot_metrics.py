@@ -3,6 +3,7 @@
 
 Launcher for :mod:`megatron_topo.commands.plot_metrics` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.plot_metrics import main
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ style, for --tokenizer-type HFTokenizer) or sentencepiece (.model, for SPMTokeni
 
 Launcher for :mod:`megatron_topo.commands.train_tokenizer` (``--help`` lists the options).
 """
+
 from megatron_topo.commands.train_tokenizer import main
 
 if __name__ == "__main__":

@@ -38,10 +38,6 @@ class Batches:
     def __init__(self, dataset, mb: int, accum: int, world: int, rank: int, device):
         self.ds, self.mb, self.accum, self.world, self.rank, self.device = dataset, mb, accum, world, rank, device
 
-    @property
-    def global_batch(self) -> int:
-        return self.mb * self.accum * self.world
-
     def micro(self, consumed: int, m: int):
         j = m * self.world + self.rank
         start = consumed + j * self.mb

@@ -32,12 +32,11 @@ from contextlib import nullcontext
 
 import torch
 
+from megatron_topo.analysis.bench.model_paths import OPT_IMPL, Ours, Plain
 from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser
 from megatron_topo.config import ConfigError, ModelConfig, load_config
 from megatron_topo.metrics import flops_per_iteration
-
-from .model_paths import OPT_IMPL, Ours, Plain
 
 TARGET = 0.95
 
@@ -202,7 +201,8 @@ def main(argv=None) -> int:
 
     print(f"model: L={cfg.num_layers} h={cfg.hidden_size} heads={cfg.num_attention_heads} s={cfg.seq_length} "
           f"V={cfg.vocab_size} params={n_params / 1e6:.2f}M  batch={args.batch} ({tokens} tokens/step)  "
-          f"precision={args.precision}  plain AdamW={args.plain_optimizer}  threads={torch.get_num_threads()}  logits parity max|d|={max_diff:.2e}",
+          f"precision={args.precision}  plain AdamW={args.plain_optimizer}  threads={torch.get_num_threads()}  "
+          f"logits parity max|d|={max_diff:.2e}",
           flush=True)
 
     load0 = list(os.getloadavg())

@@ -26,13 +26,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 
 from megatron_topo.analysis.emulation import (
-    Cluster, ClusterSpec, EmulationError, Interrupted, RateError, cleanup_leftovers, launch,
-    parse_latency_us, parse_rate, summarize,
+    Cluster,
+    ClusterSpec,
+    EmulationError,
+    Interrupted,
+    RateError,
+    cleanup_leftovers,
+    launch,
+    parse_latency_us,
+    parse_rate,
+    summarize,
 )
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers

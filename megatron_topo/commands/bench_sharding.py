@@ -44,17 +44,29 @@ import os
 import sys
 import time
 
+from megatron_topo.analysis.bench.accum import accum_defs, run_accum
+from megatron_topo.analysis.bench.measure import measure, merge, row_key, summary_line
+from megatron_topo.analysis.bench.report import machine, write_reports
+from megatron_topo.analysis.bench.runs import (
+    ACCUM_STRATEGIES,
+    ALL_STRATEGIES,
+    EXTRA_STRATEGIES,
+    LOG_DIR,
+    MODEL_SET,
+    SCALING_STRATEGIES,
+    run_def,
+)
 from megatron_topo.analysis.emulation import (
-    ClusterSpec, EmulationError, Interrupted, check_privileges, format_rate, parse_rate,
+    ClusterSpec,
+    EmulationError,
+    Interrupted,
+    check_privileges,
+    format_rate,
+    parse_rate,
 )
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
 from megatron_topo.cli import OneLineParser
-
-from .accum import accum_defs, run_accum
-from .measure import measure, merge, row_key, summary_line
-from .report import machine, write_reports
-from .runs import ACCUM_STRATEGIES, ALL_STRATEGIES, EXTRA_STRATEGIES, LOG_DIR, MODEL_SET, SCALING_STRATEGIES, run_def
 
 
 def build_parser():
@@ -88,8 +100,8 @@ def build_parser():
     ap.add_argument("--accum-strategies", nargs="+", default=list(ACCUM_STRATEGIES),
                     choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
     ap.add_argument("--clusters", nargs="+", default=["frontier", "nvlink"], choices=sorted(R.PROFILES),
-                    help="accum series: link profiles (megatron_topo.analysis.emulation.rates.PROFILES); the unshaped run "
-                         "of each strategy and count is shared by them")
+                    help="accum series: link profiles (megatron_topo.analysis.emulation.rates.PROFILES); the "
+                         "unshaped run of each strategy and count is shared by them")
     ap.add_argument("--scaling-nodes", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--scaling-gpus-per-node", type=int, default=1)
     ap.add_argument("--scaling-gcds-per-gpu", type=int, default=2)
@@ -141,7 +153,7 @@ def main(argv=None) -> int:
         for series, rd in defs:
             print(f"[{series}] {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} {rd.strategy}: "
                   f"python {' '.join(rd.argv)}")
-        for k, s, cl, ca, rd in accum:
+        for k, s, cl, _ca, rd in accum:
             print(f"[accum {cl} k={k}] {s}: python {' '.join(rd.argv)}")
         return 0
     why = check_privileges()
@@ -153,7 +165,8 @@ def main(argv=None) -> int:
             "warmup": a.warmup, "repeats": a.repeats, "rates": {"inter_node": format_rate(a.inter_bps),
                                           "intra_node": format_rate(a.intra_bps),
                                           "intra_gpu": format_rate(a.intra_gpu_bps)},
-            "load_before": os.getloadavg(), "argv": sys.argv, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "load_before": os.getloadavg(), "argv": sys.argv,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     if "main" in a.series:
         meta["main_spec"] = ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, a.inter_bps, a.intra_bps,
                                         a.intra_gpu_bps).describe()

@@ -1,0 +1,171 @@
+"""Time all-gather and reduce-scatter over every rank and fit the performance model's ring constants.
+
+    sbatch slurm/frontier_collectives.sh                       # 48 Frontier nodes, 384 GCDs (RCCL)
+    torchrun --nproc-per-node 4 tools/measure_collectives.py --sizes-mb 1,4,16   # any machine
+
+Sizes are per rank, as in seed 004 §6.1.1: the output of an all-gather, the input of a
+reduce-scatter. For each (collective, size): ``--warmup`` untimed calls, then ``--iters`` timed
+ones; a call's time is the slowest rank's, the reported time the median over calls. Rank 0
+prints time, algorithm and bus bandwidth per size, the least-squares fit of
+``T = S(p-1)/p / beta + (p-1) * alpha`` per collective (megatron_topo.analysis.perf_sources.fit_ring) and,
+when the ranks span several nodes, the ``--set system.latency_inter_node_us=...`` that feeds the
+measured step cost to tools/predict_perf.py (docs/frontier.md §4). It writes
+``OUT/collectives.json`` atomically. Bad arguments print one line on stderr and exit 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from megatron_topo.analysis.perf_sources import fit_ring
+from megatron_topo.atomic import write_text
+from megatron_topo.cli import OneLineParser
+from megatron_topo.config import ConfigError, load_config
+from megatron_topo.training import setup_runtime
+
+OPS = ("all_gather", "reduce_scatter")
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # as zero_topo.comm
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+MIB = 2 ** 20
+
+
+def parse_args(argv=None):
+    p = OneLineParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes-mb", default="16,64,256,1024", help="comma-separated MB per rank")
+    p.add_argument("--ops", default=",".join(OPS), help="comma-separated: all_gather, reduce_scatter")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--system", help="a YAML with a distributed: block (backend/device); default: auto")
+    p.add_argument("--out", default="runs/collectives", help="directory for collectives.json")
+    return p.parse_args(argv)
+
+
+def check(args) -> tuple[list[float], list[str]]:
+    try:
+        sizes = [float(x) for x in args.sizes_mb.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--sizes-mb '{args.sizes_mb}': expected comma-separated numbers like 16,64,256") from None
+    if not sizes or min(sizes) <= 0:
+        raise ConfigError(f"--sizes-mb '{args.sizes_mb}': sizes must be positive")
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in OPS]
+    if bad or not ops:
+        raise ConfigError(f"--ops: '{','.join(bad) or args.ops}' is not valid; use {', '.join(OPS)}")
+    if args.iters < 1 or args.warmup < 0:
+        raise ConfigError(f"--iters {args.iters} / --warmup {args.warmup}: need iters >= 1 and warmup >= 0")
+    return sizes, ops
+
+
+def time_op(op: str, numel: int, world: int, dtype, device, iters: int, warmup: int) -> list[float]:
+    """Per-call times (s) of one collective on ``numel`` elements per rank (the slowest rank's)."""
+    full = torch.ones(numel, dtype=dtype, device=device)
+    part = torch.ones(numel // world, dtype=dtype, device=device)
+
+    def call():
+        if op == "all_gather":
+            _all_gather(full, part)
+        else:
+            _reduce_scatter(part, full)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmup):
+        call()
+    sync()
+    times = torch.zeros(iters, dtype=torch.float64, device=device)
+    for i in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        call()
+        sync()
+        times[i] = time.perf_counter() - t0
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return times.cpu().tolist()
+
+
+def measure(args) -> dict:
+    sizes, ops = check(args)
+    cfg = load_config([args.system] if args.system else [], require=False)
+    rt = setup_runtime(cfg)
+    try:
+        if not rt.distributed:
+            raise ConfigError("one rank only: launch with torchrun or srun (e.g. slurm/frontier_collectives.sh)")
+        world, dtype = rt.world_size, DTYPES[args.dtype]
+        elem = torch.tensor([], dtype=dtype).element_size()
+        rows = []
+        for op in ops:
+            for mb in sizes:
+                numel = max(world, int(mb * MIB / elem) // world * world)
+                t = statistics.median(time_op(op, numel, world, dtype, rt.device, args.iters, args.warmup))
+                S = numel * elem
+                rows.append({"op": op, "mb": mb, "bytes": S, "seconds": t, "algbw_gbs": S / t / 1e9,
+                             "busbw_gbs": S * (world - 1) / world / t / 1e9})
+        fits = {}
+        for op in ops:
+            pts = [(world, r["bytes"], r["seconds"]) for r in rows if r["op"] == op]
+            fits[op] = fit_ring(pts) if len(pts) >= 2 else None
+        return {"world_size": world, "nodes": rt.topo.num_nodes, "ranks_per_node": rt.topo.ranks_per_node,
+                "backend": dist.get_backend(), "device": str(rt.device), "dtype": args.dtype,
+                "iters": args.iters, "rows": rows, "fit": fits, "rank": rt.rank}
+    finally:
+        if rt.heartbeat is not None:
+            rt.heartbeat.stop()
+        if dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
+
+def render(r: dict) -> str:
+    lines = [f"{r['world_size']} ranks ({r['nodes']} node(s) x {r['ranks_per_node']}), {r['backend']} on "
+             f"{r['device']}, {r['dtype']}, median of {r['iters']} calls (slowest rank each)", "",
+             f"{'collective':<15} {'MB/rank':>8} {'ms':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}"]
+    for x in r["rows"]:
+        lines.append(f"{x['op']:<15} {x['mb']:>8g} {x['seconds'] * 1e3:>10.3f} {x['algbw_gbs']:>11.2f} "
+                     f"{x['busbw_gbs']:>11.2f}")
+    lines.append("")
+    for op, f in r["fit"].items():
+        if f is None:
+            lines.append(f"{op}: one size only, no fit (pass two or more --sizes-mb)")
+            continue
+        lines.append(f"{op}: alpha {f['alpha_us']:.1f} us per ring step, beta {f['beta_gbs']:.1f} GB/s per rank "
+                     f"(worst residual {f['worst_rel_residual'] * 100:.0f} %)"
+                     + ("; alpha < 0: the sizes do not resolve the latency, add smaller ones" if f["alpha_us"] < 0
+                        else ""))
+    alphas = [f["alpha_us"] for f in r["fit"].values() if f and f["alpha_us"] > 0]
+    if alphas and r["nodes"] > 1:
+        lines.append(f"for tools/predict_perf.py: --set system.latency_inter_node_us={statistics.median(alphas):.1f}")
+    return "\n".join(lines)
+
+
+def write_json(r: dict, out_dir: str) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "collectives.json")
+    write_text(path, json.dumps(r, indent=1))
+    return path
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        r = measure(args)
+        if r["rank"] == 0:
+            print(render(r))
+            print(f"wrote {write_json(r, args.out)}")
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"measure_collectives.py: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
