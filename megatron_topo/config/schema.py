@@ -163,6 +163,12 @@ class TrainConfig:
     warmup: float = option(0.01, "warmup as a fraction of lr_decay_iters (GPT-NeoX convention)", ge=0.0, le=1.0,
                            neox="implemented")
     min_lr: float = option(0.0, "learning rate at the end of the decay", ge=0.0, neox="implemented")
+    warmup_iters: Optional[int] = option(None, "warmup in steps, as llemma's GPT-NeoX files give it (upstream "
+                                         "GPT-NeoX does not declare it): sets warmup = warmup_iters / lr_decay_iters",
+                                         ge=0, neox="implemented")
+    decay_lr_to: Optional[float] = option(None, "final learning rate as a fraction of optimizer.params.lr, as "
+                                          "llemma's GPT-NeoX files give it (upstream GPT-NeoX does not declare "
+                                          "it): sets min_lr = decay_lr_to x lr", ge=0.0, le=1.0, neox="implemented")
     scheduler: Optional[SchedulerBlock] = option(None, "DeepSpeed scheduler block (WarmupLR, WarmupDecayLR, "
                                                  "WarmupCosineLR): mapped onto lr, warmup, lr_decay_* and min_lr")
     precision: Optional[str] = option(None, "fp32 | bf16 | fp16 (default: from the fp16/bf16 blocks, else fp32)",
