@@ -124,3 +124,22 @@ def test_check_neox_configs_counts_the_fixture_folder(capsys):
     assert "| `llemma_like.yml` | passes |" in out and "| `slurm_runner.yml` | passes |" in out
     assert "| `old_moe.yml` | refused | GPT-NeoX key 'num_experts'" in out
     assert "3 of 4 files pass" in out
+
+
+@pytest.mark.parametrize("value, error", [
+    ('[[["flash"], "all"]]', None),  # GPT-NeoX: the pattern repeats over every layer
+    ('["global", "flash"]', None),  # already expanded: one type per layer
+    ('[["global", "flash"], "all"]', "bad"),  # not a list of [types, count] items
+    ('[[["global", "flash", "global"], "all"]]', 'attention_config\'s "all" pattern does not divide num_layers 2'),
+    ('[[["gmlp"], "all"]]', "attention type 'gmlp' is not supported"),
+    ('["global"]', "attention_config covers 1 layers but num_layers is 2"),
+])
+def test_attention_config_all_and_expanded_forms(tmp_path, value, error):
+    p = _yml(tmp_path, TINY + f"train_iters: 3\nattention_config: {value}\n")
+    if error is None:
+        assert load_config([p]).model.attention_config is not None
+        return
+    with pytest.raises(ConfigError) as e:
+        load_config([p])
+    want = "expected [[[types], count], ...]" if error == "bad" else error
+    assert any(want in line for line in _lines(e)), _lines(e)
