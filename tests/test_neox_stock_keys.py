@@ -143,3 +143,14 @@ def test_attention_config_all_and_expanded_forms(tmp_path, value, error):
         load_config([p])
     want = "expected [[[types], count], ...]" if error == "bad" else error
     assert any(want in line for line in _lines(e)), _lines(e)
+
+
+def test_fp16_scaling_keys_copied_into_the_bf16_block_are_noted(tmp_path):
+    p = _yml(tmp_path, TINY + "train_iters: 3\nbf16: {bf16: true, enabled: true, loss_scale: 0, loss_scale_window: 1000,"
+                              " initial_scale_power: 12, hysteresis: 2, min_loss_scale: 1}\n")
+    cfg = load_config([p])
+    assert cfg.precision == "bf16"
+    for item in ("bf16.bf16=True", "bf16.loss_scale=0.0", "bf16.hysteresis=2", "bf16.min_loss_scale=1.0"):
+        assert item in cfg.no_effect, cfg.no_effect
+    # bf16.bf16 alone does not enable bf16 (DeepSpeed reads enabled)
+    assert load_config([_yml(tmp_path, TINY + "train_iters: 3\nbf16: {bf16: true}\n", "b.yml")]).precision == "fp32"

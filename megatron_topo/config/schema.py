@@ -134,9 +134,20 @@ class Fp16Block:
                              "token ids and compute runs in the configured precision either way", neox="accepted")
 
 
+_BF16_SCALING = "an fp16 loss-scaling setting in the bf16 block (GPT-NeoX's RWKV files copy the fp16 block): " \
+    "DeepSpeed's bf16 block does not read it and bf16 trains without loss scaling"
+
+
 @dataclass
 class Bf16Block:
     enabled: bool = option(False, "bf16 mixed precision")
+    bf16: Optional[bool] = option(None, "a copy of fp16.fp16 in the bf16 block: DeepSpeed's bf16 block reads "
+                                  "enabled only", neox="accepted")
+    loss_scale: Optional[float] = option(None, _BF16_SCALING, neox="accepted")
+    initial_scale_power: Optional[int] = option(None, _BF16_SCALING, neox="accepted")
+    loss_scale_window: Optional[int] = option(None, _BF16_SCALING, neox="accepted")
+    hysteresis: Optional[int] = option(None, _BF16_SCALING, neox="accepted")
+    min_loss_scale: Optional[float] = option(None, _BF16_SCALING, neox="accepted")
 
 
 PRECISIONS = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16", "half")
