@@ -7,7 +7,6 @@ here) and ``warmup_iters`` / ``decay_lr_to`` (mapped onto warmup / min_lr), ``de
 Fixtures: tests/data/neox_stock/*.yml (written for these tests)."""
 from __future__ import annotations
 
-import io
 import os
 
 import pytest
@@ -34,7 +33,7 @@ def _yml(tmp_path, text: str, name: str = "c.yml") -> str:
     return str(p)
 
 
-def test_llemma_schedule_keys_map_onto_warmup_and_min_lr():
+def test_llemma_schedule_keys_map_onto_warmup_and_min_lr(tmp_path):
     cfg = load_config([_f("llemma_like.yml")], ["vocab_size=64"])
     t = cfg.train
     assert t.min_lr == pytest.approx(0.05 * 0.002, rel=1e-15)
@@ -44,17 +43,8 @@ def test_llemma_schedule_keys_map_onto_warmup_and_min_lr():
     assert lrs[5] == pytest.approx(0.002 * 6 / 7) and lrs[6] == 0.002 and lrs[7] < 0.002
     assert lrs[-1] == pytest.approx(t.min_lr)
     # the effective config loads back into the same schedule
-    again = load_config([_yml_text_file(cfg)])
+    again = load_config([_yml(tmp_path, cfg.to_flat_yaml(), "effective.yml")])
     assert [learning_rate(again, s) for s in range(1, 56)] == lrs
-
-
-def _yml_text_file(cfg) -> str:
-    import tempfile
-
-    fd, path = tempfile.mkstemp(suffix=".yml")
-    with os.fdopen(fd, "w") as f:
-        f.write(cfg.to_flat_yaml())
-    return path
 
 
 def test_data_types_fp32_is_accepted_with_the_note_and_other_dtypes_are_refused(tmp_path):
@@ -104,7 +94,8 @@ def test_deepspeed_extra_args_are_read_as_top_level_keys(tmp_path):
     assert any("deepspeed_extra_args.dump_state is also set elsewhere" in line for line in _lines(e))
     # and its keys get the same checks as top-level ones
     with pytest.raises(ConfigError) as e:
-        load_config([_yml(tmp_path, TINY + "train_iters: 3\ndeepspeed_extra_args: {sparse_attention: {mode: fixed}}\n")])
+        load_config([_yml(tmp_path, TINY + "train_iters: 3\n"
+                                           "deepspeed_extra_args: {sparse_attention: {mode: fixed}}\n")])
     assert any("GPT-NeoX key 'sparse_attention' is not supported here" in line for line in _lines(e))
 
 
@@ -146,8 +137,8 @@ def test_attention_config_all_and_expanded_forms(tmp_path, value, error):
 
 
 def test_fp16_scaling_keys_copied_into_the_bf16_block_are_noted(tmp_path):
-    p = _yml(tmp_path, TINY + "train_iters: 3\nbf16: {bf16: true, enabled: true, loss_scale: 0, loss_scale_window: 1000,"
-                              " initial_scale_power: 12, hysteresis: 2, min_loss_scale: 1}\n")
+    p = _yml(tmp_path, TINY + "train_iters: 3\nbf16: {bf16: true, enabled: true, loss_scale: 0, "
+                              "loss_scale_window: 1000, initial_scale_power: 12, hysteresis: 2, min_loss_scale: 1}\n")
     cfg = load_config([p])
     assert cfg.precision == "bf16"
     for item in ("bf16.bf16=True", "bf16.loss_scale=0.0", "bf16.hysteresis=2", "bf16.min_loss_scale=1.0"):
