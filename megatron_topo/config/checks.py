@@ -51,8 +51,10 @@ def _cross_checks(cfg: Config, problems: list) -> None:
     if bad_attention:
         add(f"attention_config={_short(m.attention_config)} is not valid; {bad_attention}")
     elif m.attention_config is not None:
-        n = attention_config_layers(m.attention_config)
-        if n != m.num_layers:
+        n = attention_config_layers(m.attention_config, m.num_layers)
+        if n is None:
+            add(f"attention_config's \"all\" pattern does not divide num_layers {m.num_layers}")
+        elif n != m.num_layers:
             add(f"attention_config covers {n} layers but num_layers is {m.num_layers}; e.g. "
                 f"[[[\"global\"], {m.num_layers}]]")
     if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:

@@ -1,8 +1,10 @@
 """DeepSpeed config blocks: ``scheduler`` (mapped onto the learning-rate keys), ``zero_optimization``
-and its offload blocks (mapped onto presets by zero_topo.sharding)."""
+and its offload blocks (mapped onto presets by zero_topo.sharding), ``data_types``; llemma's
+``warmup_iters`` / ``decay_lr_to`` (mapped onto warmup / min_lr)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
@@ -46,6 +48,16 @@ class SchedulerBlock:
     type: str = option("WarmupLR", "DeepSpeed scheduler", choices=SCHEDULERS, neox="implemented",
                        why="OneCycle and LRRangeTest are not implemented")
     params: SchedulerParams = field(default_factory=SchedulerParams)
+
+
+@dataclass
+class DataTypesBlock:
+    """DeepSpeed's data_types block (GPT-NeoX declares it in deepspeed_args.py; llemma's files set it)."""
+
+    grad_accum_dtype: Optional[str] = option(
+        None, "dtype gradients accumulate in over the micro-batches of a step: fp32 here under every plan (the "
+        "engine's gradient shards are fp32)", choices=("fp32",), ignore_case=True, neox="accepted",
+        why="gradients always accumulate in fp32 here; fp16/bf16 accumulation is not implemented")
 
 
 _NO_BUCKETS = "no effect: units (one per layer) are the communication buckets"
@@ -118,9 +130,46 @@ class ZeroOptimizationBlock:
     offload_param: Optional[OffloadBlock] = option(None, "DeepSpeed offload param block (device none only)")
 
 
+def warmup_fraction(steps: int, total: int) -> float:
+    """The ``warmup`` fraction of ``total`` steps that the schedule turns back into exactly ``steps``
+    warmup steps (it takes ``int(warmup * total)``; ``steps / total`` alone can land just below,
+    e.g. 7 / 55 * 55 = 6.999...)."""
+    f = steps / total
+    while int(f * total) < steps:
+        f = math.nextafter(f, math.inf)
+    return min(f, 1.0)
+
+
+def apply_lr_keys(cfg: Config, origin: dict, problems: list) -> None:
+    """llemma's ``warmup_iters`` (warmup in steps) and ``decay_lr_to`` (final lr as a fraction of the
+    peak): set ``warmup`` and ``min_lr`` from them, then drop them (the effective config states
+    warmup/min_lr). A key they replace given as well is a conflict (appended to ``problems``)."""
+    t = cfg.train
+    for key, twin in (("warmup_iters", "warmup"), ("decay_lr_to", "min_lr")):
+        if getattr(t, key) is not None:
+            if twin in origin:
+                problems.append(f"{key} and {twin} both set the learning-rate schedule; give one")
+            if t.scheduler is not None:
+                problems.append(f"scheduler ({t.scheduler.type}) and {key} both set the learning-rate schedule; "
+                                f"keep one")
+    total = t.lr_decay_iters or t.train_iters
+    if t.warmup_iters is not None:
+        if t.warmup_iters > total:
+            which = "lr_decay_iters" if t.lr_decay_iters else "train_iters"
+            problems.append(f"warmup_iters {t.warmup_iters} exceeds the {which} {total}")
+        else:
+            t.warmup = warmup_fraction(t.warmup_iters, total)
+        t.warmup_iters = None
+    if t.decay_lr_to is not None:
+        t.min_lr = t.decay_lr_to * t.optimizer.params.lr
+        t.decay_lr_to = None
+
+
 def apply_scheduler(cfg: Config, origin: dict, problems: list) -> None:
     """Map the DeepSpeed scheduler block (WarmupLR, WarmupDecayLR, WarmupCosineLR) onto lr, warmup,
-    lr_decay_iters, lr_decay_style and min_lr, then drop it; conflicts are appended to ``problems``."""
+    lr_decay_iters, lr_decay_style and min_lr, then drop it; conflicts are appended to ``problems``.
+    llemma's warmup_iters / decay_lr_to are mapped first (apply_lr_keys)."""
+    apply_lr_keys(cfg, origin, problems)
     t = cfg.train
     sch = t.scheduler
     if sch is None:
@@ -160,12 +209,12 @@ def apply_scheduler(cfg: Config, origin: dict, problems: list) -> None:
         t.lr_decay_style = "linear" if sch.type == "WarmupDecayLR" else "cosine"
         t.min_lr = 0.0 if sch.type == "WarmupDecayLR" else sp.cos_min_ratio * t.optimizer.params.lr
     if sch.type == "WarmupLR":
-        t.lr_decay_iters, t.warmup = total, min(1.0, sp.warmup_num_steps / total)
+        t.lr_decay_iters, t.warmup = total, warmup_fraction(min(sp.warmup_num_steps, total), total)
     elif sp.warmup_num_steps > total:
         problems.append(f"scheduler.params.warmup_num_steps {sp.warmup_num_steps} exceeds the "
                         f"{'total_num_steps' if sch.type != 'WarmupLR' else 'train_iters'} {total}")
     else:
-        t.lr_decay_iters, t.warmup = total, sp.warmup_num_steps / total
+        t.lr_decay_iters, t.warmup = total, warmup_fraction(sp.warmup_num_steps, total)
     cfg.train.scheduler = None  # mapped: the effective config states lr/warmup/decay
 
 

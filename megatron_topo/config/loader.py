@@ -177,6 +177,12 @@ def merge_into(cfg: Config, data: dict, src: str, origin: dict, problems: Option
 
 def _merge_top(cfg, index, raw_key, value, src, origin, problems):
     key = _norm(raw_key)
+    if key == "deepspeed_extra_args" and isinstance(value, dict):  # GPT-NeoX hands these to DeepSpeed as top-level
+        for k, v in value.items():                                  # keys and refuses one set elsewhere as well
+            if any(p == _norm(k) or p.startswith(_norm(k) + ".") for p in origin):
+                raise ConfigError(f"{src}: deepspeed_extra_args.{k} is also set elsewhere; give it once")
+            _collect(problems, _merge_top, cfg, index, k, v, src, origin, problems)
+        return
     if key not in index:
         why = REJECTED_KEYS.get(key) or NEOX_UNSUPPORTED.get(key)
         if why:  # declared by GPT-NeoX / DeepSpeed: the reason, not a look-alike key

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .deepspeed import DataTypesBlock
 from .options import option
 
 
@@ -100,6 +101,14 @@ class NeoxCompatConfig:
                                                "(offload is not implemented)", neox="accepted")
     aio: Optional[dict] = option(None, "DeepSpeed's async I/O settings for NVMe offload (offload is not "
                                  "implemented)", check=_mapping, neox="accepted")
+    data_types: Optional[DataTypesBlock] = option(None, "DeepSpeed's data_types block (grad_accum_dtype)")
+    comms_logger: Optional[dict] = option(None, "DeepSpeed's communication logger: not implemented; per-step "
+                                          "communication volumes are in metrics.jsonl", check=_mapping,
+                                          neox="accepted")
+    comment: Optional[str] = option(None, "a DeepSpeed runner option (srun --comment): this trainer is launched by "
+                                    "torchrun or srun, which take it", neox="accepted")
+    account: Optional[str] = option(None, "a DeepSpeed runner option (srun --account): this trainer is launched by "
+                                    "torchrun or srun, which take it", neox="accepted")
     log_gradient_noise_scale: bool = option(False, "gradient noise scale logging", choices=(False,), neox="accepted",
                                             why="not implemented")
 

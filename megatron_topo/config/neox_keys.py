@@ -25,6 +25,7 @@ NEOX_UNSUPPORTED = {
     "world_size": "the world size comes from the launcher (torchrun/srun)",
     "is_pipe_parallel": _SET,
     "expert_interval": _MOE,
+    "num_experts": _MOE + " (DeepSpeed MoE's expert count in GPT-NeoX's older MoE files)",
     # model
     "scalenorm_epsilon": "ScaleNorm is not implemented (norm: layernorm or rmsnorm)",
     "rpe_num_buckets": "relative position embeddings (pos_emb: rpe) are not implemented",
@@ -128,15 +129,11 @@ NEOX_UNSUPPORTED = {
     "tensorboard": "DeepSpeed's monitor block is not read: TensorBoard logs go to tensorboard_dir",
     "wandb": "DeepSpeed's monitor block is not read; Weights & Biases logging is not implemented",
     "csv_monitor": "DeepSpeed's monitor block is not read: metrics go to metrics.jsonl",
-    "comms_logger": _DS_BLOCK + "; per-step communication volumes are in metrics.jsonl",
     "elasticity": "DeepSpeed elasticity is not used; checkpoints load under any world size",
     "compression_training": "DeepSpeed's compression library is not used",
     "checkpoint": "DeepSpeed's checkpoint block is not read (checkpoints load under any plan and world size)",
-    "data_types": _DS_BLOCK + " (gradient accumulation runs in fp32)",
-    "deepspeed_extra_args": "extra DeepSpeed keys are read at the top level here; move them there",
     "pipeline": "pipeline parallelism is not implemented: ZeRO sharding replaces it",
     # DeepSpeed runner
     "include": _RUNNER, "exclude": _RUNNER, "num_nodes": _RUNNER, "num_gpus": _RUNNER, "master_addr": _RUNNER,
     "force_multi": _RUNNER, "detect_nvlink_pairs": _RUNNER, "autotuning_run": _RUNNER, "no_ssh_check": _RUNNER,
-    "comment": _RUNNER, "account": _RUNNER,
 }

@@ -188,14 +188,18 @@ def _check_block(b: int) -> Optional[str]:
 
 
 def _check_attention_config(v) -> Optional[str]:
-    """GPT-NeoX's ``[[["global"], N], ...]``: only global (dense causal) attention, which is also
-    what ``flash`` computes; the layer count is checked against num_layers separately."""
+    """GPT-NeoX's ``[[["global"], N], ...]`` (a count may be ``"all"``: the pattern repeats over
+    every layer), or the expanded list of one type per layer: only global (dense causal)
+    attention, which is also what ``flash`` computes; the layer count is checked against
+    num_layers separately."""
     bad = "expected [[[types], count], ...] with types global or flash, e.g. [[[\"global\"], 12]]"
     if not isinstance(v, list) or not v:
         return bad
+    if all(isinstance(item, str) for item in v):  # already expanded, as GPT-NeoX accepts it
+        v = [[v, 1]]
     for item in v:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and item[0]
-                and isinstance(item[1], int) and not isinstance(item[1], bool) and item[1] >= 1):
+                and (item[1] == "all" or isinstance(item[1], int) and not isinstance(item[1], bool) and item[1] >= 1)):
             return bad
         other = [t for t in item[0] if t not in ("global", "flash")]
         if other:
@@ -205,7 +209,14 @@ def _check_attention_config(v) -> Optional[str]:
     return None
 
 
-def attention_config_layers(v) -> int:
+def attention_config_layers(v, num_layers: Optional[int] = None) -> Optional[int]:
+    """Layers a valid attention_config covers; ``None`` when a pattern with count ``"all"`` does not
+    divide ``num_layers`` (GPT-NeoX asserts it does), ``num_layers`` when it does."""
+    if all(isinstance(item, str) for item in v):
+        return len(v)
+    for types, n in v:
+        if n == "all":  # GPT-NeoX: this pattern fills every layer (and ends the list)
+            return num_layers if num_layers is not None and num_layers % len(types) == 0 else None
     return sum(len(types) * n for types, n in v)
 
 

@@ -134,9 +134,20 @@ class Fp16Block:
                              "token ids and compute runs in the configured precision either way", neox="accepted")
 
 
+_BF16_SCALING = "an fp16 loss-scaling setting in the bf16 block (GPT-NeoX's RWKV files copy the fp16 block): " \
+    "DeepSpeed's bf16 block does not read it and bf16 trains without loss scaling"
+
+
 @dataclass
 class Bf16Block:
     enabled: bool = option(False, "bf16 mixed precision")
+    bf16: Optional[bool] = option(None, "a copy of fp16.fp16 in the bf16 block: DeepSpeed's bf16 block reads "
+                                  "enabled only", neox="accepted")
+    loss_scale: Optional[float] = option(None, _BF16_SCALING, neox="accepted")
+    initial_scale_power: Optional[int] = option(None, _BF16_SCALING, neox="accepted")
+    loss_scale_window: Optional[int] = option(None, _BF16_SCALING, neox="accepted")
+    hysteresis: Optional[int] = option(None, _BF16_SCALING, neox="accepted")
+    min_loss_scale: Optional[float] = option(None, _BF16_SCALING, neox="accepted")
 
 
 PRECISIONS = ("fp32", "bf16", "fp16", "float32", "bfloat16", "float16", "half")
@@ -163,6 +174,12 @@ class TrainConfig:
     warmup: float = option(0.01, "warmup as a fraction of lr_decay_iters (GPT-NeoX convention)", ge=0.0, le=1.0,
                            neox="implemented")
     min_lr: float = option(0.0, "learning rate at the end of the decay", ge=0.0, neox="implemented")
+    warmup_iters: Optional[int] = option(None, "warmup in steps, as llemma's GPT-NeoX files give it (upstream "
+                                         "GPT-NeoX does not declare it): sets warmup = warmup_iters / lr_decay_iters",
+                                         ge=0, neox="implemented")
+    decay_lr_to: Optional[float] = option(None, "final learning rate as a fraction of optimizer.params.lr, as "
+                                          "llemma's GPT-NeoX files give it (upstream GPT-NeoX does not declare "
+                                          "it): sets min_lr = decay_lr_to x lr", ge=0.0, le=1.0, neox="implemented")
     scheduler: Optional[SchedulerBlock] = option(None, "DeepSpeed scheduler block (WarmupLR, WarmupDecayLR, "
                                                  "WarmupCosineLR): mapped onto lr, warmup, lr_decay_* and min_lr")
     precision: Optional[str] = option(None, "fp32 | bf16 | fp16 (default: from the fp16/bf16 blocks, else fp32)",
