@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from megatron_topo import fault_injection
+from megatron_topo.training import fault_injection
 from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate
 from megatron_topo.commands import train as train_cli
 

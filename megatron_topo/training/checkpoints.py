@@ -11,6 +11,7 @@ from ..hf_import import is_hf_folder, load_hf_into_engine, load_weights_only
 from ..neox_checkpoint import is_neox_checkpoint, step_folder
 from ..neox_checkpoint import load_into_engine as load_neox_into_engine
 from ..zero_topo import checkpoint as ckpt
+from . import fault_injection
 
 
 @dataclass
@@ -132,7 +133,7 @@ class TrainerCheckpoints:
         trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
                          "consumed_valid": s.consumed_valid, "global_batch": self.batches_per_step}
         path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rt.rank,
-                         self.engine.comm.barrier, keep_last=c.keep_last)
+                         self.engine.comm.barrier, keep_last=c.keep_last, fault=fault_injection.maybe_fail)
         if self.lifecycle is not None:
             self.lifecycle.saved()  # the time-based interval restarts
         return path

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from .. import fault_injection, lifecycle, preflight
+from .. import lifecycle, preflight
 from .. import metrics as M
 from ..analysis import autoplan
 from ..config import Config, ConfigError, DistributedConfig, check_batch_size, check_log_dir, note_lines, write_effective_config
@@ -21,7 +21,7 @@ from ..zero_topo import trace
 from ..zero_topo.comm import Comm
 from ..zero_topo.engine import ZeroTopoEngine
 from ..zero_topo.sharding import Plan, effective_config
-from . import auto_trials, step_sync
+from . import auto_trials, fault_injection, step_sync
 from .batches import Batches, build_data, learning_rate, loss_fn
 from .checkpoints import TrainerCheckpoints, TrainState
 from .runtime import Runtime, seed_everything

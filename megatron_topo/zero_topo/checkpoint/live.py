@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from ... import fault_injection
 from ...atomic import fsync_dir
 from ..layout import shard_index
 from . import storage
@@ -54,8 +53,10 @@ def _gather_digests(engine: ZeroTopoEngine, item: bytes) -> list[bytes]:
 
 
 def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, config_yaml: str, rank: int,
-         barrier: Callable[[], None], keep_last: int = 2) -> str:
-    """Collective: every rank calls it. Returns the final step directory."""
+         barrier: Callable[[], None], keep_last: int = 2, fault: Optional[Callable[..., None]] = None) -> str:
+    """Collective: every rank calls it. Returns the final step directory. ``fault(point, rank=,
+    step=)`` is called at the two kill points ``save`` and ``publish`` (the trainer passes the test
+    fault injection's ``maybe_fail``; None: nothing)."""
     final = storage.step_dir(root, step)
     tmp = os.path.join(root, f".tmp_global_step{step}")
     if rank == 0:
@@ -93,14 +94,15 @@ def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, conf
         failure = None
     except (OSError, RuntimeError) as e:  # a full disk: every rank learns of it through the gather
         size, digest, failure = _FAILED, "00" * 32, storage.write_failure(e, tmp)
-    fault_injection.maybe_fail("save", rank=rank, step=step)
+    if fault is not None:
+        fault("save", rank=rank, step=step)
     records = _gather_digests(engine, size.to_bytes(8, "little") + bytes.fromhex(digest))
     failed = [r for r, rec in enumerate(records) if int.from_bytes(rec[:8], "little") == _FAILED]
     if failed:
         _abandon_save(root, tmp, rank, step, failed, failure)
     try:
         if rank == 0:
-            _publish(engine, root, tmp, final, step, trainer_state, config_yaml, records, keep_last)
+            _publish(engine, root, tmp, final, step, trainer_state, config_yaml, records, keep_last, fault)
         ok = True
     except OSError as e:
         ok, failure = False, storage.write_failure(e, root)
@@ -126,7 +128,8 @@ def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list[int], 
 
 
 def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int, trainer_state: dict,
-             config_yaml: str, records: list[bytes], keep_last: int) -> None:
+             config_yaml: str, records: list[bytes], keep_last: int,
+             fault: Optional[Callable[..., None]] = None) -> None:
     """Rank 0: meta.json + config.yml, then the atomic renames and ``latest``."""
     files = {os.path.basename(storage.rank_file(tmp, r)): {"bytes": int.from_bytes(rec[:8], "little"),
                                                    "sha256": rec[8:].hex()}
@@ -147,7 +150,8 @@ def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int,
     meta["config"] = {"file": "config.yml", "bytes": len(cfg_bytes), "sha256": hashlib.sha256(cfg_bytes).hexdigest()}
     storage._atomic_write_bytes(os.path.join(tmp, "config.yml"), cfg_bytes)
     storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
-    fault_injection.maybe_fail("publish", rank=0, step=step)
+    if fault is not None:
+        fault("publish", rank=0, step=step)
     if os.path.isdir(final):  # re-saving the same step: move the old one aside first
         old = final + ".old"
         shutil.rmtree(old, ignore_errors=True)
