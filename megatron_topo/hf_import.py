@@ -171,13 +171,14 @@ def load_weights_only(engine, path: str, config=None) -> dict:
     ``config`` (the run's Config), architecture keys that differ from the saved ones are refused
     unless ``checkpoint.finetune_architecture_change`` is set, and rank files without a recorded
     SHA-256 unless ``checkpoint.load_unverified`` is."""
+    from .config import load_config
     from .zero_topo import checkpoint as ckpt
 
     c = config.checkpoint if config is not None else None
     sp = ckpt.resolve(path)
     meta = ckpt.read_meta(sp, unverified=bool(c and c.load_unverified))
     ckpt.check_compatible(sp, meta, ckpt.unit_table(engine))
-    diff = ckpt.architecture_diff(sp, meta, config) if config is not None else []
+    diff = ckpt.architecture_diff(sp, meta, config, lambda p: load_config([p])) if config is not None else []
     if diff and not c.finetune_architecture_change:
         raise ckpt.CheckpointError(
             f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); its weights were trained for "

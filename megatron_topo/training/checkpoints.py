@@ -7,11 +7,17 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
+from ..config import load_config
 from ..hf_import import is_hf_folder, load_hf_into_engine, load_weights_only
 from ..neox_checkpoint import is_neox_checkpoint, step_folder
 from ..neox_checkpoint import load_into_engine as load_neox_into_engine
 from ..zero_topo import checkpoint as ckpt
 from . import fault_injection
+
+
+def _read_config(path: str):
+    """One saved config.yml as a Config (the checkpoint package hands its parsing to the caller)."""
+    return load_config([path])
 
 
 @dataclass
@@ -109,7 +115,7 @@ class TrainerCheckpoints:
 
     def _load(self, path: str):
         st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg,  # refuses another architecture
-                       unverified=self.cfg.checkpoint.load_unverified)
+                       unverified=self.cfg.checkpoint.load_unverified, read_config=_read_config)
         self.state = _train_state(st, path)
         if "python_rng" in st:
             random.seed(st["python_rng"])

@@ -186,25 +186,26 @@ def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
                 f"model (unit {i}); the model config differs from the one that was saved")
 
 
-def _saved_config(sp: str, meta: dict) -> Optional[Config]:
-    """The Config the checkpoint was saved with, or None when it has no config.yml."""
-    from ...config import ConfigError, load_config
+def _saved_config(sp: str, meta: dict, read_config: Callable[[str], Config]) -> Optional[Config]:
+    """The Config the checkpoint was saved with, or None when it has no config.yml. The package
+    parses no config: ``read_config(path)`` does (the caller's ``config.load_config`` on one file)."""
+    from ...config.options import ConfigError
 
     text = read_config_yaml(sp, meta)
     if text is None:
         return None
     try:
-        return load_config([os.path.join(sp, "config.yml")])
+        return read_config(os.path.join(sp, "config.yml"))
     except ConfigError as e:
         raise CheckpointError(f"{os.path.join(sp, 'config.yml')}: {e}") from None
 
 
-def architecture_diff(sp: str, meta: dict, cfg: Config) -> list[str]:
+def architecture_diff(sp: str, meta: dict, cfg: Config, read_config: Callable[[str], Config]) -> list[str]:
     """``key saved -> now`` for every architecture key (of either model spec) the run's model
-    config changes (empty when the checkpoint has no config.yml)."""
+    config changes (empty when the checkpoint has no config.yml, which ``read_config`` parses)."""
     from ...model.spec import spec_for
 
-    saved = _saved_config(sp, meta)
+    saved = _saved_config(sp, meta, read_config)
     if saved is None:
         return []
     keys = dict.fromkeys((*spec_for(saved.model).arch_keys, *spec_for(cfg.model).arch_keys))
@@ -212,10 +213,10 @@ def architecture_diff(sp: str, meta: dict, cfg: Config) -> list[str]:
             if getattr(saved.model, k) != getattr(cfg.model, k)]
 
 
-def check_resume(sp: str, meta: dict, cfg: Config) -> None:
+def check_resume(sp: str, meta: dict, cfg: Config, read_config: Callable[[str], Config]) -> None:
     """A resume must keep the architecture (every key of the model spec's arch_keys; the plan, world size and
     precision may change) and have steps left to train."""
-    diff = architecture_diff(sp, meta, cfg)
+    diff = architecture_diff(sp, meta, cfg, read_config)
     if diff:
         raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
                               f"resume with the saved values or start a new run (another plan or world size "
@@ -227,15 +228,18 @@ def check_resume(sp: str, meta: dict, cfg: Config) -> None:
 
 
 def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = False,
-         config: Optional[Config] = None, unverified: bool = False) -> dict:
+         config: Optional[Config] = None, unverified: bool = False,
+         read_config: Optional[Callable[[str], Config]] = None) -> dict:
     """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json.
-    With ``config`` (the run's Config), a changed architecture or a ``train_iters`` below the
-    saved step is refused first."""
+    With ``config`` (the run's Config) and ``read_config`` (parses the saved config.yml), a changed
+    architecture or a ``train_iters`` below the saved step is refused first."""
+    if config is not None and read_config is None:
+        raise TypeError("checkpoint.load: config needs read_config (config.load_config on one file)")
     sp = storage.resolve(path)
     meta = storage.read_meta(sp, unverified=unverified)
     check_compatible(sp, meta, unit_table(engine))
     if config is not None:
-        check_resume(sp, meta, config)
+        check_resume(sp, meta, config, read_config)
     same = meta["world_size"] == engine.topo.world_size and meta["plan"] == asdict(engine.plan)
     if strict_world and not same:
         raise CheckpointError(f"{sp}: saved on {meta['world_size']} ranks with another plan")
