@@ -164,7 +164,8 @@ def test_sharded_init_equals_whole_model_init():
 
 
 def _presets(rank, world, hf_dir, ids):
-    from megatron_topo.hf_import import load_hf_into_engine, model_keys_from_hf, read_hf_config
+    from megatron_topo.config.hf_config import model_keys_from_hf, read_hf_config
+    from megatron_topo.zero_topo.checkpoint.weights import load_hf_into_engine
     from megatron_topo.topology import Topology
     from megatron_topo.zero_topo.comm import Comm
     from megatron_topo.zero_topo.engine import ZeroTopoEngine
@@ -354,7 +355,7 @@ def test_activation_checkpointing_same_gradients():
     (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "rope_type 'llama3' is not supported"),
 ])
 def test_unreadable_hf_llama_config_is_one_line(bad, needle):
-    from megatron_topo.hf_import import model_keys_from_hf
+    from megatron_topo.config.hf_config import model_keys_from_hf
 
     hf = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
           "intermediate_size": 64, "vocab_size": 50}

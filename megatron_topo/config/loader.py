@@ -245,7 +245,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     hf_path = c.finetune_from or c.load
     from_hf = False
     if hf_path and not problems:
-        from ..hf_import import apply_hf_model_config, is_hf_folder
+        from .hf_config import apply_hf_model_config, is_hf_folder
 
         if is_hf_folder(hf_path):  # the architecture comes from (and must agree with) its config.json
             from_hf = True
@@ -257,7 +257,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     require = require and not unreadable
     if require:
         _collect(problems, check_required, origin, from_hf)
-    from ..neox_checkpoint import check as check_neox, is_neox_checkpoint
+    from ..model.neox_checkpoint import check as check_neox, is_neox_checkpoint
 
     for key in ("finetune_from", "load"):  # a GPT-NeoX/DeepSpeed checkpoint: imported or refused with the way
         path = getattr(c, key)

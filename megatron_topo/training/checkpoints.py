@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config import load_config
-from ..hf_import import is_hf_folder, load_hf_into_engine, load_weights_only
-from ..neox_checkpoint import is_neox_checkpoint, step_folder
-from ..neox_checkpoint import load_into_engine as load_neox_into_engine
+from ..config.hf_config import is_hf_folder
+from ..model.neox_checkpoint import is_neox_checkpoint, step_folder
 from ..zero_topo import checkpoint as ckpt
+from ..zero_topo.checkpoint.weights import load_hf_into_engine, load_neox_into_engine, load_weights_only
 from . import fault_injection
 
 
@@ -107,7 +107,7 @@ class TrainerCheckpoints:
             load_neox_into_engine(self.engine, path, self.cfg.model.num_layers)
             self.log(f"fine-tuning from the GPT-NeoX checkpoint {step_folder(path)} (step 0, fresh optimizer)")
             return
-        st = load_weights_only(self.engine, path, self.cfg)
+        st = load_weights_only(self.engine, path, self.cfg, _read_config)
         keep = c.no_load_optim and not c.finetune and not c.finetune_from
         if keep:
             self.state = _train_state(st, path)

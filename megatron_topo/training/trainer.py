@@ -14,7 +14,7 @@ from .. import lifecycle, preflight
 from .. import metrics as M
 from ..analysis import autoplan
 from ..config import Config, ConfigError, DistributedConfig, check_batch_size, check_log_dir, note_lines, write_effective_config
-from ..hf_import import weights_source
+from ..config.hf_config import weights_source
 from ..model import build_model
 from ..zero_topo import checkpoint as ckpt
 from ..zero_topo import trace
