@@ -29,7 +29,7 @@ import sys
 import warnings
 from typing import Any, Iterable, Optional, Union
 
-from .config import ModelConfig
+from .config.schema import ModelConfig
 
 # torch is imported lazily so that reading metrics (tools/plot_metrics.py) does not pay for it;
 # a value can only be a tensor if torch is already loaded.

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ModelConfig
+from ..config.schema import ModelConfig
 from .spec import (OUTPUT, ModelSpec, apply_rotary, init_by_role, init_std, parameter_seed,  # noqa: F401
                    register, rotary_tables, rotate_half)
 from .spec import rotary_inv_freq as _inv_freq
@@ -276,7 +276,7 @@ class GPTNeoXSpec(ModelSpec):
 
     def model_keys_from_hf(self, hf: dict, where: str) -> dict:
         """Our ModelConfig keys describing the HF GPT-NeoX model; ConfigError for what we cannot build."""
-        from ..config import ConfigError
+        from ..config.options import ConfigError
 
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         pct = hf.get("rotary_pct", rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))

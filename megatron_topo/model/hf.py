@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..config import ModelConfig
+from ..config.schema import ModelConfig
 
 
 def _spec(cfg=None):

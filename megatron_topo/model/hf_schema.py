@@ -11,7 +11,7 @@ import json
 import math
 import os
 
-from ..config import ConfigError
+from ..config.options import ConfigError
 from ..safe_files import MIB, excerpt, inside, read_small_text
 
 CONFIG_CAP = 4 * MIB

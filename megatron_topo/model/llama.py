@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ModelConfig
+from ..config.schema import ModelConfig
 from .gpt_neox import rotary_inv_freq as _inv_freq  # the model's head size, rotary_pct and rotary_emb_base
 from .spec import OUTPUT, apply_rotary, init_by_role, rotary_tables
 

@@ -116,7 +116,7 @@ class LlamaSpec(ModelSpec):
         """(``LlamaForCausalLM`` or, with a sliding window, ``MistralForCausalLM``, config dict) with the
         rotary base under every name a transformers version reads: ``rope_theta`` (4.x) and
         ``rope_parameters`` (5.x), ``rope_scaling: null``."""
-        from ..config import ConfigError
+        from ..config.options import ConfigError
 
         if cfg.rotary_pct != 1.0:
             raise ConfigError(f"rotary_pct {cfg.rotary_pct}: HF Llama/Mistral rotate every channel of a head; "
@@ -149,7 +149,7 @@ class LlamaSpec(ModelSpec):
         return arch, d
 
     def model_keys_from_hf(self, hf: dict, where: str) -> dict:
-        from ..config import ConfigError
+        from ..config.options import ConfigError
 
         try:
             return self._model_keys(hf, where)
@@ -158,7 +158,7 @@ class LlamaSpec(ModelSpec):
                               f"({type(e).__name__}: {e})") from None
 
     def _model_keys(self, hf: dict, where: str) -> dict:
-        from ..config import ConfigError
+        from ..config.options import ConfigError
 
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
