@@ -366,7 +366,8 @@ def test_unreadable_hf_llama_config_is_one_line(bad, needle):
 
 
 def test_flops_are_gpt_neox_formula_with_the_layers_own_weights():
-    from megatron_topo.metrics import flops_per_iteration, gpt_flops
+    from megatron_topo.metrics import flops_per_iteration
+    from megatron_topo.model.gpt_neox import gpt_flops
 
     # MHA + an MLP of inner width 8h/3 has GPT-NeoX's 12 h^2 matmul weights per layer: the same count
     cfg = ModelConfig(num_layers=3, hidden_size=96, num_attention_heads=4, seq_length=64, vocab_size=500,

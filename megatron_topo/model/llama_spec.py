@@ -70,7 +70,7 @@ class LlamaSpec(ModelSpec):
         return cfg.num_layers * layer + emb + h
 
     def forward_flops(self, cfg, sequences: float, seq_length=None, passes: float = 1.0) -> float:
-        """GPT-NeoX's count (``metrics.gpt_flops``) with the layer's own matmul weights P in place of
+        """GPT-NeoX's count (``model.gpt_neox.gpt_flops``) with the layer's own matmul weights P in place of
         its 12 h^2: ``passes * B * s * (2 L P + 4 L s h + 1.5 h V)`` (attention over the whole causal
         square, as GPT-NeoX counts it, whatever the sliding window)."""
         s = float(seq_length or cfg.seq_length)
