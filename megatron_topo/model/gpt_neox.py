@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..config.schema import ModelConfig
-from .spec import (OUTPUT, ModelSpec, apply_rotary, init_by_role, init_std, parameter_seed,  # noqa: F401
-                   register, rotary_tables, rotate_half)
-from .spec import rotary_inv_freq as _inv_freq
+from .spec_base import (OUTPUT, ModelSpec, apply_rotary, init_by_role, init_std, parameter_seed,  # noqa: F401
+                        rotary_tables, rotate_half)
+from .spec_base import rotary_inv_freq as _inv_freq
 
 
 def gpt_flops(passes: float, sequences: int, seq_length: int, num_layers: int, hidden_size: int,
@@ -141,7 +141,7 @@ class GPTNeoX(nn.Module):
 
     @torch.no_grad()
     def init_parameters(self, module: nn.Module, seed: int = 1234) -> None:
-        """GPT-NeoX init of ``module``'s parameters, in place, by role (``spec.init_by_role``):
+        """GPT-NeoX init of ``module``'s parameters, in place, by role (``spec_base.init_by_role``):
         ``init_method`` for inputs, ``output_layer_init_method`` for the attention/MLP output
         projections, zero biases, unit LayerNorm; the same values alone as in the whole model."""
         init_by_role(self, module, self.cfg, seed)
@@ -155,25 +155,8 @@ def rotary_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
     return _inv_freq(cfg.hidden_size // cfg.num_attention_heads, cfg.rotary_pct, cfg.rotary_emb_base, device)
 
 
-def build_model(cfg: ModelConfig, device="cpu", seed: int | None = None) -> nn.Module:
-    """Build and initialise the model ``cfg`` describes (its spec's ``build``) on ``device``.
-    ``"meta"`` builds shapes only: the engine then materialises and initialises one unit at a
-    time (``init_parameters``) and keeps only its shards, so no rank ever holds the whole model."""
-    from .spec import spec_for
-
-    return spec_for(cfg).build(cfg, device, seed)
-
-
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
-def unit_numels(cfg: ModelConfig) -> list[int]:
-    """Trainable parameters each unit the engine wraps holds (built on the meta device: no memory).
-    A tied weight counts once, in the first unit that has it, as the engine shards it."""
-    from .spec import spec_for
-
-    return spec_for(cfg).unit_numels(cfg)
 
 
 class GPTNeoXSpec(ModelSpec):
@@ -326,5 +309,3 @@ class GPTNeoXSpec(ModelSpec):
             raise ConfigError(f"{where}: this GPT-NeoX variant cannot be built here: {'; '.join(unsupported)}")
         return out
 
-
-register(GPTNeoXSpec())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .llama import Llama, gated, kv_heads, mlp_bias, mlp_width
-from .spec import ModelSpec, register
+from .spec_base import ModelSpec
 
 HF_ACT = "silu"
 
@@ -191,5 +191,3 @@ class LlamaSpec(ModelSpec):
             sliding_window_width=int(window) if window else None,
         )
 
-
-register(LlamaSpec())
