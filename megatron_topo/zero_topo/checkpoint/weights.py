@@ -61,7 +61,6 @@ def load_weights_only(engine, path: str, config=None, read_config=None) -> dict:
     unless ``checkpoint.finetune_architecture_change`` is set, and rank files without a recorded
     SHA-256 unless ``checkpoint.load_unverified`` is; ``read_config`` (the caller's
     ``config.load_config`` on one file) parses the saved config.yml for that comparison."""
-
     c = config.checkpoint if config is not None else None
     sp = storage.resolve(path)
     meta = storage.read_meta(sp, unverified=bool(c and c.load_unverified))
