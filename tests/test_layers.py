@@ -7,18 +7,21 @@ module is mapped to a layer by :data:`LAYER_OF` and may import its own layer and
 :data:`MAY_IMPORT` lists for it (the table of docs/design.md §2). A failure names the import:
 ``megatron_topo/config/loader.py:242: megatron_topo.config.loader (config loading) -> ...``.
 """
+
 from __future__ import annotations
 
 import ast
 import itertools
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "megatron_topo"
 
 # module (or package prefix) -> layer; the longest matching key wins. Every module must match one.
 LAYER_OF = {
-    "megatron_topo": "entry points",
+    "megatron_topo.__init__": "entry points",  # the package itself; a new top-level module needs its own row
     "megatron_topo.atomic": "util",
     "megatron_topo.safe_files": "util",
     "megatron_topo.pids": "util",
@@ -59,10 +62,35 @@ MAY_IMPORT = {
     "checkpoint": {"util", "config", "zero_topo", "model"},
     "metrics": {"util", "data", "config", "topology", "zero_topo", "model"},
     "analysis": {"util", "config", "config loading", "topology", "zero_topo", "model", "metrics"},
-    "training": {"util", "kernels", "data", "config", "config loading", "topology", "zero_topo", "model",
-                 "checkpoint", "metrics", "analysis", "run control"},
-    "entry points": {"util", "kernels", "data", "config", "config loading", "topology", "zero_topo", "model",
-                     "checkpoint", "metrics", "analysis", "run control", "training"},
+    "training": {
+        "util",
+        "kernels",
+        "data",
+        "config",
+        "config loading",
+        "topology",
+        "zero_topo",
+        "model",
+        "checkpoint",
+        "metrics",
+        "analysis",
+        "run control",
+    },
+    "entry points": {
+        "util",
+        "kernels",
+        "data",
+        "config",
+        "config loading",
+        "topology",
+        "zero_topo",
+        "model",
+        "checkpoint",
+        "metrics",
+        "analysis",
+        "run control",
+        "training",
+    },
 }
 
 
@@ -84,8 +112,10 @@ def _type_checking_nodes(tree: ast.AST) -> set:
     """ids of the import nodes under ``if TYPE_CHECKING:`` (never executed)."""
     skip = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and ((isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING") or (
-                isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")):
+        if isinstance(node, ast.If) and (
+            (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+            or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+        ):
             for stmt in node.body:
                 skip.update(id(n) for n in ast.walk(stmt))
     return skip
@@ -106,7 +136,7 @@ def imports(sources: dict) -> list:
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
-                    base = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)]
+                    base = pkg.split(".")[: len(pkg.split(".")) - (node.level - 1)]
                     name = ".".join(base + ([node.module] if node.module else []))
                 else:
                     name = node.module or ""
@@ -139,8 +169,10 @@ def layer_violations(sources: dict) -> list:
     for path, line, a, b in imports(sources):
         la, lb = layer_of(a, sources[a][1]), layer_of(b, sources[b][1])
         if la != lb and lb not in MAY_IMPORT[la]:
-            bad.append(f"{path}:{line}: {a} ({la}) -> {b} ({lb}); {la} may import only "
-                       f"{', '.join(sorted(MAY_IMPORT[la])) or 'nothing of ours'}")
+            bad.append(
+                f"{path}:{line}: {a} ({la}) -> {b} ({lb}); {la} may import only "
+                f"{', '.join(sorted(MAY_IMPORT[la])) or 'nothing of ours'}"
+            )
     return bad
 
 
@@ -201,6 +233,8 @@ def test_every_module_has_a_layer():
     assert len(sources) > 50
     for mod, (_, is_pkg, _) in sources.items():
         assert layer_of(mod, is_pkg) in MAY_IMPORT
+    with pytest.raises(AssertionError, match="megatron_topo.new_loose_module: no layer in LAYER_OF"):
+        layer_of("megatron_topo.new_loose_module")  # a new top-level module must be placed, not defaulted
 
 
 def test_layers_hold():
@@ -220,34 +254,43 @@ def _planted(extra: dict) -> dict:
 def test_self_check_planted_back_import_fails_naming_it():
     """A back-import inside a function (config -> checkpoint) and the cycle it closes are both
     reported with the file, the line and the two modules."""
-    sources = _planted({
-        "megatron_topo.config.schema": "import os\n\n\ndef f():\n    from ..zero_topo.checkpoint import live\n",
-        "megatron_topo.zero_topo.checkpoint.live": "from ...config.schema import Config\n",
-    })
+    sources = _planted(
+        {
+            "megatron_topo.config.schema": "import os\n\n\ndef f():\n    from ..zero_topo.checkpoint import live\n",
+            "megatron_topo.zero_topo.checkpoint.live": "from ...config.schema import Config\n",
+        }
+    )
     sources["megatron_topo.zero_topo.checkpoint"] = ("megatron_topo/zero_topo/checkpoint/__init__.py", True, "")
     bad = layer_violations(sources)
-    assert bad == ["megatron_topo/config/schema.py:5: megatron_topo.config.schema (config) -> "
-                   "megatron_topo.zero_topo.checkpoint.live (checkpoint); config may import only data, util"]
+    assert bad == [
+        "megatron_topo/config/schema.py:5: megatron_topo.config.schema (config) -> "
+        "megatron_topo.zero_topo.checkpoint.live (checkpoint); config may import only data, util"
+    ]
     assert import_cycles(sources) == [
         "import cycle of 2 modules: megatron_topo/config/schema.py:5: megatron_topo.config.schema -> "
         "megatron_topo.zero_topo.checkpoint.live; megatron_topo/zero_topo/checkpoint/live.py:1: "
-        "megatron_topo.zero_topo.checkpoint.live -> megatron_topo.config.schema"]
+        "megatron_topo.zero_topo.checkpoint.live -> megatron_topo.config.schema"
+    ]
 
 
 def test_self_check_type_checking_and_absolute_imports():
-    sources = _planted({
-        "megatron_topo.topology": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                  "    from megatron_topo.training import trainer\n",
-        "megatron_topo.training.trainer": "import megatron_topo.topology as t\n",
-        "megatron_topo.data.atomic": "import megatron_topo.metrics\n",
-        "megatron_topo.metrics": "",
-    })
-    assert imports(sources) == [("megatron_topo/training/trainer.py", 1, "megatron_topo.training.trainer",
-                                 "megatron_topo.topology"),
-                                ("megatron_topo/data/atomic.py", 1, "megatron_topo.data.atomic", "megatron_topo.metrics")]
+    sources = _planted(
+        {
+            "megatron_topo.topology": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from megatron_topo.training import trainer\n",
+            "megatron_topo.training.trainer": "import megatron_topo.topology as t\n",
+            "megatron_topo.data.atomic": "import megatron_topo.metrics\n",
+            "megatron_topo.metrics": "",
+        }
+    )
+    assert imports(sources) == [
+        ("megatron_topo/training/trainer.py", 1, "megatron_topo.training.trainer", "megatron_topo.topology"),
+        ("megatron_topo/data/atomic.py", 1, "megatron_topo.data.atomic", "megatron_topo.metrics"),
+    ]
     assert layer_violations(sources) == [
         "megatron_topo/data/atomic.py:1: megatron_topo.data.atomic (data) -> megatron_topo.metrics (metrics); "
-        "data may import only util"]
+        "data may import only util"
+    ]
 
 
 def test_self_check_plant_into_the_real_package():
@@ -255,8 +298,15 @@ def test_self_check_plant_into_the_real_package():
     sources = package_sources()
     path, is_pkg, text = sources["megatron_topo.config.options"]
     n = text.count("\n") + 1
-    sources["megatron_topo.config.options"] = (path, is_pkg, text + "\n\ndef _planted():\n"
-                                               "    from ..training import trainer\n")
+    sources["megatron_topo.config.options"] = (
+        path,
+        is_pkg,
+        text + "\n\ndef _planted():\n    from ..training import trainer\n",
+    )
     bad = layer_violations(sources)
-    assert any(b.startswith(f"{path}:{n + 3}: megatron_topo.config.options (config) -> "
-                            f"megatron_topo.training.trainer (training)") for b in bad), bad
+    assert any(
+        b.startswith(
+            f"{path}:{n + 3}: megatron_topo.config.options (config) -> megatron_topo.training.trainer (training)"
+        )
+        for b in bad
+    ), bad
