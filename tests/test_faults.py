@@ -17,9 +17,8 @@ import time
 import pytest
 import torch
 
-from megatron_topo.training import fault_injection
 from megatron_topo.config import ConfigError
-from megatron_topo.training import Trainer, TrainingError
+from megatron_topo.training import Trainer, TrainingError, fault_injection
 from megatron_topo.zero_topo import checkpoint as ckpt
 
 from .dist_utils import run_distributed

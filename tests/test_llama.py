@@ -165,8 +165,8 @@ def test_sharded_init_equals_whole_model_init():
 
 def _presets(rank, world, hf_dir, ids):
     from megatron_topo.config.hf_config import model_keys_from_hf, read_hf_config
-    from megatron_topo.zero_topo.checkpoint.weights import load_hf_into_engine
     from megatron_topo.topology import Topology
+    from megatron_topo.zero_topo.checkpoint.weights import load_hf_into_engine
     from megatron_topo.zero_topo.comm import Comm
     from megatron_topo.zero_topo.engine import ZeroTopoEngine
     from megatron_topo.zero_topo.sharding import PRESETS, resolve_plan

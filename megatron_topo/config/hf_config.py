@@ -6,6 +6,7 @@ taken from it, keys they set must agree (one line naming every differing key). O
 read here (``model/hf_schema.py`` checks its fields, the model spec maps them); the weights are
 read by ``model/hf_weights.py`` and loaded into the engine by ``zero_topo/checkpoint/weights.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,12 @@ from typing import Optional
 from ..model import hf_schema
 from .options import ConfigError
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def weights_source(cfg) -> Optional[str]:
@@ -31,8 +36,12 @@ def weights_source(cfg) -> Optional[str]:
 
 def is_hf_folder(path: Optional[str]) -> bool:
     """A folder with an HF ``config.json`` and weights (safetensors or bin, single or sharded)."""
-    return bool(path) and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")) and any(
-        os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES)
+    return (
+        bool(path)
+        and os.path.isdir(path)
+        and os.path.isfile(os.path.join(path, "config.json"))
+        and any(os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES)
+    )
 
 
 def read_hf_config(path: str) -> dict:
@@ -47,8 +56,10 @@ def model_keys_from_hf(hf: dict, where: str) -> dict:
     hf_schema.check_config(hf, where)  # types and bounds of the fields we read: one line naming the field
     spec = spec_for_hf(hf)
     if spec is None:
-        raise ConfigError(f"{where}: model_type {hf.get('model_type')!r} is not supported; GPT-NeoX (gpt_neox: "
-                          f"GPT-NeoX-20B, Pythia), Llama (llama) and Mistral (mistral) checkpoints load")
+        raise ConfigError(
+            f"{where}: model_type {hf.get('model_type')!r} is not supported; GPT-NeoX (gpt_neox: "
+            f"GPT-NeoX-20B, Pythia), Llama (llama) and Mistral (mistral) checkpoints load"
+        )
     return spec.model_keys_from_hf(hf, where)
 
 
@@ -68,6 +79,8 @@ def apply_hf_model_config(cfg, path: str, origin: dict) -> list:
     if "seq_length" not in origin:
         m.seq_length = min(m.seq_length, m.max_position_embeddings)
     if diff:
-        return [f"the model config differs from {where} ({'; '.join(diff)}); drop those keys to take the HF "
-                f"model's values, or set them to match"]
+        return [
+            f"the model config differs from {where} ({'; '.join(diff)}); drop those keys to take the HF "
+            f"model's values, or set them to match"
+        ]
     return []

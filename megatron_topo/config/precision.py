@@ -1,6 +1,7 @@
 """The training precision a config asks for: ``precision`` (GPT-NeoX's key) or, unset, DeepSpeed's
 ``fp16`` / ``bf16`` blocks. Its own module so that schema.py and deepspeed.py (which schema
 imports) both use it without importing each other."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

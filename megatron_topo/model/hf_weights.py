@@ -1,5 +1,6 @@
 """Single tensors of an HF model folder by HF name: safetensors files are opened lazily (one tensor
 at a time), ``pytorch_model.bin`` files are memory-mapped (``torch.load(mmap=True)``)."""
+
 from __future__ import annotations
 
 import os

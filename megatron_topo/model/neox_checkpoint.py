@@ -10,10 +10,11 @@ L+4 the output layer (``final_linear``; the embedding again when tied).
 
 The weights of a model-parallel-1 checkpoint are imported with GPT-NeoX's ``finetune`` semantics
 (step 0, a fresh optimizer: DeepSpeed's optimizer shards are another format), through the same
-unit-by-unit loader as an HF folder (``zero_topo/checkpoint/weights.py``); the architecture comes from the config files (the
-checkpoint carries no config) and every tensor's shape is checked. Other checkpoints are refused
-with the conversion path: GPT-NeoX's ``tools/ckpts/convert_neox_to_hf.py`` (merges model-parallel
-shards) and then ``finetune_from`` the HF folder.
+unit-by-unit loader as an HF folder (``zero_topo/checkpoint/weights.py``); the architecture comes
+from the config files (the checkpoint carries no config) and every tensor's shape is checked.
+Other checkpoints are refused with the conversion path: GPT-NeoX's
+``tools/ckpts/convert_neox_to_hf.py`` (merges model-parallel shards) and then ``finetune_from`` the
+HF folder.
 """
 from __future__ import annotations
 

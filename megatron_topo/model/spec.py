@@ -7,6 +7,7 @@ The engine, the performance model, the preflight, the dry run and HF import/expo
 a config here; the interface every spec implements (``ModelSpec``) and the rules the architectures
 share are in :mod:`.spec_base`, the architectures in ``gpt_neox.py`` and ``llama_spec.py``.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -40,8 +41,11 @@ def arch_of(cfg) -> str:
     arch = getattr(cfg, "arch", None)
     if arch:
         return arch
-    if (getattr(cfg, "norm", "layernorm") == "rmsnorm" or getattr(cfg, "activation", "gelu") in ("swiglu", "silu")
-            or getattr(cfg, "mlp_type", "regular") == "llama"):
+    if (
+        getattr(cfg, "norm", "layernorm") == "rmsnorm"
+        or getattr(cfg, "activation", "gelu") in ("swiglu", "silu")
+        or getattr(cfg, "mlp_type", "regular") == "llama"
+    ):
         return "llama"
     return "gpt_neox"
 

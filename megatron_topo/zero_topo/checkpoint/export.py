@@ -1,5 +1,6 @@
 """Reading a checkpoint for an export in one process (``convert_to_hf``, ``consolidate_checkpoint``):
 open and verify it before anything is written, then stream it one unit at a time."""
+
 from __future__ import annotations
 
 import os

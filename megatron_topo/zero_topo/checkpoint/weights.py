@@ -5,6 +5,7 @@ The weights go into the sharded engine one unit (one layer) at a time: each rank
 files only the parameters overlapping its own optimizer range ``[lo, hi)`` of each unit, so no
 rank holds more than one unit of the model, under any plan and world size.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,10 @@ def load_hf_into_engine(engine, path: str, weights=None) -> None:
     names = {id(p): n for n, p in engine.module.named_parameters()}
     missing = [names[id(s.param)] for u in engine.units for s in u.specs if names[id(s.param)] not in by_ours]
     if missing:
-        raise ConfigError(f"{path}: the HF weights lack {len(missing)} of the model's tensors (first: "
-                          f"{missing[0]}); is it a GPT-NeoX checkpoint of this shape?")
+        raise ConfigError(
+            f"{path}: the HF weights lack {len(missing)} of the model's tensors (first: "
+            f"{missing[0]}); is it a GPT-NeoX checkpoint of this shape?"
+        )
     for i, u in enumerate(engine.units):
         lo, hi = u.optim_range
         master = torch.zeros(hi - lo, dtype=torch.float32)
@@ -45,9 +48,10 @@ def load_hf_into_engine(engine, path: str, weights=None) -> None:
             name = names[id(s.param)]
             t = w.get(by_ours[name])
             if tuple(t.shape) != tuple(s.shape):
-                raise ConfigError(f"{path}: tensor {by_ours[name]} has shape {tuple(t.shape)}, the model's "
-                                  f"{name} is {tuple(s.shape)}")
-            master[a - lo:b - lo] = t.reshape(-1)[a - s.offset:b - s.offset].float()
+                raise ConfigError(
+                    f"{path}: tensor {by_ours[name]} has shape {tuple(t.shape)}, the model's {name} is {tuple(s.shape)}"
+                )
+            master[a - lo : b - lo] = t.reshape(-1)[a - s.offset : b - s.offset].float()
             del t
         dev = engine.optimizer.params[i].device
         engine.optimizer.load_shard_state(i, master.to(dev), None, None, None)
@@ -70,7 +74,8 @@ def load_weights_only(engine, path: str, config=None, read_config=None) -> dict:
         raise storage.CheckpointError(
             f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); its weights were trained for "
             f"the saved architecture: use the saved values, or set finetune_architecture_change: true to "
-            f"change it deliberately")
+            f"change it deliberately"
+        )
     files: dict = {}
     for i, u in enumerate(engine.units):
         lo, hi = u.optim_range
