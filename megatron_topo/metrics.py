@@ -29,7 +29,7 @@ import sys
 import warnings
 from typing import Any, Iterable, Optional, Union
 
-from .config import ModelConfig
+from .config.schema import ModelConfig
 
 # torch is imported lazily so that reading metrics (tools/plot_metrics.py) does not pay for it;
 # a value can only be a tensor if torch is already loaded.
@@ -46,34 +46,9 @@ _NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
 # ------------------------------------------------------------------------------------ FLOPs
-def gpt_flops(passes: float, sequences: int, seq_length: int, num_layers: int, hidden_size: int,
-              vocab_size: int) -> float:
-    """Model FLOPs of ``passes`` passes over ``sequences`` sequences, counted the way GPT-NeoX does.
-
-    Source: GPT-NeoX ``megatron/logging.py::get_flops`` as corrected by EleutherAI/gpt-neox PR #1094
-    (issue #1093), itself taken from Megatron-DeepSpeed ``megatron/utils.py`` and Narayanan et al.
-    2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
-    (arXiv:2104.04473, Eq. 3)::
-
-        F = 24 * f * B * s * L * h^2 * (1 + s / (6 h) + V / (16 L h))
-
-    with ``f = passes``: 3 (forward + backward = 1 + 2 passes) or ``f = 4`` when activations are
-    recomputed (one more forward), ``B`` the sequences (for a step: micro batch x
-    accumulation x data-parallel size), ``s`` the sequence length, ``L`` layers, ``h`` the hidden
-    size and ``V`` the (padded) vocabulary. The ``V/(16Lh)`` logit term carries the same prefactor;
-    the GPT-NeoX version between PR #1044 and #1094 added it as a bare constant, which is a bug.
-    As in GPT-NeoX, the factor ``f`` multiplies the logit term too (the paper's derivation has
-    it fixed at 96 -- i.e. it is exact for ``f = 4`` and counts the head 4.5 B s h V instead of
-    6 B s h V for ``f = 3``); we keep GPT-NeoX's number so TFLOPS are comparable with its logs.
-    """
-    B, s, L = float(sequences), float(seq_length), float(num_layers)
-    h, V = float(hidden_size), float(vocab_size)
-    return 24.0 * passes * B * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
-
-
 def flops_per_iteration(model_cfg: ModelConfig, global_batch_size: int, checkpoint_activations: bool) -> float:
-    """Model FLOPs of one optimizer step: the model spec's forward count (GPT-NeoX: :func:`gpt_flops`)
-    times 4 passes with activation recompute, else 3."""
+    """Model FLOPs of one optimizer step: the model spec's forward count (GPT-NeoX:
+    ``model.gpt_neox.gpt_flops``) times 4 passes with activation recompute, else 3."""
     from .model.spec import spec_for
 
     return spec_for(model_cfg).forward_flops(model_cfg, global_batch_size,

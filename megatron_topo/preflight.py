@@ -11,7 +11,8 @@ from typing import Optional
 
 import torch
 
-from .config import Config, ConfigError
+from .config.options import ConfigError
+from .config.schema import Config
 from .model import unit_numels
 from .topology import Topology
 from .zero_topo import memory

@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from .config import ConfigError, TopologyConfig
+from .config.options import ConfigError
+from .config.schema import TopologyConfig
 
 LEVELS = ("intra_gpu", "intra_node", "inter_node")
 

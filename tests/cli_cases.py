@@ -7,9 +7,9 @@ import shutil
 
 import numpy as np
 
-from megatron_topo import fault_injection
 from megatron_topo.commands import train as train_cli
 from megatron_topo.data import MMapIndexedDatasetBuilder
+from megatron_topo.training import fault_injection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from megatron_topo import fault_injection
 from megatron_topo.commands import consolidate_checkpoint, convert_to_hf, generate
 from megatron_topo.commands import train as train_cli
+from megatron_topo.training import fault_injection
 
 from .cli_cases import BASE_CFG, ROOT, call, one_error_line, scratch, snapshot, train_checkpoint, write_dataset
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from megatron_topo.commands import convert_to_hf
-from megatron_topo.config import ModelConfig, ZeroTopoConfig
+from megatron_topo.config import ModelConfig, ZeroTopoConfig, load_config
 from megatron_topo.model.hf import SafetensorsWriter, ShardedSafetensorsWriter, parse_size, shard_names, to_hf_key
 from megatron_topo.zero_topo import checkpoint as ckpt
 
@@ -294,7 +294,7 @@ def test_export_of_a_checkpoint_sharded_over_ranks(tmp_path):
     weights = ckpt.read_full_state(str(tmp_path / "ck"), keys=("master",))  # weights only
     assert weights["optimizer"] == {} and weights["adam_step"] == {}
     assert all(torch.equal(weights["params"][n], t) for n, t in full["params"].items())
-    model = build_model(ckpt.load_model_config(full), seed=0).eval()
+    model = build_model(ckpt.load_model_config(full, lambda p: load_config([p])), seed=0).eval()
     model.load_state_dict(full["params"])
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
     ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))

@@ -3,7 +3,7 @@ the gradients, and 1% packet loss on an emulated inter-node link.
 
 Multi-process cases run ``train.py`` on configs/tiny.yml as real processes over gloo (ranks get
 RANK/WORLD_SIZE/MASTER_ADDR like torchrun gives them); faults are injected with the
-``MEGATRON_TOPO_FAULT`` hook (megatron_topo/fault_injection.py).
+``MEGATRON_TOPO_FAULT`` hook (megatron_topo/training/fault_injection.py).
 """
 import json
 import os
@@ -17,9 +17,8 @@ import time
 import pytest
 import torch
 
-from megatron_topo import fault_injection
 from megatron_topo.config import ConfigError
-from megatron_topo.training import Trainer, TrainingError
+from megatron_topo.training import Trainer, TrainingError, fault_injection
 from megatron_topo.zero_topo import checkpoint as ckpt
 
 from .dist_utils import run_distributed

@@ -82,7 +82,7 @@ def test_llama_export_loads_in_hf_and_imports_back(tmp_path, window):
     # and back: the exported folder is a starting point (finetune_from) with the same logits
     cfg = small_config(tmp_path, **{"train.train_iters": 1})
     cfg.checkpoint.finetune_from = str(out)
-    from megatron_topo.hf_import import apply_hf_model_config
+    from megatron_topo.config.hf_config import apply_hf_model_config
 
     assert apply_hf_model_config(cfg, str(out), origin={"seq_length": 1}) == []
     for k, v in kw.items():

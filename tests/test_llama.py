@@ -164,8 +164,9 @@ def test_sharded_init_equals_whole_model_init():
 
 
 def _presets(rank, world, hf_dir, ids):
-    from megatron_topo.hf_import import load_hf_into_engine, model_keys_from_hf, read_hf_config
+    from megatron_topo.config.hf_config import model_keys_from_hf, read_hf_config
     from megatron_topo.topology import Topology
+    from megatron_topo.zero_topo.checkpoint.weights import load_hf_into_engine
     from megatron_topo.zero_topo.comm import Comm
     from megatron_topo.zero_topo.engine import ZeroTopoEngine
     from megatron_topo.zero_topo.sharding import PRESETS, resolve_plan
@@ -354,7 +355,7 @@ def test_activation_checkpointing_same_gradients():
     (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "rope_type 'llama3' is not supported"),
 ])
 def test_unreadable_hf_llama_config_is_one_line(bad, needle):
-    from megatron_topo.hf_import import model_keys_from_hf
+    from megatron_topo.config.hf_config import model_keys_from_hf
 
     hf = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
           "intermediate_size": 64, "vocab_size": 50}
@@ -365,7 +366,8 @@ def test_unreadable_hf_llama_config_is_one_line(bad, needle):
 
 
 def test_flops_are_gpt_neox_formula_with_the_layers_own_weights():
-    from megatron_topo.metrics import flops_per_iteration, gpt_flops
+    from megatron_topo.metrics import flops_per_iteration
+    from megatron_topo.model.gpt_neox import gpt_flops
 
     # MHA + an MLP of inner width 8h/3 has GPT-NeoX's 12 h^2 matmul weights per layer: the same count
     cfg = ModelConfig(num_layers=3, hidden_size=96, num_attention_heads=4, seq_length=64, vocab_size=500,

@@ -47,7 +47,8 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
     import torch
 
     from megatron_topo.atomic import atomic_path, commit, remove_quietly, temp_name
-    from megatron_topo.model.hf import SafetensorsWriter, check_output_parent, iter_checkpoint_units, open_checkpoint
+    from megatron_topo.model.hf import SafetensorsWriter
+    from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
     from megatron_topo.zero_topo.checkpoint import STATE_KEYS, CheckpointError
 
     safet = output.endswith(".safetensors")

@@ -81,8 +81,9 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     written into their safetensors shard, so the peak memory is about one unit, not the model."""
     import torch
 
-    from megatron_topo.model.hf import (ShardedSafetensorsWriter, check_output_parent, iter_checkpoint_units,
-                                        open_checkpoint, parse_size, to_hf_key)
+    from megatron_topo.model.hf import ShardedSafetensorsWriter, parse_size, to_hf_key
+    from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
+    from megatron_topo.config import load_config
     from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside, load_model_config
 
     try:
@@ -100,7 +101,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     check_output_parent(output)
     sp, meta, config_yaml = open_checkpoint(checkpoint)  # fails before anything is written
     st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
-    mcfg = load_model_config(st)
+    mcfg = load_model_config(st, lambda p: load_config([p]))
     tdt = getattr(torch, DTYPES[dtype])
     from megatron_topo.model.spec import spec_for
 

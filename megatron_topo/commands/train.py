@@ -77,8 +77,8 @@ def _train(args, signals) -> int:
     from megatron_topo import runlock
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.data import DataError
-    from megatron_topo.fault_injection import active as active_faults
-    from megatron_topo.faults import describe_failure
+    from megatron_topo.training.fault_injection import active as active_faults
+    from megatron_topo.training.heartbeat import describe_failure
     from megatron_topo.training import Trainer, TrainingError, setup_runtime
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 

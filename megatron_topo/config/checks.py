@@ -2,32 +2,34 @@
 that tie several fields together, and DeepSpeed's batch-size rule once the world size is known."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from .deepspeed import BATCH_KEYS, derive_micro_batch, record_auto_batch
 from .options import (ConfigError, _check_attention_config, _check_declared, _check_split, _collect, _short,
                       attention_config_layers, raise_problems)
-from .schema import AUTO_TRIAL_KEYS, PRECISIONS, Config, ZeroTopoConfig, _declared, resolve_precision
+from .schema import AUTO_TRIAL_KEYS, PRECISIONS, Config, ModelConfig, ZeroTopoConfig, _declared, resolve_precision
 
 
 MAX_TOKENS_PER_RANK_STEP = 1 << 32  # a step's size bound: micro-batch x accumulation x seq_length per rank
 
 
-def validate(cfg: Config, problems: Optional[list] = None) -> None:
+def validate(cfg: Config, problems: Optional[list] = None, *,
+             arch_problems: Callable[[ModelConfig], list]) -> None:
     """Every declared field's bounds and choices (from its ``option`` metadata), then the rules
     that tie fields together. Every problem is found: raised together (ConfigErrors, one line
-    each), or appended to ``problems``."""
+    each), or appended to ``problems``. ``arch_problems(model_config)``: the architecture's own
+    rules (the model spec's ``check``; load_config passes it, config imports no model code)."""
     own: list = []
     for path, value, meta in _declared(cfg):
         _collect(own, _check_declared, path, value, meta)
-    _cross_checks(cfg, own)
+    _cross_checks(cfg, own, arch_problems)
     if problems is not None:
         problems.extend(own)
     else:
         raise_problems(own)
 
 
-def _cross_checks(cfg: Config, problems: list) -> None:
+def _cross_checks(cfg: Config, problems: list, arch_problems: Callable[[ModelConfig], list]) -> None:
     """Rules between fields (a single field's rules live in its declaration); each broken rule is
     appended to ``problems``."""
     m, t, d, c = cfg.model, cfg.train, cfg.data, cfg.checkpoint
@@ -58,9 +60,7 @@ def _cross_checks(cfg: Config, problems: list) -> None:
             add(f"attention_config covers {n} layers but num_layers is {m.num_layers}; e.g. "
                 f"[[[\"global\"], {m.num_layers}]]")
     if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:
-        from ..model.spec import spec_for
-
-        problems.extend(spec_for(m).check(m))  # the architecture's own rules (model/spec.py)
+        problems.extend(arch_problems(m))  # the architecture's own rules (model/spec.py)
     if not d.train_data_paths:
         for name in ("train_data_weights", "valid_data_paths", "test_data_paths"):
             if getattr(d, name):

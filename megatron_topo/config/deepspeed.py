@@ -9,15 +9,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from .options import ConfigError, _check_declared, _collect, _fmt, option
+from .precision import resolve_precision
 
 if TYPE_CHECKING:
     from .schema import Config
-
-
-def resolve_precision(t):
-    from .schema import resolve_precision as rp
-
-    return rp(t)
 
 
 SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")

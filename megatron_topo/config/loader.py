@@ -201,6 +201,13 @@ def _merge_top(cfg, index, raw_key, value, src, origin, problems):
         _merge_block(getattr(cfg, sec), {key: value}, "", origin, src, problems)
 
 
+def _arch_problems(model_cfg) -> list:
+    """The model spec's own rules for ``model_cfg`` (one line each; empty: it builds)."""
+    from ..model.spec import spec_for
+
+    return spec_for(model_cfg).check(model_cfg)
+
+
 def load_config(paths: list[str], overrides: Optional[list[str]] = None, require: bool = True) -> Config:
     """Merge config files in order (YAML: GPT-NeoX; ``.json``: a DeepSpeed config, the same
     top-level keys), then ``--set`` overrides (which may replace earlier values). Every problem
@@ -245,7 +252,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     hf_path = c.finetune_from or c.load
     from_hf = False
     if hf_path and not problems:
-        from ..hf_import import apply_hf_model_config, is_hf_folder
+        from .hf_config import apply_hf_model_config, is_hf_folder
 
         if is_hf_folder(hf_path):  # the architecture comes from (and must agree with) its config.json
             from_hf = True
@@ -257,13 +264,13 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     require = require and not unreadable
     if require:
         _collect(problems, check_required, origin, from_hf)
-    from ..neox_checkpoint import check as check_neox, is_neox_checkpoint
+    from ..model.neox_checkpoint import check as check_neox, is_neox_checkpoint
 
     for key in ("finetune_from", "load"):  # a GPT-NeoX/DeepSpeed checkpoint: imported or refused with the way
         path = getattr(c, key)
         if path and not from_hf and is_neox_checkpoint(path):
             problems.extend(check_neox(path, key, c.finetune))
-    validate(cfg, problems)
+    validate(cfg, problems, arch_problems=_arch_problems)
     if not problems:
         _collect(problems, resolve_vocab_size, cfg, "vocab_size" in origin, "tokenizer_type" in origin)
     raise_problems(problems)

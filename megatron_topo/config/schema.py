@@ -12,7 +12,8 @@ import yaml
 
 from .deepspeed import SchedulerBlock, ZeroOptimizationBlock
 from .neox import NeoxCompatConfig
-from .options import ConfigError, _check_block, _check_split, _strip_optional, _tokenizer_names, option
+from .options import _check_block, _check_split, _strip_optional, _tokenizer_names, option
+from .precision import resolve_precision
 
 
 INIT_METHODS = ("normal", "scaled_normal", "small_init", "wang_init")
@@ -403,30 +404,6 @@ def _key_index() -> dict[str, str]:
 def _section_type(sec: str):
     hints = typing.get_type_hints(Config)
     return _strip_optional(hints[sec])
-
-
-def resolve_precision(t: TrainConfig) -> str:
-    if t.precision is not None:
-        p = t.precision.lower()
-        if p in ("float32", "fp32"):
-            p = "fp32"
-        elif p in ("bfloat16", "bf16"):
-            p = "bf16"
-        elif p in ("float16", "fp16", "half"):
-            p = "fp16"
-        else:
-            raise ConfigError(f"precision: '{t.precision}' is not valid; use one of fp32, bf16, fp16")
-        return p
-    if t.fp16.type == "bfloat16":  # GPT-NeoX: fp16.type bfloat16 is bf16, whatever fp16.enabled says
-        return "bf16"
-    fp16 = t.fp16.enabled or bool(t.fp16.fp16) or t.fp16.type == "fp16"
-    if fp16 and t.bf16.enabled:
-        raise ConfigError("fp16.enabled and bf16.enabled are both true; enable at most one")
-    if fp16:
-        return "fp16"
-    if t.bf16.enabled:
-        return "bf16"
-    return "fp32"
 
 
 def _declared(cfg: Config, with_type: bool = False):

@@ -11,10 +11,35 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ModelConfig
-from .spec import (OUTPUT, ModelSpec, apply_rotary, init_by_role, init_std, parameter_seed,  # noqa: F401
-                   register, rotary_tables, rotate_half)
-from .spec import rotary_inv_freq as _inv_freq
+from ..config.schema import ModelConfig
+from .spec_base import (OUTPUT, ModelSpec, apply_rotary, init_by_role, init_std, parameter_seed,  # noqa: F401
+                        rotary_tables, rotate_half)
+from .spec_base import rotary_inv_freq as _inv_freq
+
+
+def gpt_flops(passes: float, sequences: int, seq_length: int, num_layers: int, hidden_size: int,
+              vocab_size: int) -> float:
+    """Model FLOPs of ``passes`` passes over ``sequences`` sequences, counted the way GPT-NeoX does.
+
+    Source: GPT-NeoX ``megatron/logging.py::get_flops`` as corrected by EleutherAI/gpt-neox PR #1094
+    (issue #1093), itself taken from Megatron-DeepSpeed ``megatron/utils.py`` and Narayanan et al.
+    2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"
+    (arXiv:2104.04473, Eq. 3)::
+
+        F = 24 * f * B * s * L * h^2 * (1 + s / (6 h) + V / (16 L h))
+
+    with ``f = passes``: 3 (forward + backward = 1 + 2 passes) or ``f = 4`` when activations are
+    recomputed (one more forward), ``B`` the sequences (for a step: micro batch x
+    accumulation x data-parallel size), ``s`` the sequence length, ``L`` layers, ``h`` the hidden
+    size and ``V`` the (padded) vocabulary. The ``V/(16Lh)`` logit term carries the same prefactor;
+    the GPT-NeoX version between PR #1044 and #1094 added it as a bare constant, which is a bug.
+    As in GPT-NeoX, the factor ``f`` multiplies the logit term too (the paper's derivation has
+    it fixed at 96 -- i.e. it is exact for ``f = 4`` and counts the head 4.5 B s h V instead of
+    6 B s h V for ``f = 3``); we keep GPT-NeoX's number so TFLOPS are comparable with its logs.
+    """
+    B, s, L = float(sequences), float(seq_length), float(num_layers)
+    h, V = float(hidden_size), float(vocab_size)
+    return 24.0 * passes * B * s * L * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * L * h))
 
 
 class Attention(nn.Module):
@@ -116,7 +141,7 @@ class GPTNeoX(nn.Module):
 
     @torch.no_grad()
     def init_parameters(self, module: nn.Module, seed: int = 1234) -> None:
-        """GPT-NeoX init of ``module``'s parameters, in place, by role (``spec.init_by_role``):
+        """GPT-NeoX init of ``module``'s parameters, in place, by role (``spec_base.init_by_role``):
         ``init_method`` for inputs, ``output_layer_init_method`` for the attention/MLP output
         projections, zero biases, unit LayerNorm; the same values alone as in the whole model."""
         init_by_role(self, module, self.cfg, seed)
@@ -130,25 +155,8 @@ def rotary_inv_freq(cfg: ModelConfig, device=None) -> torch.Tensor:
     return _inv_freq(cfg.hidden_size // cfg.num_attention_heads, cfg.rotary_pct, cfg.rotary_emb_base, device)
 
 
-def build_model(cfg: ModelConfig, device="cpu", seed: int | None = None) -> nn.Module:
-    """Build and initialise the model ``cfg`` describes (its spec's ``build``) on ``device``.
-    ``"meta"`` builds shapes only: the engine then materialises and initialises one unit at a
-    time (``init_parameters``) and keeps only its shards, so no rank ever holds the whole model."""
-    from .spec import spec_for
-
-    return spec_for(cfg).build(cfg, device, seed)
-
-
 def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-
-def unit_numels(cfg: ModelConfig) -> list[int]:
-    """Trainable parameters each unit the engine wraps holds (built on the meta device: no memory).
-    A tied weight counts once, in the first unit that has it, as the engine shards it."""
-    from .spec import spec_for
-
-    return spec_for(cfg).unit_numels(cfg)
 
 
 class GPTNeoXSpec(ModelSpec):
@@ -202,9 +210,7 @@ class GPTNeoXSpec(ModelSpec):
 
     def forward_flops(self, cfg, sequences: float, seq_length=None, passes: float = 1.0) -> float:
         """``passes`` forward passes over ``sequences`` sequences, as GPT-NeoX logs them
-        (``metrics.gpt_flops``)."""
-        from ..metrics import gpt_flops
-
+        (:func:`gpt_flops`)."""
         return gpt_flops(passes, sequences, seq_length or cfg.seq_length, cfg.num_layers, cfg.hidden_size,
                          cfg.vocab_size)
 
@@ -276,7 +282,7 @@ class GPTNeoXSpec(ModelSpec):
 
     def model_keys_from_hf(self, hf: dict, where: str) -> dict:
         """Our ModelConfig keys describing the HF GPT-NeoX model; ConfigError for what we cannot build."""
-        from ..config import ConfigError
+        from ..config.options import ConfigError
 
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         pct = hf.get("rotary_pct", rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
@@ -303,5 +309,3 @@ class GPTNeoXSpec(ModelSpec):
             raise ConfigError(f"{where}: this GPT-NeoX variant cannot be built here: {'; '.join(unsupported)}")
         return out
 
-
-register(GPTNeoXSpec())

@@ -3,9 +3,8 @@ streaming safetensors writers."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
-from ..config import ModelConfig
+from ..config.schema import ModelConfig
 
 
 def _spec(cfg=None):
@@ -124,55 +123,6 @@ def parse_size(text) -> int:
     if not m or unit not in _SIZE_UNITS or float(m.group(1)) * _SIZE_UNITS[unit] < 1:
         raise ValueError(f"{text!r} is not a size (e.g. 5GB, 500MB, 2GiB or a number of bytes)")
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
-
-
-def verify_checkpoint_files(step_path: str, meta: dict) -> None:
-    """Open every rank file that holds tensors once: size and SHA-256 against meta.json, and a
-    pickle that would run code is refused (CheckpointError). Nothing stays in memory."""
-    from ..zero_topo import checkpoint as ckpt
-
-    holders = int(meta.get("shard_holders") or meta["world_size"])  # only holders store tensors
-    for r in range(holders):
-        ckpt.load_rank_file(step_path, r, meta)  # memory-mapped: hashed by reading, not loaded
-
-
-def open_checkpoint(checkpoint: str) -> tuple[str, dict, Optional[str]]:
-    """(step folder, meta.json, config.yml text) of a checkpoint to export, with every rank file
-    verified: an edited config.yml or a bad rank file fails here, before anything is written."""
-    from ..zero_topo.checkpoint import read_config_yaml, read_meta, resolve
-
-    sp = resolve(checkpoint)
-    meta = read_meta(sp)
-    config_yaml = read_config_yaml(sp, meta)
-    verify_checkpoint_files(sp, meta)
-    return sp, meta, config_yaml
-
-
-def check_output_parent(path: str, flag: str = "--output") -> None:
-    """The folder an output goes into must exist (CheckpointError)."""
-    from ..zero_topo.checkpoint import CheckpointError
-
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise CheckpointError(f"{flag} {path}: directory {parent} does not exist")
-
-
-def iter_checkpoint_units(step_path: str, meta: dict, keys=("master",), verify: bool = True):
-    """Yield ``(unit index, state, params)`` one unit at a time: ``state`` is the unit's unpadded
-    flat fp32 ``keys`` (+ ``step``) as :func:`checkpoint.full_unit_state` reassembles it, ``params``
-    its ``[name, offset, numel, shape]`` table. The rank files are checked against meta.json once
-    (:func:`verify_checkpoint_files`; ``verify=False`` when the caller did), then memory-mapped
-    again per unit, so only the bytes of that unit's ``keys`` are read and nothing of the previous
-    unit stays mapped."""
-    from ..zero_topo import checkpoint as ckpt
-
-    if verify:
-        verify_checkpoint_files(step_path, meta)
-    checked = {k: v for k, v in meta.items() if k != "files"}  # no second digest pass per unit
-    for i, u in enumerate(meta["units"]):
-        state = ckpt.full_unit_state(step_path, checked, i, {}, keys)
-        yield i, state, u["params"]
-        del state
 
 
 class SafetensorsWriter:

@@ -4,14 +4,14 @@ expected an integer >= 1, got str 'abc'``), and every file an index names is res
 model folder (no absolute path, no ``..``, no symlink out, no FIFO or device).
 
 Only the fields' types and bounds are checked here; which values the model builder supports is
-decided by its reader (hf_import.model_keys_from_hf)."""
+decided by its reader (config.hf_config.model_keys_from_hf)."""
 from __future__ import annotations
 
 import json
 import math
 import os
 
-from ..config import ConfigError
+from ..config.options import ConfigError
 from ..safe_files import MIB, excerpt, inside, read_small_text
 
 CONFIG_CAP = 4 * MIB

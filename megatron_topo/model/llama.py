@@ -14,9 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..config import ModelConfig
+from ..config.schema import ModelConfig
 from .gpt_neox import rotary_inv_freq as _inv_freq  # the model's head size, rotary_pct and rotary_emb_base
-from .spec import OUTPUT, apply_rotary, init_by_role, rotary_tables
+from .spec_base import OUTPUT, apply_rotary, init_by_role, rotary_tables
 
 
 def gated(cfg) -> bool:
@@ -189,7 +189,7 @@ class Llama(nn.Module):
 
     @torch.no_grad()
     def init_parameters(self, module: nn.Module, seed: int = 1234) -> None:
-        """GPT-NeoX's init by role (``spec.init_by_role``): o_proj/down_proj take
+        """GPT-NeoX's init by role (``spec_base.init_by_role``): o_proj/down_proj take
         output_layer_init_method, every other weight init_method, norms 1, biases 0."""
         init_by_role(self, module, self.cfg, seed)
 

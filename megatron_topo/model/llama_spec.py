@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .llama import Llama, gated, kv_heads, mlp_bias, mlp_width
-from .spec import ModelSpec, register
+from .spec_base import ModelSpec
 
 HF_ACT = "silu"
 
@@ -70,7 +70,7 @@ class LlamaSpec(ModelSpec):
         return cfg.num_layers * layer + emb + h
 
     def forward_flops(self, cfg, sequences: float, seq_length=None, passes: float = 1.0) -> float:
-        """GPT-NeoX's count (``metrics.gpt_flops``) with the layer's own matmul weights P in place of
+        """GPT-NeoX's count (``model.gpt_neox.gpt_flops``) with the layer's own matmul weights P in place of
         its 12 h^2: ``passes * B * s * (2 L P + 4 L s h + 1.5 h V)`` (attention over the whole causal
         square, as GPT-NeoX counts it, whatever the sliding window)."""
         s = float(seq_length or cfg.seq_length)
@@ -116,7 +116,7 @@ class LlamaSpec(ModelSpec):
         """(``LlamaForCausalLM`` or, with a sliding window, ``MistralForCausalLM``, config dict) with the
         rotary base under every name a transformers version reads: ``rope_theta`` (4.x) and
         ``rope_parameters`` (5.x), ``rope_scaling: null``."""
-        from ..config import ConfigError
+        from ..config.options import ConfigError
 
         if cfg.rotary_pct != 1.0:
             raise ConfigError(f"rotary_pct {cfg.rotary_pct}: HF Llama/Mistral rotate every channel of a head; "
@@ -149,7 +149,7 @@ class LlamaSpec(ModelSpec):
         return arch, d
 
     def model_keys_from_hf(self, hf: dict, where: str) -> dict:
-        from ..config import ConfigError
+        from ..config.options import ConfigError
 
         try:
             return self._model_keys(hf, where)
@@ -158,7 +158,7 @@ class LlamaSpec(ModelSpec):
                               f"({type(e).__name__}: {e})") from None
 
     def _model_keys(self, hf: dict, where: str) -> dict:
-        from ..config import ConfigError
+        from ..config.options import ConfigError
 
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
@@ -191,5 +191,3 @@ class LlamaSpec(ModelSpec):
             sliding_window_width=int(window) if window else None,
         )
 
-
-register(LlamaSpec())

@@ -1,108 +1,25 @@
-"""Model specs: everything the package asks about an architecture, in one object per architecture.
-
-A :class:`ModelSpec` owns, for the ``ModelConfig`` it is given:
-
-- building the plain ``nn.Module`` (``build``) and its init rules by role (input / output
-  projection / norm / bias), so sharded init gives every parameter the value it has in the whole
-  model;
-- the parameter count (``param_count``, exact: equal to the built module's), the FLOPs of a forward
-  pass (``forward_flops``) and the activation bytes of a micro-batch (``activation_bytes``);
-- the ``ModelConfig`` keys that define its function (``arch_keys``: a resume must keep them);
-- the HuggingFace mapping both ways: tensor names, ``config.json`` out (``hf_config``) and in
-  (``model_keys_from_hf``).
+"""Which model spec builds a config: the architectures by name (:func:`register`), the spec of a
+``ModelConfig`` (:func:`spec_for`: ``model.arch`` when set, else derived from GPT-NeoX's keys,
+:func:`arch_of`) or of an HF ``config.json`` (:func:`spec_for_hf`), and the calls that go through it
+(:func:`build_model`, :func:`unit_numels`).
 
 The engine, the performance model, the preflight, the dry run and HF import/export ask the spec of
-a config (:func:`spec_for`); architectures are registered by name (:func:`register`). Which spec a
-config gets is ``model.arch`` when set, else derived from GPT-NeoX's keys (:func:`arch_of`).
+a config here; the interface every spec implements (``ModelSpec``) and the rules the architectures
+share are in :mod:`.spec_base`, the architectures in ``gpt_neox.py`` and ``llama_spec.py``.
 """
+
 from __future__ import annotations
 
-import math
-import zlib
-from typing import Iterable, Optional
+from typing import Optional
 
-import torch
 import torch.nn as nn
 
+from ..config.schema import ModelConfig
+from .gpt_neox import GPTNeoXSpec
+from .llama_spec import LlamaSpec
+from .spec_base import ModelSpec
+
 _SPECS: dict = {}
-
-# the roles an init rule is given by (a module's ``init_role`` marks its weight)
-INPUT, OUTPUT = "input", "output"
-
-
-class ModelSpec:
-    """The interface every architecture implements (see the module docstring)."""
-
-    name: str = ""
-    hf_model_types: tuple = ()
-
-    # ---------------------------------------------------------------- build
-    def module_class(self, cfg):  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def build(self, cfg, device="cpu", seed: Optional[int] = None) -> nn.Module:
-        """Build and initialise on ``device``. ``"meta"`` builds shapes only: the engine then
-        materialises and initialises one unit at a time (``init_parameters``)."""
-        with torch.device(device):
-            model = self.module_class(cfg)(cfg)
-        if str(device) != "meta":
-            model.init_weights(seed if seed is not None else 1234)
-        return model
-
-    def check(self, cfg) -> list:
-        """Problems (one line each) with ``cfg`` for this architecture; empty: it builds."""
-        return []
-
-    # ---------------------------------------------------------------- sizes
-    def param_count(self, cfg) -> int:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def layer_matmul_params(self, cfg) -> int:  # pragma: no cover - abstract
-        """Weights one layer multiplies every token by (biases and norms excluded)."""
-        raise NotImplementedError
-
-    def forward_flops(self, cfg, sequences: float, seq_length: Optional[int] = None,
-                      passes: float = 1.0) -> float:  # pragma: no cover - abstract
-        """Model FLOPs of ``passes`` forward passes over ``sequences`` sequences (3: forward and
-        backward, 4: with activation recompute), counted the way GPT-NeoX logs them."""
-        raise NotImplementedError
-
-    def activation_bytes(self, cfg, micro_batch: int, precision: str, recompute: bool) -> int:  # pragma: no cover
-        """Activations one micro-batch keeps for backward (``zero_topo.memory.activation_bytes``)."""
-        raise NotImplementedError
-
-    def unit_numels(self, cfg) -> list:
-        """Trainable parameters each unit the engine wraps holds (built on the meta device). A tied
-        weight counts once, in the first unit that has it, as the engine shards it."""
-        model = self.build(cfg, device="meta")
-        seen: set = set()
-        out = []
-        for u in model.shard_units():
-            ps = [p for p in u.parameters() if p.requires_grad and id(p) not in seen]
-            seen.update(id(p) for p in ps)
-            out.append(sum(p.numel() for p in ps))
-        return out
-
-    # ---------------------------------------------------------------- keys
-    arch_keys: tuple = ()
-
-    # ---------------------------------------------------------------- HF
-    def to_hf_key(self, name: str, head_name: Optional[str] = None) -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def from_hf_key(self, name: str) -> str:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def hf_head_name(self) -> str:  # pragma: no cover - abstract
-        """The output projection's name in the exported files."""
-        raise NotImplementedError
-
-    def hf_config(self, cfg) -> tuple:  # pragma: no cover - abstract
-        """(architecture class name, config.json dict) describing the same model."""
-        raise NotImplementedError
-
-    def model_keys_from_hf(self, hf: dict, where: str) -> dict:  # pragma: no cover - abstract
-        raise NotImplementedError
 
 
 def register(spec: ModelSpec) -> ModelSpec:
@@ -111,17 +28,11 @@ def register(spec: ModelSpec) -> ModelSpec:
 
 
 def names() -> list:
-    _load()
     return sorted(_SPECS)
 
 
 def get(name: str) -> ModelSpec:
-    _load()
     return _SPECS[name]
-
-
-def _load() -> None:
-    from . import gpt_neox, llama_spec  # noqa: F401  (each registers itself)
 
 
 def arch_of(cfg) -> str:
@@ -130,8 +41,11 @@ def arch_of(cfg) -> str:
     arch = getattr(cfg, "arch", None)
     if arch:
         return arch
-    if (getattr(cfg, "norm", "layernorm") == "rmsnorm" or getattr(cfg, "activation", "gelu") in ("swiglu", "silu")
-            or getattr(cfg, "mlp_type", "regular") == "llama"):
+    if (
+        getattr(cfg, "norm", "layernorm") == "rmsnorm"
+        or getattr(cfg, "activation", "gelu") in ("swiglu", "silu")
+        or getattr(cfg, "mlp_type", "regular") == "llama"
+    ):
         return "llama"
     return "gpt_neox"
 
@@ -143,94 +57,27 @@ def spec_for(cfg) -> ModelSpec:
 
 def spec_for_hf(hf: dict) -> Optional[ModelSpec]:
     """The spec whose HF ``model_type`` is ``hf['model_type']`` (None: no spec reads it)."""
-    _load()
     mt = hf.get("model_type")
     return next((s for s in _SPECS.values() if mt in s.hf_model_types), None)
 
 
 def hf_model_types() -> list:
-    _load()
     return [t for s in _SPECS.values() for t in s.hf_model_types]
 
 
-# ------------------------------------------------------------------------------ shared rules
-def rotary_inv_freq(head_size: int, rotary_pct: float, base: float, device=None) -> torch.Tensor:
-    rot = int(head_size * rotary_pct)
-    rot -= rot % 2
-    exps = torch.arange(0, rot, 2, dtype=torch.float, device=device) / max(rot, 1)
-    return 1.0 / (base ** exps)
+def build_model(cfg: ModelConfig, device="cpu", seed: int | None = None) -> nn.Module:
+    """Build and initialise the model ``cfg`` describes (its spec's ``build``) on ``device``.
+    ``"meta"`` builds shapes only: the engine then materialises and initialises one unit at a
+    time (``init_parameters``) and keeps only its shards, so no rank ever holds the whole model."""
+    return spec_for(cfg).build(cfg, device, seed)
 
 
-def rotary_tables(inv_freq: torch.Tensor, seq_len: int, device) -> tuple:
-    pos = torch.arange(seq_len, device=device, dtype=torch.float)
-    freqs = torch.outer(pos, inv_freq.to(device))
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
+def unit_numels(cfg: ModelConfig) -> list[int]:
+    """Trainable parameters each unit the engine wraps holds (built on the meta device: no memory).
+    A tied weight counts once, in the first unit that has it, as the engine shards it."""
+    return spec_for(cfg).unit_numels(cfg)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``cos.shape[-1]`` channels of each head; pass the rest through."""
-    rd = cos.shape[-1]
-    if rd == 0:
-        return x
-    x_rot, x_pass = x[..., :rd], x[..., rd:]
-    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
-
-
-def parameter_seed(seed: int, name: str) -> int:
-    """A 63-bit seed per (run seed, parameter name): stable across processes and Python runs."""
-    return (int(seed) * 0x9E3779B1 + zlib.crc32(name.encode())) % (2**63 - 1)
-
-
-def init_std(method: str, cfg) -> float:
-    h, n = cfg.hidden_size, cfg.num_layers
-    if method == "small_init":  # Nguyen & Salazar: sqrt(2 / (5 d))
-        return math.sqrt(2.0 / (5.0 * h))
-    if method == "wang_init":  # Wang (Mesh-Transformer-JAX): 2 / (n_layers * sqrt(d))
-        return 2.0 / (n * math.sqrt(h))
-    std = getattr(cfg, "init_method_std", 0.02)
-    if method == "normal":
-        return std
-    if method == "scaled_normal":  # GPT-NeoX / Megatron: std / sqrt(2 n_layers)
-        return std / math.sqrt(2.0 * n)
-    raise ValueError(f"unknown init method {method!r}")
-
-
-def is_norm(module: nn.Module) -> bool:
-    return isinstance(module, nn.LayerNorm) or getattr(module, "is_norm", False)
-
-
-@torch.no_grad()
-def init_by_role(model: nn.Module, module: nn.Module, cfg, seed: int) -> None:
-    """GPT-NeoX's init of ``module``'s parameters (``module`` is ``model`` or a part of it), in
-    place, by each parameter's role: a norm's weight 1 and its bias 0, every other bias 0, the
-    weight of a module marked ``init_role = "output"`` (the attention and MLP output projections)
-    ``output_layer_init_method``, every other weight (embeddings, input projections, the head)
-    ``init_method``. Each weight draws from its own generator seeded by ``seed`` and its name in
-    ``model``, so a module initialised alone (sharded init, one unit at a time) gets exactly the
-    values it gets inside the whole model, whatever the world size or plan."""
-    std = {INPUT: init_std(cfg.init_method, cfg), OUTPUT: init_std(cfg.output_layer_init_method, cfg)}
-    names = {id(p): n for n, p in model.named_parameters()}
-    done: set = set()
-    for mod in module.modules():
-        for leaf, p in mod.named_parameters(recurse=False):
-            if id(p) in done:  # a tied weight: once, under its first name
-                continue
-            done.add(id(p))
-            if leaf == "bias":
-                p.zero_()
-            elif is_norm(mod):
-                p.fill_(1.0)
-            elif p.device.type != "meta":
-                gen = torch.Generator(device=p.device)
-                gen.manual_seed(parameter_seed(seed, names[id(p)]))
-                p.normal_(0.0, std[getattr(mod, "init_role", INPUT)], generator=gen)
-
-
-def unique_numel(params: Iterable) -> int:
-    return sum(p.numel() for p in {id(p): p for p in params}.values())
+# the architectures, in this order (spec_for_hf and hf_model_types read them so)
+register(GPTNeoXSpec())
+register(LlamaSpec())

@@ -7,10 +7,17 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-from ..hf_import import is_hf_folder, load_hf_into_engine, load_weights_only
-from ..neox_checkpoint import is_neox_checkpoint, step_folder
-from ..neox_checkpoint import load_into_engine as load_neox_into_engine
+from ..config import load_config
+from ..config.hf_config import is_hf_folder
+from ..model.neox_checkpoint import is_neox_checkpoint, step_folder
 from ..zero_topo import checkpoint as ckpt
+from ..zero_topo.checkpoint.weights import load_hf_into_engine, load_neox_into_engine, load_weights_only
+from . import fault_injection
+
+
+def _read_config(path: str):
+    """One saved config.yml as a Config (the checkpoint package hands its parsing to the caller)."""
+    return load_config([path])
 
 
 @dataclass
@@ -100,7 +107,7 @@ class TrainerCheckpoints:
             load_neox_into_engine(self.engine, path, self.cfg.model.num_layers)
             self.log(f"fine-tuning from the GPT-NeoX checkpoint {step_folder(path)} (step 0, fresh optimizer)")
             return
-        st = load_weights_only(self.engine, path, self.cfg)
+        st = load_weights_only(self.engine, path, self.cfg, _read_config)
         keep = c.no_load_optim and not c.finetune and not c.finetune_from
         if keep:
             self.state = _train_state(st, path)
@@ -108,7 +115,7 @@ class TrainerCheckpoints:
 
     def _load(self, path: str):
         st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg,  # refuses another architecture
-                       unverified=self.cfg.checkpoint.load_unverified)
+                       unverified=self.cfg.checkpoint.load_unverified, read_config=_read_config)
         self.state = _train_state(st, path)
         if "python_rng" in st:
             random.seed(st["python_rng"])
@@ -132,7 +139,7 @@ class TrainerCheckpoints:
         trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
                          "consumed_valid": s.consumed_valid, "global_batch": self.batches_per_step}
         path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rt.rank,
-                         self.engine.comm.barrier, keep_last=c.keep_last)
+                         self.engine.comm.barrier, keep_last=c.keep_last, fault=fault_injection.maybe_fail)
         if self.lifecycle is not None:
             self.lifecycle.saved()  # the time-based interval restarts
         return path

@@ -12,9 +12,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import faults
 from ..config import Config, ConfigError
 from ..topology import Topology, launcher_env, topology_from_config
+from .heartbeat import Heartbeat
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Runtime:
     topo: Topology
     device: torch.device
     distributed: bool
-    heartbeat: Optional[object] = None  # faults.Heartbeat: names a vanished rank when a collective fails
+    heartbeat: Optional[object] = None  # heartbeat.Heartbeat: names a vanished rank when a collective fails
     strict: bool = False  # Comm checks that every collective's tensors live on ``device``
 
 
@@ -70,7 +70,7 @@ def setup_runtime(cfg: Config) -> Runtime:
                     f"the job id)") from None
             raise
     topo = topology_from_config(cfg.topology, world, env["local_world_size"])
-    heartbeat = faults.Heartbeat.start(rank, world) if distributed else None
+    heartbeat = Heartbeat.start(rank, world) if distributed else None
     return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)
 
 

@@ -10,18 +10,18 @@ from typing import Optional
 
 import torch
 
-from .. import fault_injection, lifecycle, preflight
+from .. import lifecycle, preflight
 from .. import metrics as M
 from ..analysis import autoplan
 from ..config import Config, ConfigError, DistributedConfig, check_batch_size, check_log_dir, note_lines, write_effective_config
-from ..hf_import import weights_source
+from ..config.hf_config import weights_source
 from ..model import build_model
 from ..zero_topo import checkpoint as ckpt
 from ..zero_topo import trace
 from ..zero_topo.comm import Comm
 from ..zero_topo.engine import ZeroTopoEngine
 from ..zero_topo.sharding import Plan, effective_config
-from . import auto_trials, step_sync
+from . import auto_trials, fault_injection, step_sync
 from .batches import Batches, build_data, learning_rate, loss_fn
 from .checkpoints import TrainerCheckpoints, TrainState
 from .runtime import Runtime, seed_everything

@@ -13,8 +13,9 @@ import functools
 from dataclasses import dataclass
 from typing import Optional
 
-from ..config import ConfigError, ZeroOptimizationBlock, ZeroTopoConfig
-from ..config.schema import AUTO_TRIAL_KEYS
+from ..config.deepspeed import ZeroOptimizationBlock
+from ..config.options import ConfigError
+from ..config.schema import AUTO_TRIAL_KEYS, ZeroTopoConfig
 from ..topology import Topology
 
 PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig", "paro_nig")

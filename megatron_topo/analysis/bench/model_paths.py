@@ -103,7 +103,7 @@ class Ours:
     name = "ours"
 
     def __init__(self, cfg: ModelConfig, args):
-        from megatron_topo.model.gpt_neox import build_model
+        from megatron_topo.model import build_model
         from megatron_topo.topology import Topology
         from megatron_topo.zero_topo.comm import Comm
         from megatron_topo.zero_topo.engine import ZeroTopoEngine

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ...config import ModelConfig, TopologyConfig, ZeroTopoConfig
-from ...metrics import gpt_flops
+from ...model.gpt_neox import gpt_flops
 from ...topology import Topology
 from ...zero_topo.sharding import Plan, resolve_plan
 
@@ -53,7 +53,7 @@ class Shape:
         return self.num_layers + 2
 
     def forward_flops(self, micro_batch: int) -> float:
-        """One forward pass of a micro-batch (the spec's count; GPT-NeoX: ``metrics.gpt_flops``, the
+        """One forward pass of a micro-batch (the spec's count; GPT-NeoX: ``model.gpt_neox.gpt_flops``, the
         formula GPT-NeoX logs)."""
         if self.model is not None:
             from ...model.spec import spec_for

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
-from ... import fault_injection
 from ...atomic import fsync_dir
 from ..layout import shard_index
 from . import storage
@@ -54,8 +53,10 @@ def _gather_digests(engine: ZeroTopoEngine, item: bytes) -> list[bytes]:
 
 
 def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, config_yaml: str, rank: int,
-         barrier: Callable[[], None], keep_last: int = 2) -> str:
-    """Collective: every rank calls it. Returns the final step directory."""
+         barrier: Callable[[], None], keep_last: int = 2, fault: Optional[Callable[..., None]] = None) -> str:
+    """Collective: every rank calls it. Returns the final step directory. ``fault(point, rank=,
+    step=)`` is called at the two kill points ``save`` and ``publish`` (the trainer passes the test
+    fault injection's ``maybe_fail``; None: nothing)."""
     final = storage.step_dir(root, step)
     tmp = os.path.join(root, f".tmp_global_step{step}")
     if rank == 0:
@@ -93,14 +94,15 @@ def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, conf
         failure = None
     except (OSError, RuntimeError) as e:  # a full disk: every rank learns of it through the gather
         size, digest, failure = _FAILED, "00" * 32, storage.write_failure(e, tmp)
-    fault_injection.maybe_fail("save", rank=rank, step=step)
+    if fault is not None:
+        fault("save", rank=rank, step=step)
     records = _gather_digests(engine, size.to_bytes(8, "little") + bytes.fromhex(digest))
     failed = [r for r, rec in enumerate(records) if int.from_bytes(rec[:8], "little") == _FAILED]
     if failed:
         _abandon_save(root, tmp, rank, step, failed, failure)
     try:
         if rank == 0:
-            _publish(engine, root, tmp, final, step, trainer_state, config_yaml, records, keep_last)
+            _publish(engine, root, tmp, final, step, trainer_state, config_yaml, records, keep_last, fault)
         ok = True
     except OSError as e:
         ok, failure = False, storage.write_failure(e, root)
@@ -126,7 +128,8 @@ def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list[int], 
 
 
 def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int, trainer_state: dict,
-             config_yaml: str, records: list[bytes], keep_last: int) -> None:
+             config_yaml: str, records: list[bytes], keep_last: int,
+             fault: Optional[Callable[..., None]] = None) -> None:
     """Rank 0: meta.json + config.yml, then the atomic renames and ``latest``."""
     files = {os.path.basename(storage.rank_file(tmp, r)): {"bytes": int.from_bytes(rec[:8], "little"),
                                                    "sha256": rec[8:].hex()}
@@ -147,7 +150,8 @@ def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int,
     meta["config"] = {"file": "config.yml", "bytes": len(cfg_bytes), "sha256": hashlib.sha256(cfg_bytes).hexdigest()}
     storage._atomic_write_bytes(os.path.join(tmp, "config.yml"), cfg_bytes)
     storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
-    fault_injection.maybe_fail("publish", rank=0, step=step)
+    if fault is not None:
+        fault("publish", rank=0, step=step)
     if os.path.isdir(final):  # re-saving the same step: move the old one aside first
         old = final + ".old"
         shutil.rmtree(old, ignore_errors=True)
@@ -182,25 +186,26 @@ def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
                 f"model (unit {i}); the model config differs from the one that was saved")
 
 
-def _saved_config(sp: str, meta: dict) -> Optional[Config]:
-    """The Config the checkpoint was saved with, or None when it has no config.yml."""
-    from ...config import ConfigError, load_config
+def _saved_config(sp: str, meta: dict, read_config: Callable[[str], Config]) -> Optional[Config]:
+    """The Config the checkpoint was saved with, or None when it has no config.yml. The package
+    parses no config: ``read_config(path)`` does (the caller's ``config.load_config`` on one file)."""
+    from ...config.options import ConfigError
 
     text = read_config_yaml(sp, meta)
     if text is None:
         return None
     try:
-        return load_config([os.path.join(sp, "config.yml")])
+        return read_config(os.path.join(sp, "config.yml"))
     except ConfigError as e:
         raise CheckpointError(f"{os.path.join(sp, 'config.yml')}: {e}") from None
 
 
-def architecture_diff(sp: str, meta: dict, cfg: Config) -> list[str]:
+def architecture_diff(sp: str, meta: dict, cfg: Config, read_config: Callable[[str], Config]) -> list[str]:
     """``key saved -> now`` for every architecture key (of either model spec) the run's model
-    config changes (empty when the checkpoint has no config.yml)."""
+    config changes (empty when the checkpoint has no config.yml, which ``read_config`` parses)."""
     from ...model.spec import spec_for
 
-    saved = _saved_config(sp, meta)
+    saved = _saved_config(sp, meta, read_config)
     if saved is None:
         return []
     keys = dict.fromkeys((*spec_for(saved.model).arch_keys, *spec_for(cfg.model).arch_keys))
@@ -208,10 +213,10 @@ def architecture_diff(sp: str, meta: dict, cfg: Config) -> list[str]:
             if getattr(saved.model, k) != getattr(cfg.model, k)]
 
 
-def check_resume(sp: str, meta: dict, cfg: Config) -> None:
+def check_resume(sp: str, meta: dict, cfg: Config, read_config: Callable[[str], Config]) -> None:
     """A resume must keep the architecture (every key of the model spec's arch_keys; the plan, world size and
     precision may change) and have steps left to train."""
-    diff = architecture_diff(sp, meta, cfg)
+    diff = architecture_diff(sp, meta, cfg, read_config)
     if diff:
         raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
                               f"resume with the saved values or start a new run (another plan or world size "
@@ -223,15 +228,18 @@ def check_resume(sp: str, meta: dict, cfg: Config) -> None:
 
 
 def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = False,
-         config: Optional[Config] = None, unverified: bool = False) -> dict:
+         config: Optional[Config] = None, unverified: bool = False,
+         read_config: Optional[Callable[[str], Config]] = None) -> dict:
     """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json.
-    With ``config`` (the run's Config), a changed architecture or a ``train_iters`` below the
-    saved step is refused first."""
+    With ``config`` (the run's Config) and ``read_config`` (parses the saved config.yml), a changed
+    architecture or a ``train_iters`` below the saved step is refused first."""
+    if config is not None and read_config is None:
+        raise TypeError("checkpoint.load: config needs read_config (config.load_config on one file)")
     sp = storage.resolve(path)
     meta = storage.read_meta(sp, unverified=unverified)
     check_compatible(sp, meta, unit_table(engine))
     if config is not None:
-        check_resume(sp, meta, config)
+        check_resume(sp, meta, config, read_config)
     same = meta["world_size"] == engine.topo.world_size and meta["plan"] == asdict(engine.plan)
     if strict_world and not same:
         raise CheckpointError(f"{sp}: saved on {meta['world_size']} ranks with another plan")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
@@ -14,7 +14,7 @@ from . import storage
 from .storage import STATE_KEYS, CheckpointError
 
 if TYPE_CHECKING:
-    from ...config import ModelConfig
+    from ...config import Config, ModelConfig
 
 
 # ------------------------------------------------------------------------------- units
@@ -141,15 +141,16 @@ def read_full_state(path: str, keys: Sequence[str] = STATE_KEYS) -> dict:
             "adam_step": steps, "units": units}
 
 
-def load_model_config(state: dict) -> ModelConfig:
-    """The ModelConfig a checkpoint was saved with (from its config.yml, via the safe loader)."""
-    from ...config import ConfigError, load_config
+def load_model_config(state: dict, read_config: Callable[[str], Config]) -> ModelConfig:
+    """The ModelConfig a checkpoint was saved with: its config.yml parsed by ``read_config`` (the
+    caller's ``config.load_config`` on one file, the safe loader; the package parses no config)."""
+    from ...config.options import ConfigError
 
     sp = state["step_dir"]
     path = os.path.join(sp, "config.yml")
     if state.get("config_yaml") is None:
         raise CheckpointError(f"{sp} has no config.yml; cannot tell the model's shape")
     try:
-        return load_config([path]).model
+        return read_config(path).model
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None

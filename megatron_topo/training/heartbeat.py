@@ -5,7 +5,8 @@ connection, bumped by a daemon thread once a second). When a collective fails, t
 the counters twice a few seconds apart: a rank whose counter stopped and who did not announce a
 deliberate exit is the one that vanished. :func:`describe_failure` turns the backend's error into
 one line naming that rank (or, when the store itself is gone, the store's host), the peer
-address from the error and the collective time-out. Test fault injection is in fault_injection.py.
+address from the error and the collective time-out. Test fault injection is in
+training/fault_injection.py.
 """
 from __future__ import annotations
 

@@ -10,10 +10,11 @@ L+4 the output layer (``final_linear``; the embedding again when tied).
 
 The weights of a model-parallel-1 checkpoint are imported with GPT-NeoX's ``finetune`` semantics
 (step 0, a fresh optimizer: DeepSpeed's optimizer shards are another format), through the same
-unit-by-unit loader as an HF folder; the architecture comes from the config files (the
-checkpoint carries no config) and every tensor's shape is checked. Other checkpoints are refused
-with the conversion path: GPT-NeoX's ``tools/ckpts/convert_neox_to_hf.py`` (merges model-parallel
-shards) and then ``finetune_from`` the HF folder.
+unit-by-unit loader as an HF folder (``zero_topo/checkpoint/weights.py``); the architecture comes
+from the config files (the checkpoint carries no config) and every tensor's shape is checked.
+Other checkpoints are refused with the conversion path: GPT-NeoX's
+``tools/ckpts/convert_neox_to_hf.py`` (merges model-parallel shards) and then ``finetune_from`` the
+HF folder.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from .config import ConfigError
+from ..config.options import ConfigError
 
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
 MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
@@ -88,7 +89,7 @@ def check(path: str, key: str, finetune: bool) -> list:
 
 class NeoxWeights:
     """The tensors of a model-parallel-1 GPT-NeoX checkpoint under HF GPT-NeoX names (``names``,
-    ``get``, as hf_import.HFWeights), read one layer file at a time (memory-mapped)."""
+    ``get``, as model.hf_weights.HFWeights), read one layer file at a time (memory-mapped)."""
 
     def __init__(self, path: str, num_layers: int):
         self.path = path
@@ -156,10 +157,3 @@ class NeoxWeights:
     def get(self, hf_name: str) -> torch.Tensor:
         name, key = self._where[hf_name]
         return self._load(name)[key]
-
-
-def load_into_engine(engine, path: str, num_layers: int) -> None:
-    """The checkpoint's weights into every unit's master shard (each rank reads only its ranges)."""
-    from .hf_import import load_hf_into_engine
-
-    load_hf_into_engine(engine, path, weights=NeoxWeights(path, num_layers))

@@ -15,7 +15,8 @@
 means every rank. A malformed spec is a ConfigError.
 
 With the variable set, :func:`install` wraps the trainer's per-micro-batch loss and backward; the
-normal loop calls nothing here. Checkpoint saving calls :func:`maybe_fail` at its two kill points.
+normal loop calls nothing here. Checkpoint saving calls :func:`maybe_fail` at its two kill points (the
+trainer hands it to ``checkpoint.save`` as its ``fault`` callback).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from .config import ConfigError
+from ..config.options import ConfigError
 
 ENV = "MEGATRON_TOPO_FAULT"
 KINDS = ("kill", "nan", "inf")

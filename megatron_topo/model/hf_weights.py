@@ -1,0 +1,57 @@
+"""Single tensors of an HF model folder by HF name: safetensors files are opened lazily (one tensor
+at a time), ``pytorch_model.bin`` files are memory-mapped (``torch.load(mmap=True)``)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..config.options import ConfigError
+from . import hf_schema
+
+
+class HFWeights:
+    """Read single tensors by HF name from safetensors (lazily) or pytorch_model.bin (mmap) files."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._where: dict[str, str] = {}
+        self._open: dict = {}
+        for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            p = os.path.join(path, index)
+            if os.path.isfile(p):
+                self._where = hf_schema.read_weight_map(path, index)  # files inside `path` only
+                break
+        else:
+            for name in ("model.safetensors", "pytorch_model.bin"):
+                p = os.path.join(path, name)
+                if os.path.isfile(p):
+                    for k in self._keys(name):
+                        self._where[k] = name
+                    break
+
+    def _file(self, name: str):
+        if name not in self._open:
+            p = os.path.join(self.path, name)
+            try:
+                if name.endswith(".safetensors"):
+                    from safetensors import safe_open
+
+                    self._open[name] = safe_open(p, framework="pt")
+                else:
+                    self._open[name] = torch.load(p, map_location="cpu", mmap=True, weights_only=True)
+            except Exception as e:  # a damaged or foreign file: one line
+                raise ConfigError(f"{p}: cannot read the weights ({type(e).__name__}: {e})") from None
+        return self._open[name]
+
+    def _keys(self, name: str):
+        f = self._file(name)
+        return list(f.keys())
+
+    def names(self) -> list:
+        return list(self._where)
+
+    def get(self, hf_name: str) -> torch.Tensor:
+        f = self._file(self._where[hf_name])
+        return f.get_tensor(hf_name) if hasattr(f, "get_tensor") else f[hf_name]
