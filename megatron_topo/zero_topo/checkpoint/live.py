@@ -14,10 +14,9 @@ import torch
 
 from ... import fault_injection
 from ...atomic import fsync_dir
-from ..layout import shard_index
 from . import storage
 from .offline import read_config_yaml, unit_state_range
-from .storage import FORMAT_VERSION, LATEST, STATE_KEYS, CheckpointError
+from .storage import FORMAT_VERSION, LATEST, CheckpointError
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -28,12 +27,8 @@ _FAILED = (1 << 64) - 1  # a rank's size record when its write failed
 
 # ------------------------------------------------------------------------------- tables
 def unit_table(engine: ZeroTopoEngine) -> list[dict]:
-    names = {id(p): n for n, p in engine.module.named_parameters()}
-    return [
-        {"padded": u.layout.padded, "numel": u.numel,
-         "params": [[names[id(s.param)], s.offset, s.numel, list(s.shape)] for s in u.specs]}
-        for u in engine.units
-    ]
+    """The engine's unit parameter tables, as meta.json records them."""
+    return engine.unit_table()
 
 
 # ------------------------------------------------------------------------------- save
@@ -65,28 +60,19 @@ def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, conf
         os.makedirs(tmp)
     barrier()
     holder = rank < engine.plan.optimizer_factor
-    shards = []
-    for i, u in enumerate(engine.units):
-        lo, hi = u.optim_range
-        entry = {"unit": i, "lo": lo, "hi": hi, "padded": u.layout.padded, "numel": u.numel}
-        if holder:
-            st = engine.optimizer.shard_state(i)
-            entry.update({k: (engine.comm.to_host(v).clone() if torch.is_tensor(v) else v) for k, v in st.items()})
-        shards.append(entry)
+    state = engine.state_dict(optimizer=holder)
     payload = {
         "format": FORMAT_VERSION,
         "rank": rank,
         "step": step,
         "holder": holder,
-        "shards": shards,
+        "shards": state["shards"],
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-        "scaler": engine.scaler.state_dict() if engine.scaler else None,
+        "scaler": state["scaler"],
         # this rank's error-feedback residuals (zero_topo.error_feedback); only a resume on the
         # same world and plan restores them (resharded, they start from zero)
-        "error_feedback": [{k: None if t is None else engine.comm.to_host(t).clone()
-                            for k, t in (("reduce", u.ef_reduce), ("combine", u.ef_combine))}
-                           for u in engine.units] if engine.plan.error_feedback else None,
+        "error_feedback": state["error_feedback"],
     }
     try:
         size, digest = storage.atomic_torch_save(payload, storage.rank_file(tmp, rank))
@@ -241,8 +227,8 @@ def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = Fals
         own = storage.load_rank_file(sp, rank, meta)
         src = own if rank < holders else storage.load_rank_file(sp, rank % holders, meta)
     files: dict = {}
-    for i, u in enumerate(engine.units):
-        lo, hi = u.optim_range
+    shards = []
+    for i, (lo, hi) in enumerate(engine.shard_ranges()):
         if own is not None:
             sh = src["shards"][i]
             if (int(sh["lo"]), int(sh["hi"])) != (lo, hi):
@@ -255,54 +241,23 @@ def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = Fals
             st["step"] = sh.get("step")
         else:  # another plan or world size: read only the saved shards overlapping [lo, hi)
             st = unit_state_range(sp, meta, i, lo, hi, files)
-        dev = engine.optimizer.params[i].device
-        has_moments = st["step"] is not None and "exp_avg" in st and "exp_avg_sq" in st
-        engine.optimizer.load_shard_state(
-            i, st["master"].to(dev), st["exp_avg"].to(dev) if has_moments else None,
-            st["exp_avg_sq"].to(dev) if has_moments else None, st["step"])
+        shards.append(st)
+    state = {"shards": shards, "scaler": None, "error_feedback": None}
     if own is None and engine.scaler:
         first = files.get(0) or storage.load_rank_file(sp, 0, meta)  # the scaler state is the same on every rank
-        if first.get("scaler"):
-            engine.scaler.load_state_dict(first["scaler"])
+        state["scaler"] = first.get("scaler")
     if own is not None:
         torch.set_rng_state(own["rng"]["torch"])
         if own["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(own["rng"]["cuda"])
-        if engine.scaler and own.get("scaler"):
-            engine.scaler.load_state_dict(own["scaler"])
-        if engine.plan.error_feedback and own.get("error_feedback"):
-            for u, ef in zip(engine.units, own["error_feedback"]):
-                u.ef_reduce = None if ef["reduce"] is None else ef["reduce"].to(u.device, copy=True)
-                u.ef_combine = None if ef["combine"] is None else ef["combine"].to(u.device, copy=True)
-    engine.republish()
+        state["scaler"], state["error_feedback"] = own.get("scaler"), own.get("error_feedback")
+    engine.load_state_dict(state)
     return meta["trainer"]
 
 
 # ------------------------------------------------------------------------------- live state
-@torch.no_grad()
 def gather_full_state(engine: ZeroTopoEngine) -> list[dict]:
     """Collective: every unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) as the
-    engine holds them now, gathered over the optimizer group (tests, live export). The engine's
-    traffic counters are left as they were."""
-    saved = dict(engine.comm.bytes)
-    out = []
-    grp = engine.groups.optim
-    for i, u in enumerate(engine.units):
-        st = engine.optimizer.shard_state(i)
-        keys = [k for k in STATE_KEYS if st[k] is not None]
-        n = st["master"].numel()
-        local = torch.cat([st[k].detach().float().reshape(-1) for k in keys])
-        tmp = torch.empty(local.numel() * grp.size, dtype=torch.float32, device=local.device)
-        engine.comm.all_gather(tmp, local, grp)
-        parts = tmp.view(grp.size, len(keys), n)
-        entry = {"step": None if st["step"] is None else float(st["step"])}
-        entry.update({k: None for k in STATE_KEYS})
-        for a, k in enumerate(keys):
-            full = torch.empty(n * u.plan.optimizer_factor, dtype=torch.float32, device=local.device)
-            for j, r in enumerate(grp.ranks):
-                s = shard_index(r, u.layout.chain())
-                full[s * n:(s + 1) * n].copy_(parts[j, a])
-            entry[k] = full[:u.numel].cpu()
-        out.append(entry)
-    engine.comm.bytes.update(saved)
-    return out
+    engine holds them now, gathered over the optimizer group (tests, live export); the engine's
+    traffic counters are left as they were (:meth:`~..engine.ZeroTopoEngine.full_state`)."""
+    return engine.full_state()

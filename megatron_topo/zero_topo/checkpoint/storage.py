@@ -40,6 +40,7 @@ import torch
 from ... import safe_files
 from ...atomic import atomic_open, write_bytes
 from ...atomic import remove_quietly as _remove_quietly
+from ..engine_state import STATE_KEYS  # the optimizer state a shard holds, as the engine names it
 from . import meta_schema
 
 LATEST = "latest"
@@ -49,7 +50,6 @@ SUPPORTED_FORMATS = (1, 2)  # a missing "format" is 1
 # plan, world size, precision, seq_length, dropout and init keys may change: that is resharding/tuning)
 ARCH_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "rotary_pct", "rotary_emb_base",
              "gpt_j_residual", "no_weight_tying", "norm", "layernorm_epsilon")
-STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
 LATEST_CAP = 4 * safe_files.KIB  # 'global_stepN' and a newline
 META_CAP = 256 * safe_files.MIB  # a unit table of some 10**6 parameters fits many times over
 
