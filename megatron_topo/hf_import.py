@@ -184,9 +184,7 @@ def load_weights_only(engine, path: str, config=None) -> dict:
             f"the saved architecture: use the saved values, or set finetune_architecture_change: true to "
             f"change it deliberately")
     files: dict = {}
-    for i, u in enumerate(engine.units):
-        lo, hi = u.optim_range
-        st = ckpt.unit_state_range(sp, meta, i, lo, hi, files, keys=("master",))
-        engine.optimizer.load_shard_state(i, st["master"].to(engine.optimizer.params[i].device), None, None, None)
-    engine.republish()
-    return meta["trainer"]
+    masters = ({"master": ckpt.unit_state_range(sp, meta, i, lo, hi, files, keys=("master",))["master"], "step": None}
+               for i, (lo, hi) in enumerate(engine.shard_ranges()))  # one unit read at a time
+    engine.load_state_dict({"shards": masters})  # the weights alone: a fresh optimizer
+    return meta.trainer

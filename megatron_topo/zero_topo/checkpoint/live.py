@@ -15,6 +15,7 @@ import torch
 from ... import fault_injection
 from ...atomic import fsync_dir
 from . import storage
+from .meta_schema import FileRecord, Meta, TrainerState, UnitRecord
 from .offline import read_config_yaml, unit_state_range
 from .storage import FORMAT_VERSION, LATEST, CheckpointError
 
@@ -48,7 +49,7 @@ def _gather_digests(engine: ZeroTopoEngine, item: bytes) -> list[bytes]:
     return records
 
 
-def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, config_yaml: str, rank: int,
+def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: TrainerState, config_yaml: str, rank: int,
          barrier: Callable[[], None], keep_last: int = 2) -> str:
     """Collective: every rank calls it. Returns the final step directory."""
     final = storage.step_dir(root, step)
@@ -111,28 +112,18 @@ def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list[int], 
                           f"removed and {prev}; free disk space (or set save elsewhere) and resume")
 
 
-def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int, trainer_state: dict,
+def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int, trainer_state: TrainerState,
              config_yaml: str, records: list[bytes], keep_last: int) -> None:
     """Rank 0: meta.json + config.yml, then the atomic renames and ``latest``."""
-    files = {os.path.basename(storage.rank_file(tmp, r)): {"bytes": int.from_bytes(rec[:8], "little"),
-                                                   "sha256": rec[8:].hex()}
+    files = {os.path.basename(storage.rank_file(tmp, r)): FileRecord(int.from_bytes(rec[:8], "little"), rec[8:].hex())
              for r, rec in enumerate(records)}
-    meta = {
-        "format": FORMAT_VERSION,
-        "step": step,
-        "world_size": engine.topo.world_size,
-        "topology": asdict(engine.topo),
-        "plan": asdict(engine.plan),
-        "precision": engine.precision,
-        "shard_holders": engine.plan.optimizer_factor,
-        "units": unit_table(engine),
-        "trainer": trainer_state,
-        "files": files,
-    }
     cfg_bytes = config_yaml.encode()
-    meta["config"] = {"file": "config.yml", "bytes": len(cfg_bytes), "sha256": hashlib.sha256(cfg_bytes).hexdigest()}
+    meta = Meta(FORMAT_VERSION, step, engine.topo.world_size, asdict(engine.plan), engine.plan.optimizer_factor,
+                [UnitRecord.of(u) for u in unit_table(engine)], trainer_state, files,
+                config=FileRecord(len(cfg_bytes), hashlib.sha256(cfg_bytes).hexdigest()),
+                topology=asdict(engine.topo), precision=engine.precision)
     storage._atomic_write_bytes(os.path.join(tmp, "config.yml"), cfg_bytes)
-    storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
+    storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta.to_record(), indent=1).encode())
     fault_injection.maybe_fail("publish", rank=0, step=step)
     if os.path.isdir(final):  # re-saving the same step: move the old one aside first
         old = final + ".old"
@@ -149,14 +140,14 @@ def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int,
 
 
 # ------------------------------------------------------------------------------- load
-def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
+def check_compatible(sp: str, meta: Meta, mine: list[dict]) -> None:
     """The checkpoint's unit parameter tables must equal the model's (names, offsets, shapes)."""
-    if len(meta["units"]) != len(mine):
+    if len(meta.units) != len(mine):
         raise CheckpointError(
-            f"{sp}: checkpoint has {len(meta['units'])} units, the model has {len(mine)} (different num_layers?)"
+            f"{sp}: checkpoint has {len(meta.units)} units, the model has {len(mine)} (different num_layers?)"
         )
-    for i, (a, b) in enumerate(zip(meta["units"], mine)):
-        pa = [[p[0], p[1], p[2], list(p[3])] for p in a["params"]]
+    for i, (a, b) in enumerate(zip(meta.units, mine)):
+        pa = [p.to_record() for p in a.params]
         pb = [[p[0], p[1], p[2], list(p[3])] for p in b["params"]]
         if pa != pb:
             if len(pa) != len(pb):
@@ -168,7 +159,7 @@ def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
                 f"model (unit {i}); the model config differs from the one that was saved")
 
 
-def _saved_config(sp: str, meta: dict) -> Optional[Config]:
+def _saved_config(sp: str, meta: Meta) -> Optional[Config]:
     """The Config the checkpoint was saved with, or None when it has no config.yml."""
     from ...config import ConfigError, load_config
 
@@ -181,7 +172,7 @@ def _saved_config(sp: str, meta: dict) -> Optional[Config]:
         raise CheckpointError(f"{os.path.join(sp, 'config.yml')}: {e}") from None
 
 
-def architecture_diff(sp: str, meta: dict, cfg: Config) -> list[str]:
+def architecture_diff(sp: str, meta: Meta, cfg: Config) -> list[str]:
     """``key saved -> now`` for every architecture key (of either model spec) the run's model
     config changes (empty when the checkpoint has no config.yml)."""
     from ...model.spec import spec_for
@@ -194,7 +185,7 @@ def architecture_diff(sp: str, meta: dict, cfg: Config) -> list[str]:
             if getattr(saved.model, k) != getattr(cfg.model, k)]
 
 
-def check_resume(sp: str, meta: dict, cfg: Config) -> None:
+def check_resume(sp: str, meta: Meta, cfg: Config) -> None:
     """A resume must keep the architecture (every key of the model spec's arch_keys; the plan, world size and
     precision may change) and have steps left to train."""
     diff = architecture_diff(sp, meta, cfg)
@@ -202,14 +193,14 @@ def check_resume(sp: str, meta: dict, cfg: Config) -> None:
         raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
                               f"resume with the saved values or start a new run (another plan or world size "
                               f"is fine)")
-    step = int(meta["step"])
+    step = meta.step
     if cfg.train.train_iters < step:
         raise CheckpointError(f"{sp} is at step {step} but train_iters is {cfg.train.train_iters}; set "
                               f"train_iters above {step} to continue training (nothing was loaded or written)")
 
 
 def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = False,
-         config: Optional[Config] = None, unverified: bool = False) -> dict:
+         config: Optional[Config] = None, unverified: bool = False) -> TrainerState:
     """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json.
     With ``config`` (the run's Config), a changed architecture or a ``train_iters`` below the
     saved step is refused first."""
@@ -218,10 +209,10 @@ def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = Fals
     check_compatible(sp, meta, unit_table(engine))
     if config is not None:
         check_resume(sp, meta, config)
-    same = meta["world_size"] == engine.topo.world_size and meta["plan"] == asdict(engine.plan)
+    same = meta.world_size == engine.topo.world_size and meta.plan == asdict(engine.plan)
     if strict_world and not same:
-        raise CheckpointError(f"{sp}: saved on {meta['world_size']} ranks with another plan")
-    holders = int(meta.get("shard_holders") or meta["world_size"])
+        raise CheckpointError(f"{sp}: saved on {meta.world_size} ranks with another plan")
+    holders = meta.holders
     own = None
     if same:
         own = storage.load_rank_file(sp, rank, meta)
@@ -252,7 +243,7 @@ def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = Fals
             torch.cuda.set_rng_state_all(own["rng"]["cuda"])
         state["scaler"], state["error_feedback"] = own.get("scaler"), own.get("error_feedback")
     engine.load_state_dict(state)
-    return meta["trainer"]
+    return meta.trainer
 
 
 # ------------------------------------------------------------------------------- live state
