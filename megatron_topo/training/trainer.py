@@ -15,12 +15,12 @@ from .. import metrics as M
 from ..config import Config, note_lines, write_effective_config
 from ..zero_topo import checkpoint as ckpt
 from ..zero_topo.sharding import effective_config
+from . import start as run_start
 from . import step_sync
 from .batches import Batches, build_data, learning_rate, loss_fn
 from .checkpoints import Checkpointer, TrainState
 from .log_window import LogWindow
 from .runtime import Runtime
-from . import start as run_start
 from .start import RunStart, choose_plan
 from .step import run_step
 

@@ -23,7 +23,8 @@ from .storage import (ARCH_KEYS, FORMAT_VERSION, LATEST, STATE_KEYS, SUPPORTED_F
 
 __all__ = [
     "ARCH_KEYS", "FORMAT_VERSION", "architecture_diff", "LATEST", "STATE_KEYS", "SUPPORTED_FORMATS", "CheckpointError",
-    "FileRecord", "Meta", "ParamRecord", "TrainerState", "UnitRecord", "check_compatible", "check_output_outside", "check_resume", "check_save_dir", "file_digest",
+    "FileRecord", "Meta", "ParamRecord", "TrainerState", "UnitRecord", "check_compatible", "check_output_outside",
+    "check_resume", "check_save_dir", "file_digest",
     "full_unit_state", "gather_full_state", "holds_checkpoints", "load", "load_model_config",
     "load_rank_file", "rank_file", "read_config_yaml", "read_full_state", "read_meta", "resolve", "save",
     "step_dir", "unit_state_range", "unit_table",

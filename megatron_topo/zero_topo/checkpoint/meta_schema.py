@@ -72,7 +72,8 @@ class UnitRecord:
     @classmethod
     def of(cls, table: dict) -> UnitRecord:
         """From an engine's unit table entry (:meth:`~..engine.ZeroTopoEngine.unit_table`)."""
-        return cls(table["numel"], table["padded"], [ParamRecord(n, o, k, tuple(sh)) for n, o, k, sh in table["params"]])
+        params = [ParamRecord(n, o, k, tuple(sh)) for n, o, k, sh in table["params"]]
+        return cls(table["numel"], table["padded"], params)
 
 
 @dataclass
