@@ -162,7 +162,7 @@ def _timed_with_step_sync(rank, world, tmp):
     import time
 
     from megatron_topo.training import step_sync
-    from megatron_topo.training.trainer import build_engine, new_comm
+    from megatron_topo.training.start import build_engine, new_comm
     cfg = _config(tmp, ZeroTopoConfig(preset="ddp"), 1, "sync")
     cfg.logging.log_interval = 2
     rt = local_runtime(rank, world)
@@ -246,7 +246,7 @@ def test_timing_settings_need_preset_auto_and_are_not_recorded(tmp_path):
 def _live_groups(rank, world, tmp):
     import torch.distributed as dist
 
-    from megatron_topo.training import trainer as trainer_mod
+    from megatron_topo.training import start as trainer_mod
     cfg = _config(tmp, ZeroTopoConfig(preset="auto", auto_trials=3), 1, "groups")
     made = []
     real = trainer_mod.build_engine

@@ -96,8 +96,8 @@ def test_resume_topo_on_8_ranks_is_bit_exact(tmp_path):
     lb = [json.loads(x)["loss"] for x in open(tmp_path / "second" / "metrics.jsonl")]
     assert la[2:] == lb and len(lb) == 2, (la, lb)
     meta = ckpt.read_meta(ckpt.resolve(str(tmp_path / "ck")))
-    assert meta["world_size"] == 8 and meta["topology"] == {"world_size": 8, "gcds_per_gpu": 2, "gpus_per_node": 2}
-    assert len(meta["files"]) == 8
+    assert meta.world_size == 8 and meta.topology == {"world_size": 8, "gcds_per_gpu": 2, "gpus_per_node": 2}
+    assert len(meta.files) == 8
 
 
 # ------------------------------------------------------------------------------------ tools

@@ -89,7 +89,7 @@ def _run(rank, world, root, save: bool, load_tags, truths):
             train_steps(eng, rank, steps=STEPS[world], accum=1)
             live = ckpt.gather_full_state(eng)
             tag = f"{plan}_w{world}"
-            ckpt.save(eng, str(root / tag), STEPS[world], {"step": STEPS[world]}, "", rank, _barrier)
+            ckpt.save(eng, str(root / tag), STEPS[world], ckpt.TrainerState(STEPS[world]), "", rank, _barrier)
             # what is on disk is exactly the live state
             failures += _compare(f"live {tag}", plan, world, live, _truth(str(root / tag)))
         engines[plan] = eng
@@ -101,7 +101,7 @@ def _run(rank, world, root, save: bool, load_tags, truths):
     for plan, eng in engines.items():
         for tag in load_tags:
             trainer = ckpt.load(eng, str(root / tag), rank)
-            assert trainer["step"] == STEPS[int(tag.rsplit("_w", 1)[1])]
+            assert trainer.step == STEPS[int(tag.rsplit("_w", 1)[1])]
             failures += _compare(tag, plan, world, ckpt.gather_full_state(eng), truths[tag])
             if plan in EXACT_WEIGHTS:
                 eng.eval()
@@ -127,7 +127,7 @@ def test_every_checkpoint_loads_under_every_plan_and_world(tmp_path):
     assert not fails, "\n".join(fails[:20]) + f"\n({len(fails)} mismatches)"
     # replicas are not written twice: ddp on 8 ranks stores its tensors in rank 0's file only
     meta = ckpt.read_meta(str(tmp_path / "ddp_w8" / "global_step3"))
-    assert meta["shard_holders"] == 1 and meta["world_size"] == 8
-    sizes = {n: f["bytes"] for n, f in meta["files"].items()}
+    assert meta.shard_holders == 1 and meta.world_size == 8
+    sizes = {n: f.bytes for n, f in meta.files.items()}
     assert sizes["rank_00000.pt"] > 20 * sizes["rank_00007.pt"], sizes
-    assert ckpt.read_meta(str(tmp_path / "zero3_w8" / "global_step3"))["shard_holders"] == 8
+    assert ckpt.read_meta(str(tmp_path / "zero3_w8" / "global_step3")).shard_holders == 8

@@ -87,7 +87,7 @@ def _freshness(rank, world, tmp, sec):
             counts.append(_check_secondaries(eng, used))
             eng.step()
             if step == 0:
-                ckpt.save(eng, str(tmp), 1, {"step": 1}, "", rank, torch.distributed.barrier)
+                ckpt.save(eng, str(tmp), 1, ckpt.TrainerState(1), "", rank, torch.distributed.barrier)
         # right after a checkpoint load: weights go back to step 1; secondaries must follow
         ckpt.load(eng, str(tmp), rank)
         used.clear()

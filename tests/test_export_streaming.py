@@ -36,7 +36,7 @@ def _save_checkpoint(root, model_cfg, seed=0) -> ModelConfig:
         m = eng.optimizer.shard_state(i)["master"]
         v = torch.rand(m.shape, generator=g)
         eng.optimizer.load_shard_state(i, m, v, v * 0.5, 1)
-    ckpt.save(eng, str(root / "ck"), 1, {"step": 1}, cfg.to_flat_yaml(), 0, lambda: None)
+    ckpt.save(eng, str(root / "ck"), 1, ckpt.TrainerState(1), cfg.to_flat_yaml(), 0, lambda: None)
     return eng
 
 
@@ -92,9 +92,9 @@ def test_export_peak_memory_is_one_unit_not_the_model(big, tmp_path):
     memory (the export before streaming: +2.9 GiB; this one measured +91..97 MiB)."""
     ck = big / "ck"
     meta = ckpt.read_meta(ckpt.resolve(str(ck)))
-    unit_bytes = max(int(u["numel"]) for u in meta["units"]) * 4
-    model_bytes = sum(int(u["numel"]) for u in meta["units"]) * 4
-    assert len(meta["units"]) >= 14 and model_bytes > 300 * MB and unit_bytes < 30 * MB
+    unit_bytes = max(int(u.numel) for u in meta.units) * 4
+    model_bytes = sum(int(u.numel) for u in meta.units) * 4
+    assert len(meta.units) >= 14 and model_bytes > 300 * MB and unit_bytes < 30 * MB
     out = tmp_path / "hf"
     t0 = time.time()
     r = _peak_rss(ck, out)
@@ -112,7 +112,7 @@ def test_export_peak_memory_is_one_unit_not_the_model(big, tmp_path):
     assert "model.safetensors.index.json" in files and "model.safetensors" not in files
     assert all(os.path.getsize(out / f) <= 100 * 10**6 for f in shards)
     index = json.load(open(out / "model.safetensors.index.json"))
-    names = [to_hf_key(p[0]) for u in meta["units"] for p in u["params"]]
+    names = [to_hf_key(p[0]) for u in meta.units for p in u.params]
     assert sorted(index["weight_map"]) == sorted(names)
     assert index["metadata"]["total_size"] == model_bytes
     # every tensor is the checkpoint's master weights, bit for bit
@@ -120,9 +120,9 @@ def test_export_peak_memory_is_one_unit_not_the_model(big, tmp_path):
 
     handles = {f: safe_open(str(out / f), "pt") for f in shards}
     files = {}  # each rank file opened (and its digest checked) once
-    for i, u in enumerate(meta["units"]):
+    for i, u in enumerate(meta.units):
         flat = ckpt.full_unit_state(str(ck / "global_step1"), meta, i, files, keys=("master",))["master"]
-        for name, off, numel, shape in u["params"]:
+        for name, off, numel, shape in u.params:
             got = handles[index["weight_map"][to_hf_key(name)]].get_tensor(to_hf_key(name))
             assert torch.equal(got, flat[off:off + numel].view(*shape)), name
     assert handles[shards[0]].metadata() == {"format": "pt", "source": "megatron_topo", "step": "1"}
@@ -241,7 +241,7 @@ def _save_on_two_ranks(rank, world, root):
     eng = make_engine(rank, world, ZeroTopoConfig(preset="zero3"), gcds=1, gpus=2, cfg=cfg)
     train_steps(eng, rank, steps=1, accum=1)
     yaml = small_config(root).to_flat_yaml() if rank == 0 else ""
-    ckpt.save(eng, str(root / "ck"), 1, {"step": 1}, yaml, rank, dist.barrier)
+    ckpt.save(eng, str(root / "ck"), 1, ckpt.TrainerState(1), yaml, rank, dist.barrier)
     # load it under another plan (zero1: the same optimizer ranges, so the resharding path) and
     # record which rank files this rank opens and whose tensors it copies
     other = make_engine(rank, world, ZeroTopoConfig(preset="zero1"), gcds=1, gpus=2, cfg=cfg)
@@ -277,7 +277,7 @@ def test_export_of_a_checkpoint_sharded_over_ranks(tmp_path):
         assert got["reshard"] and got["same"] and got["opened"] == [r], got
         assert got["read"] == [(f"rank_{r:05d}.pt", i, ckpt.STATE_KEYS) for i in range(got["units"])], got
     meta = ckpt.read_meta(ckpt.resolve(str(tmp_path / "ck")))
-    assert meta["shard_holders"] == 2 and meta["world_size"] == 2
+    assert meta.shard_holders == 2 and meta.world_size == 2
     out = tmp_path / "hf"
     assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out), "--max-shard-size",
                                "30KB"]) == 0

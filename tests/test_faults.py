@@ -140,14 +140,14 @@ def test_sigkill_during_checkpoint_save_keeps_previous_and_resume_works(cache, t
     assert not (ck / "global_step4").exists() and (ck / ".tmp_global_step4").is_dir()
     snapshot = {f: (ck / "global_step2" / f).read_bytes() for f in os.listdir(ck / "global_step2")}
     good = ckpt.read_full_state(str(ck))  # opens and verifies every file against meta.json
-    assert good["step_dir"].endswith("global_step2") and good["meta"]["trainer"]["step"] == 2
+    assert good["step_dir"].endswith("global_step2") and good["meta"].trainer.step == 2
     # resume from the surviving checkpoint, no fault
     resumed, rcs = run("resume", load=str(ck))
     assert rcs == [0, 0], (resumed / "err0").read_text()[-2000:]
     assert "resumed from" in (resumed / "out0").read_text() and "at step 2" in (resumed / "out0").read_text()
     assert sorted(os.listdir(ck)) == ["global_step2", "global_step4", "latest"]  # leftovers cleaned
     assert {f: (ck / "global_step2" / f).read_bytes() for f in os.listdir(ck / "global_step2")} == snapshot
-    assert ckpt.read_full_state(str(ck))["meta"]["step"] == 4
+    assert ckpt.read_full_state(str(ck))["meta"].step == 4
     la = [json.loads(x) for x in open(crash / "run" / "metrics.jsonl")]
     lb = [json.loads(x) for x in open(resumed / "run" / "metrics.jsonl")]
     assert [r["step"] for r in la] == [1, 2, 3, 4] and [r["step"] for r in lb] == [3, 4]

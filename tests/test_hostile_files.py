@@ -131,6 +131,6 @@ def test_full_disk_on_a_real_tiny_filesystem(world, tmp_path, monkeypatch, capfd
         from megatron_topo.zero_topo import checkpoint as ckpt
 
         state = ckpt.read_full_state(save)  # every digest still verifies
-        assert state["meta"]["step"] == 1
+        assert state["meta"].step == 1
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -182,7 +182,7 @@ def _presets(rank, world, hf_dir, ids):
         model.init_buffers("cpu")
         eng = ZeroTopoEngine(model, model.shard_units(), plan, Comm(topo, rank), device="cpu",
                              init=lambda u, m=model: m.init_parameters(u, 1))
-        load_hf_into_engine(eng, hf_dir)
+        load_hf_into_engine(eng, hf_dir, cfg)
         eng.eval()
         with torch.no_grad():
             logits = eng(ids).clone()

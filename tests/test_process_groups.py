@@ -23,7 +23,7 @@ TIMEOUT_S = 77.0
 
 
 def _step(rank, world, zt, trace_dir):
-    from megatron_topo.training.trainer import new_comm
+    from megatron_topo.training.start import new_comm
     calls = []
     real = dist.new_group
 

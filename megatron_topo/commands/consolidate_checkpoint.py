@@ -66,8 +66,8 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
     writer = None
     try:
         if safet:
-            table = {name: (tuple(shape), torch.float32) for u in meta["units"] for name, _, _, shape in u["params"]}
-            writer = SafetensorsWriter(tmp, table, {"format": FORMAT, "step": str(meta["step"])})
+            table = {name: (tuple(shape), torch.float32) for u in meta.units for name, _, _, shape in u.params}
+            writer = SafetensorsWriter(tmp, table, {"format": FORMAT, "step": str(meta.step)})
         for _, state, params in iter_checkpoint_units(sp, meta, keys=STATE_KEYS, verify=False):
             step = None if state["step"] is None else float(state["step"])
             for name, off, numel, shape in params:
@@ -83,10 +83,10 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
             del state
         rest = {
             "format": FORMAT,
-            "step": int(meta["step"]),
+            "step": meta.step,
             "optimizer": {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq, "step": adam_step},
-            "trainer": meta.get("trainer", {}),
-            "meta_json": json.dumps(meta),
+            "trainer": meta.record["trainer"],  # as saved (the schema requires it)
+            "meta_json": json.dumps(meta.record),
             "config_yaml": config_yaml or "",
         }
         if writer is not None:

@@ -106,8 +106,8 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     from megatron_topo.model.spec import spec_for
 
     head = spec_for(mcfg).hf_head_name()
-    entries = [(to_hf_key(name, head, mcfg), tuple(shape), tdt) for u in meta["units"]
-               for name, _, _, shape in u["params"]]
+    entries = [(to_hf_key(name, head, mcfg), tuple(shape), tdt) for u in meta.units
+               for name, _, _, shape in u.params]
     tok, special, why = _tokenizer(st, mcfg, tokenizer or {})
     if why and tokenizer and any(tokenizer.values()):
         raise CheckpointError(f"tokenizer: {why}")
@@ -127,7 +127,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
             write_hf_tokenizer(tok, tmp, mcfg.vocab_size, mcfg.seq_length)
         writer = ShardedSafetensorsWriter(tmp, entries, max_bytes,
                                           metadata={"format": "pt", "source": "megatron_topo",
-                                                    "step": str(meta["step"])})
+                                                    "step": str(meta.step)})
         for _, state, params in iter_checkpoint_units(sp, meta, keys=("master",), verify=False):
             flat = state["master"]
             for name, off, numel, shape in params:

@@ -77,9 +77,9 @@ def _train(args, signals) -> int:
     from megatron_topo import runlock
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.data import DataError
+    from megatron_topo.training import Trainer, TrainingError, choose_plan, setup_runtime
     from megatron_topo.training.fault_injection import active as active_faults
     from megatron_topo.training.heartbeat import describe_failure
-    from megatron_topo.training import Trainer, TrainingError, setup_runtime
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     rt = None
@@ -89,7 +89,8 @@ def _train(args, signals) -> int:
         active_faults()  # a malformed MEGATRON_TOPO_FAULT fails here, not mid-run
         rt = setup_runtime(cfg)
         take_run_folders(cfg, rt, lock)  # one owner per run folder, before anything is written
-        trainer = Trainer(cfg, rt)
+        log = print if rt.rank == 0 else (lambda *a, **k: None)
+        trainer = Trainer(cfg, rt, start=choose_plan(cfg, rt, log))  # the plan (preset auto: its trials) first
         last = trainer.train(signals=signals)
     except KeyboardInterrupt:  # a third Ctrl-C (the first stops at the next micro-batch and saves)
         print("error: interrupted; nothing saved since the last checkpoint", file=sys.stderr)

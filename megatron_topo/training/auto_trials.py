@@ -48,8 +48,9 @@ from ..zero_topo import kernels
 from ..zero_topo.comm import Comm
 from ..zero_topo.sharding import Plan
 from . import step_sync
-from .batches import learning_rate, loss_fn
+from .batches import learning_rate
 from .runtime import Runtime, seed_everything
+from .step import run_step
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,6 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
                            generator=gen).to(rt.device)
     mark = comm.group_mark()
     eng = build(_trial_cfg(cfg), rt, plan, comm=comm)
-    eng.train()
     lr = learning_rate(cfg, 1)
     agree = step_sync.agreement(comm, rt, lifecycle.StopSignals())  # signals not installed: never stops
     log_every = cfg.logging.log_interval
@@ -139,13 +139,9 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
     try:
         for i in range(1 + steps):
             t0 = time.perf_counter()
-            for k in range(accum):
-                x, y = tokens[k, :, :-1], tokens[k, :, 1:]
-                loss = loss_fn(eng(x), y)
-                loss_sum += loss.detach().double() / accum
-                eng.backward(loss / accum, last_micro_batch=k == accum - 1)
-            eng.step(lr)
+            stats = run_step(eng, lambda k: (tokens[k, :, :-1], tokens[k, :, 1:]), accum, lr)  # the trainer's step
             agree.poll()
+            loss_sum += stats["loss"].double()  # the trainer's log window
             if (i + 1) % log_every == 0:
                 step_sync.reduce_log(comm, rt.world_size, loss_sum / log_every, comm.reset_counters())
                 loss_sum.zero_()
@@ -177,9 +173,7 @@ def _checkpoint_plan(path: Optional[str], world_size: int) -> Optional[dict]:
         meta = ckpt.read_meta(ckpt.resolve(path))
     except ckpt.CheckpointError:
         return None
-    if meta.get("world_size") != world_size or not isinstance(meta.get("plan"), dict):
-        return None
-    return meta["plan"]
+    return meta.plan if meta.world_size == world_size else None
 
 
 def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build: Callable[..., object],

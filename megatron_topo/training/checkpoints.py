@@ -1,13 +1,16 @@
-"""The trainer's side of checkpoints: where a run resumes from, loading a checkpoint or weights
-only, saving the trainer state with the engine's."""
+"""The trainer's side of checkpoints: where a run resumes from (decided before anything is built,
+:func:`resume_source`), and the :class:`Checkpointer` a Trainer holds: it loads the checkpoint or
+the weights the run starts from, decides when a step is saved (``checkpoint_factor``,
+``extra_save_iters``, the time-based interval, the end of the run) and saves the trainer state
+with the engine's."""
 from __future__ import annotations
 
 import os
 import random
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-from ..config import load_config
+from ..config import Config, load_config
 from ..config.hf_config import is_hf_folder
 from ..model.neox_checkpoint import is_neox_checkpoint, step_folder
 from ..zero_topo import checkpoint as ckpt
@@ -30,115 +33,160 @@ class TrainState:
     bad_steps: int = 0
 
 
-def _train_state(st: dict, path: str) -> TrainState:
+def _train_state(st: ckpt.TrainerState, path: str) -> TrainState:
     """The trainer state a resume continues from (meta.json's schema checked the types)."""
-    if st.get("consumed_samples") is None:
+    if st.consumed_samples is None:
         raise ckpt.CheckpointError(f"{ckpt.resolve(path)}/meta.json: trainer.consumed_samples: missing; without it the "
                                    f"run cannot tell where in the data it stopped")
-    return TrainState(step=st["step"], consumed_samples=st["consumed_samples"],
-                      consumed_valid=st.get("consumed_valid", 0))
+    return TrainState(step=st.step, consumed_samples=st.consumed_samples, consumed_valid=st.consumed_valid)
 
 
-class TrainerCheckpoints:
-    """Resume, load and save for :class:`~megatron_topo.training.Trainer` (which holds ``cfg``,
-    ``rt``, ``engine``, ``state``, ``effective_cfg``, ``weights_from``, ``lifecycle`` and ``log``)."""
+def _latest_of(root: str) -> str:
+    try:
+        return f"latest step {ckpt.read_meta(ckpt.resolve(root)).step}"
+    except ckpt.CheckpointError as e:
+        return f"unreadable: {e}"
 
-    def _resume_source(self) -> Optional[str]:
-        """Where this run resumes from: an explicit ``load`` (must exist); else, with
-        ``auto_resume``, the ``save`` folder when it holds a checkpoint; else None (a fresh run,
-        which must not save into a folder holding another run's checkpoints)."""
-        c = self.cfg.checkpoint
-        if c.load and c.load == c.save and c.load != self.weights_from and not ckpt.holds_checkpoints(c.load):
-            self.log(f"load = save = {c.load} holds no checkpoint yet: starting fresh (as GPT-NeoX)")
-            return None
-        if c.load and c.load != self.weights_from:
-            ckpt.resolve(c.load)
-            if c.save and os.path.realpath(c.save) != os.path.realpath(c.load) and ckpt.holds_checkpoints(c.save):
-                raise ckpt.CheckpointError(
-                    f"checkpoint.save {c.save} already holds checkpoints ({self._latest_of(c.save)}) and this run "
-                    f"resumes from load={c.load}; saving there would mix two runs: save elsewhere with --set "
-                    f"save=DIR, or continue the run in {c.save} with --set load={c.save}")
-            return c.load
-        if c.save and ckpt.holds_checkpoints(c.save):
-            if c.auto_resume:
-                ckpt.resolve(c.save)
-                return c.save
-            latest = self._latest_of(c.save)
-            raise ckpt.CheckpointError(
-                f"checkpoint.save {c.save} already holds checkpoints ({latest}) and this run starts fresh; "
-                f"resume it with --set load={c.save} or --set auto_resume=true, or save elsewhere with --set save=DIR")
-        if c.auto_resume:
-            self.log(f"no checkpoint in {c.save or '(checkpoint.save unset)'}: starting fresh")
+
+def resume_source(cfg: Config, weights_from: Optional[str], log: Callable[[str], None]) -> Optional[str]:
+    """Where this run resumes from: an explicit ``load`` (must exist); else, with ``auto_resume``,
+    the ``save`` folder when it holds a checkpoint; else None (a fresh run, which must not save
+    into a folder holding another run's checkpoints). ``weights_from``: the weights-only source
+    (config.hf_config.weights_source), which is not resumed."""
+    c = cfg.checkpoint
+    if c.load and c.load == c.save and c.load != weights_from and not ckpt.holds_checkpoints(c.load):
+        log(f"load = save = {c.load} holds no checkpoint yet: starting fresh (as GPT-NeoX)")
         return None
+    if c.load and c.load != weights_from:
+        ckpt.resolve(c.load)
+        if c.save and os.path.realpath(c.save) != os.path.realpath(c.load) and ckpt.holds_checkpoints(c.save):
+            raise ckpt.CheckpointError(
+                f"checkpoint.save {c.save} already holds checkpoints ({_latest_of(c.save)}) and this run "
+                f"resumes from load={c.load}; saving there would mix two runs: save elsewhere with --set "
+                f"save=DIR, or continue the run in {c.save} with --set load={c.save}")
+        return c.load
+    if c.save and ckpt.holds_checkpoints(c.save):
+        if c.auto_resume:
+            ckpt.resolve(c.save)
+            return c.save
+        latest = _latest_of(c.save)
+        raise ckpt.CheckpointError(
+            f"checkpoint.save {c.save} already holds checkpoints ({latest}) and this run starts fresh; "
+            f"resume it with --set load={c.save} or --set auto_resume=true, or save elsewhere with --set save=DIR")
+    if c.auto_resume:
+        log(f"no checkpoint in {c.save or '(checkpoint.save unset)'}: starting fresh")
+    return None
 
-    @staticmethod
-    def _latest_of(root: str) -> str:
-        try:
-            return f"latest step {ckpt.read_meta(ckpt.resolve(root))['step']}"
-        except (ckpt.CheckpointError, KeyError, TypeError) as e:
-            return f"unreadable: {e}"
 
-    def _kept_global_batch(self) -> tuple:
-        """(global batch, where from) of the checkpoint this run resumes, when it was saved on
-        another world size and the config sets no train_batch_size: the run keeps its global
-        batch on the new node count. (None, "") otherwise."""
-        if not self.resume_from or self.cfg.train.train_batch_size is not None:
-            return None, ""
-        try:
-            meta = ckpt.read_meta(ckpt.resolve(self.resume_from))
-        except ckpt.CheckpointError:
-            return None, ""  # reported where the checkpoint is loaded
-        trainer = meta.get("trainer") if isinstance(meta, dict) else None
-        kept = trainer.get("global_batch") if isinstance(trainer, dict) else None
-        world = meta.get("world_size")
-        if not isinstance(kept, int) or isinstance(kept, bool) or kept < 1 or world == self.rt.world_size:
-            return None, ""
-        return kept, f"the checkpoint's, saved on {world} ranks"
+def kept_global_batch(cfg: Config, resume_from: Optional[str], world_size: int) -> tuple:
+    """(global batch, where from) of the checkpoint this run resumes, when it was saved on
+    another world size and the config sets no train_batch_size: the run keeps its global
+    batch on the new node count. (None, "") otherwise."""
+    if not resume_from or cfg.train.train_batch_size is not None:
+        return None, ""
+    try:
+        meta = ckpt.read_meta(ckpt.resolve(resume_from))
+    except ckpt.CheckpointError:
+        return None, ""  # reported where the checkpoint is loaded
+    kept, world = meta.trainer.global_batch, meta.world_size  # global_batch: None unless a positive integer
+    if kept is None or world == world_size:
+        return None, ""
+    return kept, f"the checkpoint's, saved on {world} ranks"
 
-    def _load_weights(self, path: str):
+
+class Checkpointer:
+    """Loads what a run starts from and saves its steps. ``resume_from`` / ``weights_from``: the
+    checkpoint the run resumes, or the weights it starts from (at most one is set);
+    ``effective_cfg``: the config each checkpoint records; ``global_batch``: samples per step
+    (recorded, so a resume on another world size keeps it). ``lifecycle``: the running loop's
+    stop/save agreement (set by the trainer while it trains), told of every save."""
+
+    def __init__(self, cfg: Config, rank: int, engine, effective_cfg: Config, global_batch: int,
+                 resume_from: Optional[str], weights_from: Optional[str], log: Callable[[str], None]) -> None:
+        self.cfg, self.c, self.rank, self.engine = cfg, cfg.checkpoint, rank, engine
+        self.effective_cfg, self.global_batch = effective_cfg, global_batch
+        self.resume_from, self.weights_from, self.log = resume_from, weights_from, log
+        self.lifecycle = None
+        self.extra = set(self.c.extra_save_iters or ())  # GPT-NeoX's extra_save_iters (Pythia: log-spaced)
+
+    # ---------------------------------------------------------------- load
+    def load_start(self, state: TrainState) -> TrainState:
+        """Load what the run starts from into the engine; returns the trainer state it continues."""
+        if self.weights_from:  # weights only: step 0 (finetune), fresh optimizer
+            return self._load_weights(self.weights_from, state)
+        if self.resume_from:  # a bad checkpoint fails before data is built or logs are written
+            return self._load(self.resume_from)
+        return state
+
+    def _load_weights(self, path: str, state: TrainState) -> TrainState:
         """GPT-NeoX's finetune / no_load_optim: the weights of an HF folder or of one of our
         checkpoints, a fresh optimizer; the step is 0 except for no_load_optim without finetune."""
-        c = self.cfg.checkpoint
+        c = self.c
         if is_hf_folder(path):
-            load_hf_into_engine(self.engine, path)
+            load_hf_into_engine(self.engine, path, self.cfg.model)
             self.log(f"fine-tuning from the HuggingFace model {path} (step 0, fresh optimizer)")
-            return
+            return state
         if is_neox_checkpoint(path):  # GPT-NeoX/DeepSpeed layer files (model-parallel 1, checked at load)
-            load_neox_into_engine(self.engine, path, self.cfg.model.num_layers)
+            load_neox_into_engine(self.engine, path, self.cfg.model)
             self.log(f"fine-tuning from the GPT-NeoX checkpoint {step_folder(path)} (step 0, fresh optimizer)")
-            return
+            return state
         st = load_weights_only(self.engine, path, self.cfg, _read_config)
         keep = c.no_load_optim and not c.finetune and not c.finetune_from
         if keep:
-            self.state = _train_state(st, path)
-        self.log(f"loaded the weights of {ckpt.resolve(path)} (step {self.state.step}, fresh optimizer)")
+            state = _train_state(st, path)
+        self.log(f"loaded the weights of {ckpt.resolve(path)} (step {state.step}, fresh optimizer)")
+        return state
 
-    def _load(self, path: str):
-        st = ckpt.load(self.engine, path, self.rt.rank, config=self.cfg,  # refuses another architecture
-                       unverified=self.cfg.checkpoint.load_unverified, read_config=_read_config)
-        self.state = _train_state(st, path)
-        if "python_rng" in st:
-            random.seed(st["python_rng"])
-        self.log(f"resumed from {ckpt.resolve(path)} at step {self.state.step}")
+    def _load(self, path: str) -> TrainState:
+        st = ckpt.load(self.engine, path, self.rank, config=self.cfg,  # refuses another architecture
+                       unverified=self.c.load_unverified, read_config=_read_config)
+        state = _train_state(st, path)
+        if st.python_rng is not None:
+            random.seed(st.python_rng)
+        self.log(f"resumed from {ckpt.resolve(path)} at step {state.step}")
+        return state
 
-    def _check_data_position(self) -> None:
+    def check_data_position(self, state: TrainState, train_ds) -> None:
         """A loaded consumed_samples must be a position in this run's training data: beyond its end
         the sample index would silently wrap (meta.json's schema already refuses a negative one)."""
-        n, src = self.state.consumed_samples, self.resume_from or self.weights_from
-        if src and self.train_ds is not None and n > len(self.train_ds):
+        n, src = state.consumed_samples, self.resume_from or self.weights_from
+        if src and train_ds is not None and n > len(train_ds):
             raise ckpt.CheckpointError(
                 f"{ckpt.resolve(src)}: trainer.consumed_samples {n:,} in meta.json is beyond the "
-                f"{len(self.train_ds):,} samples of this run's training data (train_iters x global batch); the "
+                f"{len(train_ds):,} samples of this run's training data (train_iters x global batch); the "
                 f"data position would wrap; is meta.json from this run?")
 
-    def save(self) -> Optional[str]:
-        c = self.cfg.checkpoint
+    # ---------------------------------------------------------------- when to save
+    def at_start(self, state: TrainState) -> None:
+        """GPT-NeoX saves step 0 when extra_save_iters asks for it and the run starts from it."""
+        if self.c.save and 0 in self.extra and state.step == 0 and not self.resume_from:
+            self.save(state)
+
+    def after_step(self, state: TrainState, end: int, stop: bool, save_due: bool) -> None:
+        """Save after a step of the loop: every ``checkpoint_factor`` steps, at ``extra_save_iters``
+        and when the time-based interval is due (``save_due``, agreed by all ranks); not at the
+        last step or when stopping (:meth:`at_end` saves those)."""
+        c, step = self.c, state.step
+        if c.save and step < end and not stop and (
+                (c.checkpoint_factor and step % c.checkpoint_factor == 0) or save_due or step in self.extra):
+            self.save(state)
+
+    def at_end(self, state: TrainState, start_step: int) -> dict:
+        """The run's last checkpoint: saved when it trained (or started fresh); a run resumed at
+        ``train_iters`` keeps the checkpoint it loaded. {} when ``checkpoint.save`` is unset."""
+        if not self.c.save:
+            return {}
+        if state.step > start_step or not self.resume_from:
+            return {"checkpoint": self.save(state)}
+        return {"checkpoint": ckpt.resolve(self.resume_from)}  # nothing trained: the checkpoint stands
+
+    # ---------------------------------------------------------------- save
+    def save(self, state: TrainState) -> Optional[str]:
+        c = self.c
         if not c.save:
             return None
-        s = self.state
-        trainer_state = {"step": s.step, "consumed_samples": s.consumed_samples,
-                         "consumed_valid": s.consumed_valid, "global_batch": self.batches_per_step}
-        path = ckpt.save(self.engine, c.save, s.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rt.rank,
+        trainer_state = ckpt.TrainerState(state.step, state.consumed_samples, state.consumed_valid, self.global_batch)
+        path = ckpt.save(self.engine, c.save, state.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rank,
                          self.engine.comm.barrier, keep_last=c.keep_last, fault=fault_injection.maybe_fail)
         if self.lifecycle is not None:
             self.lifecycle.saved()  # the time-based interval restarts

@@ -1,10 +1,10 @@
 """The training loop: accumulation, the optimizer step, eval, logging, stop signals and periodic
-checkpoints."""
+checkpoints. The plan is chosen before the Trainer is built (:func:`.start.choose_plan`); the
+Trainer composes the engine, the data, a :class:`.checkpoints.Checkpointer` and a
+:class:`.log_window.LogWindow`."""
 from __future__ import annotations
 
-import datetime
 import math
-import sys
 import time
 from typing import Optional
 
@@ -12,98 +12,47 @@ import torch
 
 from .. import lifecycle, preflight
 from .. import metrics as M
-from ..analysis import autoplan
-from ..config import Config, ConfigError, DistributedConfig, check_batch_size, check_log_dir, note_lines, write_effective_config
-from ..config.hf_config import weights_source
-from ..model import build_model
+from ..config import Config, note_lines, write_effective_config
 from ..zero_topo import checkpoint as ckpt
-from ..zero_topo import trace
-from ..zero_topo.comm import Comm
-from ..zero_topo.engine import ZeroTopoEngine
-from ..zero_topo.sharding import Plan, effective_config
-from . import auto_trials, fault_injection, step_sync
+from ..zero_topo.sharding import effective_config
+from . import fault_injection, step_sync
+from . import start as run_start
 from .batches import Batches, build_data, learning_rate, loss_fn
-from .checkpoints import TrainerCheckpoints, TrainState
-from .runtime import Runtime, seed_everything
+from .checkpoints import Checkpointer, TrainState
+from .log_window import LogWindow
+from .runtime import Runtime
+from .start import RunStart, choose_plan
+from .step import run_step
 
 
 class TrainingError(RuntimeError):
     """A condition that stops training; one line for the user."""
 
 
-def new_comm(rt: Runtime, dcfg: Optional[DistributedConfig] = None) -> Comm:
-    """The collectives of this process on the runtime's topology and device (groups created on use,
-    with ``dcfg``'s collective timeout; its collective trace, when ``trace_collectives`` is set)."""
-    dcfg = dcfg or DistributedConfig()
-    if dcfg.trace_collectives:
-        bad = trace.check_dir(dcfg.trace_collectives)
-        if bad:
-            raise ConfigError(bad)
-    return Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict,
-                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s), trace_dir=dcfg.trace_collectives)
+class Trainer:
+    """Builds the engine, the data and the logs of one run from its :class:`.start.RunStart`
+    (chosen here by :func:`.start.choose_plan` when not given), and trains it."""
 
-
-def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None, comm: Optional[Comm] = None):
-    """Sharded initialisation: the model is built without storage and the engine materialises,
-    initialises and shards one unit at a time, so no rank ever holds the whole model. ``comm``:
-    an existing one (the run's: its collective trace; preset auto's trial engines build in it)."""
-    t = cfg.train
-    model = model if model is not None else build_model(cfg.model, device="meta")
-    model.init_buffers(rt.device)
-    plan = plan or autoplan.resolve(cfg, rt.topo)[0]
-    comm = comm or new_comm(rt, cfg.distributed)
-    eng = ZeroTopoEngine(
-        model, model.shard_units(), plan, comm, precision=cfg.precision,
-        lr=t.optimizer.params.lr, betas=tuple(t.optimizer.params.betas), eps=t.optimizer.params.eps,
-        weight_decay=t.weight_decay, grad_clip=t.gradient_clipping, fp16_cfg=t.fp16,
-        kernel_backend=cfg.zero_topo.kernels, device=rt.device,
-        init=lambda unit: model.init_parameters(unit, t.seed),
-    )
-    return eng
-
-
-class Trainer(TrainerCheckpoints):
-    """Builds the plan, the engine, the data and the logs of one run, and trains it."""
-
-    def __init__(self, cfg: Config, rt: Runtime, datasets=None, log=print):
+    def __init__(self, cfg: Config, rt: Runtime, datasets=None, log=print, start: Optional[RunStart] = None):
         self.cfg, self.rt = cfg, rt
         self.log = log if rt.rank == 0 else (lambda *a, **k: None)
         self.lifecycle: Optional[lifecycle.Lifecycle] = None  # set while train() runs
-        ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
-        check_log_dir(cfg.logging.log_dir)  # not inside a checkpoint, not over a user's config.yml
-        self.weights_from = weights_source(cfg)  # finetune_from / an HF `load` / finetune, no_load_optim
-        self.resume_from = self._resume_source()  # `load`, `save` under auto_resume, or None: fresh
-        if self.resume_from and self.resume_from != cfg.checkpoint.load:
-            self.weights_from = None  # an interrupted fine-tuning run resumes from its own save folder
-        elif self.weights_from:
-            self.resume_from = None
-        # DeepSpeed's train_batch_size, now that the world is known: the accumulation count is
-        # derived from the global batch (train_batch_size, or a resumed run's when the world changed)
-        batch_note = check_batch_size(cfg, rt.world_size, rt.topo.ranks_per_node, *self._kept_global_batch())
-        if batch_note:
-            self.log(batch_note)
-        seed_everything(cfg.train.seed)
-        plan, ranked = autoplan.resolve(cfg, rt.topo)  # preset auto: the modelled fastest plan that fits
-        comm = new_comm(rt, cfg.distributed)
-        if ranked:
-            self.log(autoplan.summary(ranked, cfg.system))
-            # the plans the model cannot tell apart are timed here (zero_topo.auto_trials)
-            plan = auto_trials.choose(cfg, rt, ranked, comm, build_engine, self.resume_from, self.log)
+        start = start or choose_plan(cfg, rt, self.log)
+        self.resume_from, self.weights_from = start.resume_from, start.weights_from
+        plan = start.plan
         self.effective_cfg = effective_config(cfg, plan, rt.topo)  # what config.yml and checkpoints record
         self.memory_estimate = preflight.check(cfg, plan, rt.topo, rt.device)  # before allocating
-        self.engine = build_engine(cfg, rt, plan, comm=comm)
+        self.engine = run_start.build_engine(cfg, rt, plan, comm=start.comm)
         self.plan = self.engine.plan
-        self.state = TrainState()
-        if self.weights_from:  # weights only: step 0 (finetune), fresh optimizer
-            self._load_weights(self.weights_from)
-        elif self.resume_from:  # a bad checkpoint fails before data is built or logs are written
-            self._load(self.resume_from)
         t = cfg.train
         self.batches_per_step = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * rt.world_size
+        self.checkpointer = Checkpointer(cfg, rt.rank, self.engine, self.effective_cfg, self.batches_per_step,
+                                         self.resume_from, self.weights_from, self.log)
+        self.state = self.checkpointer.load_start(TrainState())
         if datasets is None:
             datasets = self._build_data()
         self.train_ds, self.valid_ds = datasets[0], datasets[1]
-        self._check_data_position()
+        self.checkpointer.check_data_position(self.state, self.train_ds)
         mk = lambda ds: Batches(ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
                                 rt.world_size, rt.rank, rt.device) if ds is not None else None
         self.train_batches, self.valid_batches = mk(self.train_ds), mk(self.valid_ds)
@@ -130,41 +79,31 @@ class Trainer(TrainerCheckpoints):
         return build_data(self.cfg, rt.rank, rt.world_size, self.engine.comm.barrier if rt.distributed else None)
 
     # ---------------------------------------------------------------- steps
-    def train_step(self) -> dict:
-        t = self.cfg.train
-        eng = self.engine
-        eng.train()
-        losses = []
-        step, accum = self.state.step + 1, t.gradient_accumulation_steps
-        life = self.lifecycle
-        for m in range(accum):
-            # a stop signal is honoured at the next micro-batch (all ranks agree, pipelined by one
-            # micro-batch); the partial step is discarded and the run saves the last whole step
-            if m and life is not None and life.poll_micro():
-                self._discard_partial_step()
-                return None
-            x, y = self.train_batches.micro(self.state.consumed_samples, m)
-            loss = self._loss(x, y)
-            losses.append(loss.detach())
-            self._backward(loss, m, accum)
-        if life is not None:
-            life.end_micro()
-        lr = learning_rate(self.cfg, step)
-        stats = eng.step(lr)
-        self.state.consumed_samples += self.batches_per_step
-        self.state.step += 1
-        stats["lr"] = lr
-        stats["loss"] = torch.stack(losses).float().mean()
-        if stats.get("nonfinite") and not eng.scaler:
-            self.state.bad_steps += 1
-            if self.state.bad_steps >= t.max_bad_steps:
+    def train_step(self) -> Optional[dict]:
+        """One optimizer step (:func:`.step.run_step`) and the trainer state it advances; None when
+        a stop signal came between micro-batches (all ranks agree, pipelined by one micro-batch):
+        the partial step is discarded and the run saves the last whole step."""
+        t, s, life = self.cfg.train, self.state, self.lifecycle
+        stats = run_step(self.engine, lambda m: self.train_batches.micro(s.consumed_samples, m),
+                         t.gradient_accumulation_steps, learning_rate(self.cfg, s.step + 1),
+                         loss_of=self._loss, backward=self._backward,
+                         stop=life.poll_micro if life is not None else None,
+                         before_step=life.end_micro if life is not None else None)
+        if stats is None:
+            self._discard_partial_step()
+            return None
+        s.consumed_samples += self.batches_per_step
+        s.step += 1
+        if stats.get("nonfinite") and not self.engine.scaler:
+            s.bad_steps += 1
+            if s.bad_steps >= t.max_bad_steps:
                 raise TrainingError(
-                    f"step {self.state.step}: non-finite gradients for {self.state.bad_steps} consecutive "
+                    f"step {s.step}: non-finite gradients for {s.bad_steps} consecutive "
                     f"steps in {self.cfg.precision} ({self._bad_units(stats['nonfinite_units'])}; loss {stats['loss'].item():.4g}); "
                     f"lower the learning rate or check the data"
                 )
         else:
-            self.state.bad_steps = 0
+            s.bad_steps = 0
         return stats
 
     def _discard_partial_step(self) -> None:
@@ -212,6 +151,10 @@ class Trainer(TrainerCheckpoints):
         """Mean loss and summed traffic counters over ranks (step_sync.reduce_log)."""
         return step_sync.reduce_log(self.engine.comm, self.rt.world_size, loss_sum, comm_bytes)
 
+    def save(self) -> Optional[str]:
+        """Save the current step now (collective; None when ``checkpoint.save`` is unset)."""
+        return self.checkpointer.save(self.state)
+
     def train(self, until: Optional[int] = None, signals: Optional[lifecycle.StopSignals] = None) -> dict:
         """Train to ``train_iters`` (or stop early after step ``until``, saving as at the end).
 
@@ -225,42 +168,24 @@ class Trainer(TrainerCheckpoints):
         try:
             self.lifecycle = step_sync.agreement(self.engine.comm, self.rt, signals,
                                                  self.cfg.checkpoint.save_interval_minutes)
+            self.checkpointer.lifecycle = self.lifecycle
             return self._train(until)
         finally:
             if own:
                 signals.restore()
 
     def _train(self, until: Optional[int]) -> dict:
-        cfg, rt, s = self.cfg, self.rt, self.state
-        life = self.lifecycle
-        start_step = s.step
-        t, lg = cfg.train, cfg.logging
-        end = min(t.train_iters, until) if until is not None else t.train_iters
-        for line in note_lines(cfg):  # accepted no-effect keys, DeepSpeed "auto" values
-            self.log(line)
-        self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
-        self.log(f"model: {sum(u.numel for u in self.engine.units):,} parameters; precision {cfg.precision}; "
-                 f"global batch {self.batches_per_step} x {cfg.model.seq_length} tokens")
-        bar = None
-        if rt.rank == 0 and lg.progress_bar:
-            from tqdm import tqdm
-
-            bar = tqdm(total=t.train_iters, initial=s.step, desc="train", unit="step", dynamic_ncols=True,
-                       file=sys.stdout)
-        last = {}
+        s, life, ck = self.state, self.lifecycle, self.checkpointer
+        end = min(self.cfg.train.train_iters, until) if until is not None else self.cfg.train.train_iters
+        self._log_start()
+        window = self._log_window(end)
         if life.agree_now():  # a stop signal came while the run started up: stop before training
             life.close()
-            if bar is not None:
-                bar.close()
-            self.writer.close()
-            return {"stopped_by": life.stop_name, "before_training": True,
-                    "checkpoint": ckpt.resolve(self.resume_from) if self.resume_from else None}
-        window_loss = torch.zeros((), dtype=torch.float64, device=rt.device)
-        window_steps, window_time = 0, 0.0
+            return self._close(window, {"stopped_by": life.stop_name, "before_training": True,
+                                        "checkpoint": ckpt.resolve(self.resume_from) if self.resume_from else None})
+        start_step, last = s.step, {}
         self.engine.comm.reset_counters()
-        extra = set(cfg.checkpoint.extra_save_iters or ())  # GPT-NeoX's extra_save_iters (Pythia: log-spaced)
-        if cfg.checkpoint.save and 0 in extra and s.step == 0 and not self.resume_from:
-            self.save()  # GPT-NeoX saves step 0 when asked and starting from it
+        ck.at_start(s)
         while s.step < end:
             # step_time_s is wall clock: a step until the next one starts, less evaluation,
             # checkpoints and writing the record. It includes the end-of-step agreement and the log
@@ -271,59 +196,48 @@ class Trainer(TrainerCheckpoints):
             if stats is None:  # stopped between micro-batches: the partial step is discarded
                 break
             stop, save_due = life.poll()  # agreed by all ranks: a stop signal, a time-based save
-            window_time += time.perf_counter() - t0
-            window_loss += stats["loss"].double()
-            window_steps += 1
-            if bar is not None:
-                bar.update(1)
-            evals = {}
-            if lg.eval_interval and s.step % lg.eval_interval == 0 and self.valid_batches is not None:
-                ev = self.evaluate()
-                evals = {"eval_loss": ev, "eval_ppl": math.exp(min(ev, 50))}
-            if s.step % lg.log_interval == 0 or s.step == end or stop:
-                t1 = time.perf_counter()
-                loss, comm_bytes = self._reduce_log(window_loss / window_steps, self.engine.comm.reset_counters())
-                step_time = (window_time + time.perf_counter() - t1) / window_steps
-                rec = {
-                    "loss": loss, "lr": stats["lr"], "grad_norm": stats["grad_norm"],
-                    "loss_scale": stats["loss_scale"], "skipped": stats["skipped"],
-                    "step_time_s": step_time,
-                    "samples_per_sec": self.batches_per_step / step_time,
-                    "tokens_per_sec": self.batches_per_step * cfg.model.seq_length / step_time,
-                    "tflops_per_gpu": M.tflops_per_gpu(self.flops_per_iter, step_time, rt.world_size),
-                    "peak_mem_bytes": M.peak_memory_bytes(rt.device),
-                    **{k: v // window_steps for k, v in comm_bytes.items()},
-                    "consumed_samples": s.consumed_samples,
-                    **evals,
-                }
-                evals = {}
-                if s.step == lg.log_interval or s.step == end:
-                    rec.update({f"model_state_bytes_{k}": v
-                                for k, v in self.engine.state_bytes_before_step.items()})
-                self.writer.log(s.step, rec)
-                last = rec
-                if bar is not None:
-                    bar.set_postfix(loss=f"{loss:.4f}", lr=f"{stats['lr']:.2e}",
-                                    tok_s=f"{rec['tokens_per_sec']:.0f}", refresh=False)
-                window_loss.zero_()
-                window_steps, window_time = 0, 0.0
+            window.add(time.perf_counter() - t0, stats["loss"])
+            evals = self._evaluate_due()
+            if window.due(s.step, stop):
+                last, evals = window.record(s.step, stats, s.consumed_samples, evals), {}
             if evals:  # an eval step that is not a log step gets its own record
                 self.writer.log(s.step, evals)
                 last.update(evals)
-            c = cfg.checkpoint
-            if c.save and s.step < end and not stop and (
-                    (c.checkpoint_factor and s.step % c.checkpoint_factor == 0) or save_due or s.step in extra):
-                self.save()
+            ck.after_step(s, end, stop, save_due)
             if stop:
                 break
         life.close()
-        if bar is not None:
-            bar.close()
-        if cfg.checkpoint.save and (s.step > start_step or not self.resume_from):
-            last["checkpoint"] = self.save()
-        elif cfg.checkpoint.save:  # resumed at train_iters: nothing trained, the checkpoint stands
-            last["checkpoint"] = ckpt.resolve(self.resume_from)
+        last.update(ck.at_end(s, start_step))
         if life.stop_signal:
             last["stopped_by"] = life.stop_name
+        return self._close(window, last)
+
+    def _log_start(self) -> None:
+        cfg, rt = self.cfg, self.rt
+        for line in note_lines(cfg):  # accepted no-effect keys, DeepSpeed "auto" values
+            self.log(line)
+        self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
+        self.log(f"model: {sum(u.numel for u in self.engine.units):,} parameters; precision {cfg.precision}; "
+                 f"global batch {self.batches_per_step} x {cfg.model.seq_length} tokens")
+
+    def _log_window(self, end: int) -> LogWindow:
+        cfg, rt = self.cfg, self.rt
+        return LogWindow(self.engine, self.writer, self._reduce_log, device=rt.device, world_size=rt.world_size,
+                         global_batch=self.batches_per_step, seq_length=cfg.model.seq_length,
+                         flops_per_iter=self.flops_per_iter, log_interval=cfg.logging.log_interval, end=end,
+                         total=cfg.train.train_iters, step=self.state.step,
+                         progress_bar=rt.rank == 0 and cfg.logging.progress_bar)
+
+    def _evaluate_due(self) -> dict:
+        """Eval loss and perplexity every ``eval_interval`` steps (when there is validation data)."""
+        lg = self.cfg.logging
+        if not (lg.eval_interval and self.state.step % lg.eval_interval == 0 and self.valid_batches is not None):
+            return {}
+        ev = self.evaluate()
+        return {"eval_loss": ev, "eval_ppl": math.exp(min(ev, 50))}
+
+    def _close(self, window: LogWindow, last: dict) -> dict:
+        """The end of :meth:`_train`: the progress bar and the metrics file closed."""
+        window.close()
         self.writer.close()
         return last

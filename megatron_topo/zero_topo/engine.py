@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 import torch.nn as nn
 
+from . import engine_state
 from . import layout as L
 from . import memory
 from . import transports
@@ -370,41 +371,35 @@ class ZeroTopoEngine:
         for u, master in zip(self.units, self.optimizer.params):
             u.publish(master)
 
-    # ---------------------------------------------------------------------------- introspection
+    # ---------------------------------------------------------------------------- state (engine_state)
+    def state_dict(self, optimizer: bool = True) -> dict[str, Any]:
+        """This rank's training state on the host: optimizer shards, loss scaler, error-feedback
+        residuals (:func:`.engine_state.state_dict`; what a checkpoint saves)."""
+        return engine_state.state_dict(self, optimizer)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Fill this rank's state from ``state`` and republish (:func:`.engine_state.load_state_dict`)."""
+        engine_state.load_state_dict(self, state)
+
+    def unit_table(self) -> list[dict]:
+        """Per unit: padded and real element counts, parameters' [name, offset, numel, shape]."""
+        return engine_state.unit_table(self)
+
+    def shard_ranges(self) -> list[tuple[int, int]]:
+        """Per unit: the [lo, hi) of its flat buffer whose optimizer state this rank holds."""
+        return engine_state.shard_ranges(self)
+
+    def full_state(self) -> list[dict]:
+        """Collective: every unit's full optimizer state, gathered (:func:`.engine_state.full_state`)."""
+        return engine_state.full_state(self)
+
     def model_state_bytes(self) -> dict[str, int]:
         """Bytes of model states this rank holds, measured from tensor storage."""
-        def nbytes(t: Optional[torch.Tensor]) -> int:
-            return 0 if t is None else t.untyped_storage().nbytes()
-        out = {"weights": 0, "secondary": 0, "gradients": 0, "optimizer": 0, "residuals": 0}
-        for u in self.units:
-            out["residuals"] += nbytes(u.ef_reduce) + nbytes(u.ef_combine)
-            out["weights"] += nbytes(u.primary)
-            if isinstance(u.secondary, tuple):
-                out["secondary"] += sum(nbytes(t) for t in u.secondary)
-            else:
-                out["secondary"] += nbytes(u.secondary)
-            out["gradients"] += nbytes(u.grad_acc)
-        out["optimizer"] = self.optimizer.state_bytes()
-        out["total"] = sum(out.values())
-        return out
+        return engine_state.model_state_bytes(self)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Gather the current fp32 master weights of every parameter (collective; tests, export)."""
-        out = {}
-        for u, master in zip(self.units, self.optimizer.params):
-            full = torch.empty(u.layout.optim_numel * u.plan.optimizer_factor, dtype=torch.float32,
-                               device=master.device)
-            grp = self.groups.optim
-            tmp = torch.empty(master.numel() * grp.size, dtype=torch.float32, device=master.device)
-            self.comm.all_gather(tmp, master.detach(), grp)
-            n = master.numel()
-            for i, r in enumerate(grp.ranks):
-                j = L.shard_index(r, u.layout.chain())
-                full[j * n:(j + 1) * n].copy_(tmp[i * n:(i + 1) * n])
-            names = {id(p): n for n, p in self.module.named_parameters()}
-            for s in u.specs:
-                out[names[id(s.param)]] = full[s.offset:s.offset + s.numel].view(s.shape).clone()
-        return out
+        return engine_state.full_parameters(self)
 
     def remove_hooks(self) -> None:
         for h in self._hooks:

@@ -5,6 +5,7 @@ buffers; loading rebuilds any rank's shards from any other plan or world size.
                    verifying ``meta.json`` and rank files, cleanup, pruning, path checks);
 * :mod:`.live`     the collective save and the load into an engine, with the compatibility and
                    resume checks;
+* :mod:`.meta_schema` ``meta.json`` typed (:class:`Meta`), validated on read, written by the save;
 * :mod:`.offline`  readers for one process without an engine (a unit's state, the full state, the
                    saved config).
 
@@ -14,6 +15,7 @@ replaces one of its functions patches ``checkpoint.storage``.
 from __future__ import annotations
 
 from .live import architecture_diff, check_compatible, check_resume, gather_full_state, load, save, unit_table
+from .meta_schema import FileRecord, Meta, ParamRecord, TrainerState, UnitRecord
 from .offline import full_unit_state, load_model_config, read_config_yaml, read_full_state, unit_state_range
 from .storage import (ARCH_KEYS, FORMAT_VERSION, LATEST, STATE_KEYS, SUPPORTED_FORMATS, CheckpointError,
                       _atomic_write_bytes, _remove_quietly, _shard_tensors, check_output_outside, check_save_dir,
@@ -21,7 +23,8 @@ from .storage import (ARCH_KEYS, FORMAT_VERSION, LATEST, STATE_KEYS, SUPPORTED_F
 
 __all__ = [
     "ARCH_KEYS", "FORMAT_VERSION", "architecture_diff", "LATEST", "STATE_KEYS", "SUPPORTED_FORMATS", "CheckpointError",
-    "check_compatible", "check_output_outside", "check_resume", "check_save_dir", "file_digest",
+    "FileRecord", "Meta", "ParamRecord", "TrainerState", "UnitRecord", "check_compatible", "check_output_outside",
+    "check_resume", "check_save_dir", "file_digest",
     "full_unit_state", "gather_full_state", "holds_checkpoints", "load", "load_model_config",
     "load_rank_file", "rank_file", "read_config_yaml", "read_full_state", "read_meta", "resolve", "save",
     "step_dir", "unit_state_range", "unit_table",

@@ -3,23 +3,24 @@ open and verify it before anything is written, then stream it one unit at a time
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional
 
 from . import storage
 from .offline import full_unit_state, read_config_yaml
+from .meta_schema import Meta
 from .storage import CheckpointError
 
 
-def verify_checkpoint_files(step_path: str, meta: dict) -> None:
+def verify_checkpoint_files(step_path: str, meta: Meta) -> None:
     """Open every rank file that holds tensors once: size and SHA-256 against meta.json, and a
     pickle that would run code is refused (CheckpointError). Nothing stays in memory."""
-    holders = int(meta.get("shard_holders") or meta["world_size"])  # only holders store tensors
-    for r in range(holders):
+    for r in range(meta.holders):  # only holders store tensors
         storage.load_rank_file(step_path, r, meta)  # memory-mapped: hashed by reading, not loaded
 
 
-def open_checkpoint(checkpoint: str) -> tuple[str, dict, Optional[str]]:
+def open_checkpoint(checkpoint: str) -> tuple[str, Meta, Optional[str]]:
     """(step folder, meta.json, config.yml text) of a checkpoint to export, with every rank file
     verified: an edited config.yml or a bad rank file fails here, before anything is written."""
     sp = storage.resolve(checkpoint)
@@ -36,7 +37,7 @@ def check_output_parent(path: str, flag: str = "--output") -> None:
         raise CheckpointError(f"{flag} {path}: directory {parent} does not exist")
 
 
-def iter_checkpoint_units(step_path: str, meta: dict, keys=("master",), verify: bool = True):
+def iter_checkpoint_units(step_path: str, meta: Meta, keys=("master",), verify: bool = True):
     """Yield ``(unit index, state, params)`` one unit at a time: ``state`` is the unit's unpadded
     flat fp32 ``keys`` (+ ``step``) as :func:`checkpoint.full_unit_state` reassembles it, ``params``
     its ``[name, offset, numel, shape]`` table. The rank files are checked against meta.json once
@@ -45,8 +46,8 @@ def iter_checkpoint_units(step_path: str, meta: dict, keys=("master",), verify: 
     unit stays mapped."""
     if verify:
         verify_checkpoint_files(step_path, meta)
-    checked = {k: v for k, v in meta.items() if k != "files"}  # no second digest pass per unit
-    for i, u in enumerate(meta["units"]):
+    checked = dataclasses.replace(meta, files={})  # no second digest pass per unit
+    for i, u in enumerate(meta.units):
         state = full_unit_state(step_path, checked, i, {}, keys)
-        yield i, state, u["params"]
+        yield i, state, u.params
         del state

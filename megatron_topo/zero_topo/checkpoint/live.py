@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from ...atomic import fsync_dir
-from ..layout import shard_index
 from . import storage
+from .meta_schema import FileRecord, Meta, TrainerState, UnitRecord
 from .offline import read_config_yaml, unit_state_range
-from .storage import FORMAT_VERSION, LATEST, STATE_KEYS, CheckpointError
+from .storage import FORMAT_VERSION, LATEST, CheckpointError
 
 if TYPE_CHECKING:
     from ...config import Config
@@ -27,12 +27,8 @@ _FAILED = (1 << 64) - 1  # a rank's size record when its write failed
 
 # ------------------------------------------------------------------------------- tables
 def unit_table(engine: ZeroTopoEngine) -> list[dict]:
-    names = {id(p): n for n, p in engine.module.named_parameters()}
-    return [
-        {"padded": u.layout.padded, "numel": u.numel,
-         "params": [[names[id(s.param)], s.offset, s.numel, list(s.shape)] for s in u.specs]}
-        for u in engine.units
-    ]
+    """The engine's unit parameter tables, as meta.json records them."""
+    return engine.unit_table()
 
 
 # ------------------------------------------------------------------------------- save
@@ -52,7 +48,7 @@ def _gather_digests(engine: ZeroTopoEngine, item: bytes) -> list[bytes]:
     return records
 
 
-def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, config_yaml: str, rank: int,
+def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: TrainerState, config_yaml: str, rank: int,
          barrier: Callable[[], None], keep_last: int = 2, fault: Optional[Callable[..., None]] = None) -> str:
     """Collective: every rank calls it. Returns the final step directory. ``fault(point, rank=,
     step=)`` is called at the two kill points ``save`` and ``publish`` (the trainer passes the test
@@ -66,28 +62,19 @@ def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: dict, conf
         os.makedirs(tmp)
     barrier()
     holder = rank < engine.plan.optimizer_factor
-    shards = []
-    for i, u in enumerate(engine.units):
-        lo, hi = u.optim_range
-        entry = {"unit": i, "lo": lo, "hi": hi, "padded": u.layout.padded, "numel": u.numel}
-        if holder:
-            st = engine.optimizer.shard_state(i)
-            entry.update({k: (engine.comm.to_host(v).clone() if torch.is_tensor(v) else v) for k, v in st.items()})
-        shards.append(entry)
+    state = engine.state_dict(optimizer=holder)
     payload = {
         "format": FORMAT_VERSION,
         "rank": rank,
         "step": step,
         "holder": holder,
-        "shards": shards,
+        "shards": state["shards"],
         "rng": {"torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-        "scaler": engine.scaler.state_dict() if engine.scaler else None,
+        "scaler": state["scaler"],
         # this rank's error-feedback residuals (zero_topo.error_feedback); only a resume on the
         # same world and plan restores them (resharded, they start from zero)
-        "error_feedback": [{k: None if t is None else engine.comm.to_host(t).clone()
-                            for k, t in (("reduce", u.ef_reduce), ("combine", u.ef_combine))}
-                           for u in engine.units] if engine.plan.error_feedback else None,
+        "error_feedback": state["error_feedback"],
     }
     try:
         size, digest = storage.atomic_torch_save(payload, storage.rank_file(tmp, rank))
@@ -127,29 +114,19 @@ def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list[int], 
                           f"removed and {prev}; free disk space (or set save elsewhere) and resume")
 
 
-def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int, trainer_state: dict,
+def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int, trainer_state: TrainerState,
              config_yaml: str, records: list[bytes], keep_last: int,
              fault: Optional[Callable[..., None]] = None) -> None:
     """Rank 0: meta.json + config.yml, then the atomic renames and ``latest``."""
-    files = {os.path.basename(storage.rank_file(tmp, r)): {"bytes": int.from_bytes(rec[:8], "little"),
-                                                   "sha256": rec[8:].hex()}
+    files = {os.path.basename(storage.rank_file(tmp, r)): FileRecord(int.from_bytes(rec[:8], "little"), rec[8:].hex())
              for r, rec in enumerate(records)}
-    meta = {
-        "format": FORMAT_VERSION,
-        "step": step,
-        "world_size": engine.topo.world_size,
-        "topology": asdict(engine.topo),
-        "plan": asdict(engine.plan),
-        "precision": engine.precision,
-        "shard_holders": engine.plan.optimizer_factor,
-        "units": unit_table(engine),
-        "trainer": trainer_state,
-        "files": files,
-    }
     cfg_bytes = config_yaml.encode()
-    meta["config"] = {"file": "config.yml", "bytes": len(cfg_bytes), "sha256": hashlib.sha256(cfg_bytes).hexdigest()}
+    meta = Meta(FORMAT_VERSION, step, engine.topo.world_size, asdict(engine.plan), engine.plan.optimizer_factor,
+                [UnitRecord.of(u) for u in unit_table(engine)], trainer_state, files,
+                config=FileRecord(len(cfg_bytes), hashlib.sha256(cfg_bytes).hexdigest()),
+                topology=asdict(engine.topo), precision=engine.precision)
     storage._atomic_write_bytes(os.path.join(tmp, "config.yml"), cfg_bytes)
-    storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
+    storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta.to_record(), indent=1).encode())
     if fault is not None:
         fault("publish", rank=0, step=step)
     if os.path.isdir(final):  # re-saving the same step: move the old one aside first
@@ -167,14 +144,14 @@ def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int,
 
 
 # ------------------------------------------------------------------------------- load
-def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
+def check_compatible(sp: str, meta: Meta, mine: list[dict]) -> None:
     """The checkpoint's unit parameter tables must equal the model's (names, offsets, shapes)."""
-    if len(meta["units"]) != len(mine):
+    if len(meta.units) != len(mine):
         raise CheckpointError(
-            f"{sp}: checkpoint has {len(meta['units'])} units, the model has {len(mine)} (different num_layers?)"
+            f"{sp}: checkpoint has {len(meta.units)} units, the model has {len(mine)} (different num_layers?)"
         )
-    for i, (a, b) in enumerate(zip(meta["units"], mine)):
-        pa = [[p[0], p[1], p[2], list(p[3])] for p in a["params"]]
+    for i, (a, b) in enumerate(zip(meta.units, mine)):
+        pa = [p.to_record() for p in a.params]
         pb = [[p[0], p[1], p[2], list(p[3])] for p in b["params"]]
         if pa != pb:
             if len(pa) != len(pb):
@@ -186,7 +163,7 @@ def check_compatible(sp: str, meta: dict, mine: list[dict]) -> None:
                 f"model (unit {i}); the model config differs from the one that was saved")
 
 
-def _saved_config(sp: str, meta: dict, read_config: Callable[[str], Config]) -> Optional[Config]:
+def _saved_config(sp: str, meta: Meta, read_config: Callable[[str], Config]) -> Optional[Config]:
     """The Config the checkpoint was saved with, or None when it has no config.yml. The package
     parses no config: ``read_config(path)`` does (the caller's ``config.load_config`` on one file)."""
     from ...config.options import ConfigError
@@ -200,7 +177,7 @@ def _saved_config(sp: str, meta: dict, read_config: Callable[[str], Config]) -> 
         raise CheckpointError(f"{os.path.join(sp, 'config.yml')}: {e}") from None
 
 
-def architecture_diff(sp: str, meta: dict, cfg: Config, read_config: Callable[[str], Config]) -> list[str]:
+def architecture_diff(sp: str, meta: Meta, cfg: Config, read_config: Callable[[str], Config]) -> list[str]:
     """``key saved -> now`` for every architecture key (of either model spec) the run's model
     config changes (empty when the checkpoint has no config.yml, which ``read_config`` parses)."""
     from ...model.spec import spec_for
@@ -213,7 +190,7 @@ def architecture_diff(sp: str, meta: dict, cfg: Config, read_config: Callable[[s
             if getattr(saved.model, k) != getattr(cfg.model, k)]
 
 
-def check_resume(sp: str, meta: dict, cfg: Config, read_config: Callable[[str], Config]) -> None:
+def check_resume(sp: str, meta: Meta, cfg: Config, read_config: Callable[[str], Config]) -> None:
     """A resume must keep the architecture (every key of the model spec's arch_keys; the plan, world size and
     precision may change) and have steps left to train."""
     diff = architecture_diff(sp, meta, cfg, read_config)
@@ -221,7 +198,7 @@ def check_resume(sp: str, meta: dict, cfg: Config, read_config: Callable[[str], 
         raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
                               f"resume with the saved values or start a new run (another plan or world size "
                               f"is fine)")
-    step = int(meta["step"])
+    step = meta.step
     if cfg.train.train_iters < step:
         raise CheckpointError(f"{sp} is at step {step} but train_iters is {cfg.train.train_iters}; set "
                               f"train_iters above {step} to continue training (nothing was loaded or written)")
@@ -229,7 +206,7 @@ def check_resume(sp: str, meta: dict, cfg: Config, read_config: Callable[[str], 
 
 def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = False,
          config: Optional[Config] = None, unverified: bool = False,
-         read_config: Optional[Callable[[str], Config]] = None) -> dict:
+         read_config: Optional[Callable[[str], Config]] = None) -> TrainerState:
     """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json.
     With ``config`` (the run's Config) and ``read_config`` (parses the saved config.yml), a changed
     architecture or a ``train_iters`` below the saved step is refused first."""
@@ -240,17 +217,17 @@ def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = Fals
     check_compatible(sp, meta, unit_table(engine))
     if config is not None:
         check_resume(sp, meta, config, read_config)
-    same = meta["world_size"] == engine.topo.world_size and meta["plan"] == asdict(engine.plan)
+    same = meta.world_size == engine.topo.world_size and meta.plan == asdict(engine.plan)
     if strict_world and not same:
-        raise CheckpointError(f"{sp}: saved on {meta['world_size']} ranks with another plan")
-    holders = int(meta.get("shard_holders") or meta["world_size"])
+        raise CheckpointError(f"{sp}: saved on {meta.world_size} ranks with another plan")
+    holders = meta.holders
     own = None
     if same:
         own = storage.load_rank_file(sp, rank, meta)
         src = own if rank < holders else storage.load_rank_file(sp, rank % holders, meta)
     files: dict = {}
-    for i, u in enumerate(engine.units):
-        lo, hi = u.optim_range
+    shards = []
+    for i, (lo, hi) in enumerate(engine.shard_ranges()):
         if own is not None:
             sh = src["shards"][i]
             if (int(sh["lo"]), int(sh["hi"])) != (lo, hi):
@@ -263,54 +240,23 @@ def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = Fals
             st["step"] = sh.get("step")
         else:  # another plan or world size: read only the saved shards overlapping [lo, hi)
             st = unit_state_range(sp, meta, i, lo, hi, files)
-        dev = engine.optimizer.params[i].device
-        has_moments = st["step"] is not None and "exp_avg" in st and "exp_avg_sq" in st
-        engine.optimizer.load_shard_state(
-            i, st["master"].to(dev), st["exp_avg"].to(dev) if has_moments else None,
-            st["exp_avg_sq"].to(dev) if has_moments else None, st["step"])
+        shards.append(st)
+    state = {"shards": shards, "scaler": None, "error_feedback": None}
     if own is None and engine.scaler:
         first = files.get(0) or storage.load_rank_file(sp, 0, meta)  # the scaler state is the same on every rank
-        if first.get("scaler"):
-            engine.scaler.load_state_dict(first["scaler"])
+        state["scaler"] = first.get("scaler")
     if own is not None:
         torch.set_rng_state(own["rng"]["torch"])
         if own["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(own["rng"]["cuda"])
-        if engine.scaler and own.get("scaler"):
-            engine.scaler.load_state_dict(own["scaler"])
-        if engine.plan.error_feedback and own.get("error_feedback"):
-            for u, ef in zip(engine.units, own["error_feedback"]):
-                u.ef_reduce = None if ef["reduce"] is None else ef["reduce"].to(u.device, copy=True)
-                u.ef_combine = None if ef["combine"] is None else ef["combine"].to(u.device, copy=True)
-    engine.republish()
-    return meta["trainer"]
+        state["scaler"], state["error_feedback"] = own.get("scaler"), own.get("error_feedback")
+    engine.load_state_dict(state)
+    return meta.trainer
 
 
 # ------------------------------------------------------------------------------- live state
-@torch.no_grad()
 def gather_full_state(engine: ZeroTopoEngine) -> list[dict]:
     """Collective: every unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) as the
-    engine holds them now, gathered over the optimizer group (tests, live export). The engine's
-    traffic counters are left as they were."""
-    saved = dict(engine.comm.bytes)
-    out = []
-    grp = engine.groups.optim
-    for i, u in enumerate(engine.units):
-        st = engine.optimizer.shard_state(i)
-        keys = [k for k in STATE_KEYS if st[k] is not None]
-        n = st["master"].numel()
-        local = torch.cat([st[k].detach().float().reshape(-1) for k in keys])
-        tmp = torch.empty(local.numel() * grp.size, dtype=torch.float32, device=local.device)
-        engine.comm.all_gather(tmp, local, grp)
-        parts = tmp.view(grp.size, len(keys), n)
-        entry = {"step": None if st["step"] is None else float(st["step"])}
-        entry.update({k: None for k in STATE_KEYS})
-        for a, k in enumerate(keys):
-            full = torch.empty(n * u.plan.optimizer_factor, dtype=torch.float32, device=local.device)
-            for j, r in enumerate(grp.ranks):
-                s = shard_index(r, u.layout.chain())
-                full[s * n:(s + 1) * n].copy_(parts[j, a])
-            entry[k] = full[:u.numel].cpu()
-        out.append(entry)
-    engine.comm.bytes.update(saved)
-    return out
+    engine holds them now, gathered over the optimizer group (tests, live export); the engine's
+    traffic counters are left as they were (:meth:`~..engine.ZeroTopoEngine.full_state`)."""
+    return engine.full_state()

@@ -3,7 +3,8 @@ is declared here with its type and bounds, and a file that breaks one is refused
 the file and the field (``meta.json: step: expected an integer, got str '2'``), never a traceback or a
 silently wrapped value further on.
 
-:func:`validate` returns a :class:`Meta` (typed) and checks the dict callers keep using against it;
+:func:`validate` returns a :class:`Meta` (typed), which every reader uses (the checkpoint package,
+the trainer, the tools and HF export); the save writes one through :meth:`Meta.to_record`.
 ``files`` records are required for every rank file that holds tensors unless the caller allows an
 unverified load.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 RANK_FILE = re.compile(r"rank_\d{5}\.pt")
@@ -49,19 +50,30 @@ def _list(v: Any, where: str) -> list:
     return v
 
 
-@dataclass
-class ParamRecord:
+class ParamRecord(NamedTuple):  # unpacks as meta.json's [name, offset, numel, shape]
     name: str
     offset: int
     numel: int
     shape: tuple
+
+    def to_record(self) -> list:
+        return [self.name, self.offset, self.numel, list(self.shape)]
 
 
 @dataclass
 class UnitRecord:
     numel: int
     padded: int
-    params: list = field(default_factory=list)
+    params: list = field(default_factory=list)  # ParamRecord
+
+    def to_record(self) -> dict:
+        return {"padded": self.padded, "numel": self.numel, "params": [p.to_record() for p in self.params]}
+
+    @classmethod
+    def of(cls, table: dict) -> UnitRecord:
+        """From an engine's unit table entry (:meth:`~..engine.ZeroTopoEngine.unit_table`)."""
+        params = [ParamRecord(n, o, k, tuple(sh)) for n, o, k, sh in table["params"]]
+        return cls(table["numel"], table["padded"], params)
 
 
 @dataclass
@@ -69,12 +81,22 @@ class FileRecord:
     bytes: int
     sha256: str
 
+    def to_record(self) -> dict:
+        return {"bytes": self.bytes, "sha256": self.sha256}
+
 
 @dataclass
 class TrainerState:
     step: int
     consumed_samples: Optional[int] = None  # the trainer's resume requires it; offline readers do not
     consumed_valid: int = 0
+    global_batch: Optional[int] = None  # samples per step; None when not recorded (or not a positive integer)
+    python_rng: Any = None  # an older trainer's Python RNG seed, when recorded (not written any more)
+
+    def to_record(self) -> dict:
+        out = {"step": self.step, "consumed_samples": self.consumed_samples, "consumed_valid": self.consumed_valid,
+               "global_batch": self.global_batch}
+        return {k: v for k, v in out.items() if v is not None}  # the trainer writes all four
 
 
 @dataclass
@@ -83,11 +105,29 @@ class Meta:
     step: int
     world_size: int
     plan: dict
-    shard_holders: int
-    units: list
+    shard_holders: Optional[int]  # the ranks whose files hold tensors; None: not recorded (every rank's)
+    units: list  # UnitRecord
     trainer: TrainerState
     files: dict  # rank file name -> FileRecord
     config: Optional[FileRecord] = None
+    topology: Optional[dict] = None
+    precision: Optional[str] = None
+    record: dict = field(default_factory=dict, repr=False)  # the parsed file as read (copied verbatim by tools)
+
+    @property
+    def holders(self) -> int:
+        """The ranks whose files hold tensors (all of them when the checkpoint does not record it)."""
+        return self.shard_holders or self.world_size
+
+    def to_record(self) -> dict:
+        """meta.json's content as the save writes it (key order included)."""
+        out = {"format": self.format, "step": self.step, "world_size": self.world_size, "topology": self.topology,
+               "plan": self.plan, "precision": self.precision, "shard_holders": self.shard_holders,
+               "units": [u.to_record() for u in self.units], "trainer": self.trainer.to_record(),
+               "files": {n: f.to_record() for n, f in self.files.items()}}
+        if self.config is not None:
+            out["config"] = {"file": "config.yml", **self.config.to_record()}
+        return out
 
 
 def _param(v: Any, where: str, unit_numel: int) -> ParamRecord:
@@ -148,16 +188,20 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> 
         if k not in plan:
             raise MetaError(f"plan.{k}: missing")
         _int(plan[k], f"plan.{k}", 1, ws)
-    holders = meta.get("shard_holders") or ws
-    holders = _int(holders, "shard_holders", 1, ws)
+    holders = meta.get("shard_holders") or None
+    if holders is not None:
+        holders = _int(holders, "shard_holders", 1, ws)
     units = [_unit(u, f"units[{i}]") for i, u in enumerate(_list(meta["units"], "units"))]
     tr = _dict(meta["trainer"], "trainer")
     if "step" not in tr:
         raise MetaError("trainer.step: missing")
     consumed = tr.get("consumed_samples")
+    kept = tr.get("global_batch")  # read by a resume on another world size only when a positive integer
     trainer = TrainerState(_int(tr["step"], "trainer.step"),
                            None if consumed is None else _int(consumed, "trainer.consumed_samples"),
-                           _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"))
+                           _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"),
+                           kept if isinstance(kept, int) and not isinstance(kept, bool) and kept >= 1 else None,
+                           tr.get("python_rng"))
     if trainer.step != step:
         raise MetaError(f"trainer.step: {trainer.step} differs from step {step}")
     files = {}
@@ -176,4 +220,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> 
     config = None
     if meta.get("config") is not None:
         config = _file(meta["config"], "config")
-    return Meta(fmt, step, ws, plan, holders, units, trainer, files, config)
+    topology, precision = meta.get("topology"), meta.get("precision")
+    return Meta(fmt, step, ws, plan, holders, units, trainer, files, config,
+                topology if isinstance(topology, dict) else None, precision if isinstance(precision, str) else None,
+                meta)

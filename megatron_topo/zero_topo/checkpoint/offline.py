@@ -11,6 +11,7 @@ import torch
 
 from ..layout import UnitLayout
 from . import storage
+from .meta_schema import Meta
 from .storage import STATE_KEYS, CheckpointError
 
 if TYPE_CHECKING:
@@ -18,21 +19,21 @@ if TYPE_CHECKING:
 
 
 # ------------------------------------------------------------------------------- units
-def _holder_ranges(meta: dict, unit: int) -> Optional[list[tuple[int, int, int]]]:
+def _holder_ranges(meta: Meta, unit: int) -> Optional[list[tuple[int, int, int]]]:
     """(rank, lo, hi) of every holder's optimizer shard of ``unit``, computed from the saved plan
     (no file opened); None for checkpoints that do not record their holders."""
-    if not meta.get("shard_holders"):
+    if not meta.shard_holders:
         return None
-    u, plan = meta["units"][unit], meta["plan"]
+    u, plan = meta.units[unit], meta.plan
     try:
-        lay = UnitLayout(int(u["numel"]), int(u["padded"]), int(plan["weight_factor"]),
+        lay = UnitLayout(int(u.numel), int(u.padded), int(plan["weight_factor"]),
                          int(plan["grad_factor"]), int(plan["optimizer_factor"]))
-        return [(r, *lay.optim_range(r)) for r in range(int(meta["shard_holders"]))]
+        return [(r, *lay.optim_range(r)) for r in range(int(meta.shard_holders))]
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise CheckpointError(f"meta.json: plan {plan} does not describe unit {unit}'s layout") from None
 
 
-def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, files: Optional[dict] = None,
+def unit_state_range(step_path: str, meta: Meta, unit: int, a: int, b: int, files: Optional[dict] = None,
                      keys: Sequence[str] = STATE_KEYS) -> dict:
     """master/exp_avg/exp_avg_sq of elements ``[a, b)`` of ``unit``'s flat buffer (zeros beyond
     the real parameters) and the Adam step, reading only the shard files that overlap. ``keys``
@@ -40,7 +41,7 @@ def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, file
     (the rank files are memory-mapped, so the bytes of other keys and units are not read)."""
     if "master" not in keys:
         raise ValueError(f"keys {keys!r} must include 'master'")
-    n = int(meta["units"][unit]["numel"])
+    n = int(meta.units[unit].numel)
     out = {k: torch.zeros(b - a, dtype=torch.float32) for k in keys}
     end = min(b, n)
     have = torch.zeros(max(end - a, 0), dtype=torch.bool)
@@ -48,7 +49,7 @@ def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, file
     step = None
     ranges = _holder_ranges(meta, unit)
     if ranges is None:  # older checkpoints: every rank file, ranges from the files themselves
-        ranges = [(r, None, None) for r in range(int(meta["world_size"]))]
+        ranges = [(r, None, None) for r in range(int(meta.world_size))]
     for r, olo, ohi in ranges:
         if olo is not None and (min(ohi, end) <= max(olo, a)):
             continue
@@ -81,19 +82,19 @@ def unit_state_range(step_path: str, meta: dict, unit: int, a: int, b: int, file
     return out
 
 
-def full_unit_state(step_path: str, meta: dict, unit: int, files: Optional[dict] = None,
+def full_unit_state(step_path: str, meta: Meta, unit: int, files: Optional[dict] = None,
                     keys: Sequence[str] = STATE_KEYS) -> dict:
     """Reassemble a unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) from the shards;
     ``keys=("master",)`` reads the master weights only."""
-    return unit_state_range(step_path, meta, unit, 0, int(meta["units"][unit]["numel"]), files, keys)
+    return unit_state_range(step_path, meta, unit, 0, int(meta.units[unit].numel), files, keys)
 
 
 # ------------------------------------------------------------------------------- config
-def read_config_yaml(sp: str, meta: dict) -> Optional[str]:
+def read_config_yaml(sp: str, meta: Meta) -> Optional[str]:
     """The step's config.yml text, checked against the digest meta.json records (None if absent)."""
     path = os.path.join(sp, "config.yml")
     if not os.path.isfile(path):
-        if meta.get("config"):
+        if meta.config:
             raise CheckpointError(f"{path} is missing; meta.json records one")
         return None
     try:
@@ -101,8 +102,8 @@ def read_config_yaml(sp: str, meta: dict) -> Optional[str]:
             raw = f.read()
     except OSError as e:
         raise CheckpointError(f"{path} is unreadable: {e.strerror or e}") from None
-    rec = meta.get("config")
-    if rec and (len(raw) != rec.get("bytes") or hashlib.sha256(raw).hexdigest() != rec.get("sha256")):
+    rec = meta.config
+    if rec and (len(raw) != rec.bytes or hashlib.sha256(raw).hexdigest() != rec.sha256):
         raise CheckpointError(f"{path} was changed after the save: its SHA-256 differs from the one recorded in "
                               f"meta.json (the model it describes may not be the one saved)")
     try:
@@ -127,12 +128,12 @@ def read_full_state(path: str, keys: Sequence[str] = STATE_KEYS) -> dict:
     config_yaml = read_config_yaml(sp, meta)  # an edited config.yml fails before any shard is read
     files: dict = {}
     params, optim, steps, units = {}, {}, {}, []
-    for i, u in enumerate(meta["units"]):
+    for i, u in enumerate(meta.units):
         full = full_unit_state(sp, meta, i, files, keys)
         units.append(full)
         step = None if full["step"] is None or "exp_avg" not in full else float(full["step"])
-        for name, off, numel, shape in u["params"]:
-            sl = slice(int(off), int(off) + int(numel))
+        for p in u.params:
+            name, sl, shape = p.name, slice(p.offset, p.offset + p.numel), p.shape
             params[name] = full["master"][sl].view(*shape)
             if step is not None:
                 optim[name] = {k: full[k][sl].view(*shape) for k in ("exp_avg", "exp_avg_sq")}

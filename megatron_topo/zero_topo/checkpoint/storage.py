@@ -40,6 +40,7 @@ import torch
 from ... import safe_files
 from ...atomic import atomic_open, write_bytes
 from ...atomic import remove_quietly as _remove_quietly
+from ..engine_state import STATE_KEYS  # the optimizer state a shard holds, as the engine names it
 from . import meta_schema
 
 LATEST = "latest"
@@ -49,7 +50,6 @@ SUPPORTED_FORMATS = (1, 2)  # a missing "format" is 1
 # plan, world size, precision, seq_length, dropout and init keys may change: that is resharding/tuning)
 ARCH_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "rotary_pct", "rotary_emb_base",
              "gpt_j_residual", "no_weight_tying", "norm", "layernorm_epsilon")
-STATE_KEYS = ("master", "exp_avg", "exp_avg_sq")
 LATEST_CAP = 4 * safe_files.KIB  # 'global_stepN' and a newline
 META_CAP = 256 * safe_files.MIB  # a unit table of some 10**6 parameters fits many times over
 
@@ -237,9 +237,10 @@ def holds_checkpoints(root: Optional[str]) -> bool:
         d.startswith("global_step") and d[len("global_step"):].isdigit() for d in os.listdir(root))
 
 
-def read_meta(step_path: str, unverified: bool = False) -> dict:
-    """meta.json of a step folder, checked against :mod:`.meta_schema` (one line naming the field
-    that is wrong). Rank files without a size and SHA-256 record are refused unless ``unverified``."""
+def read_meta(step_path: str, unverified: bool = False) -> meta_schema.Meta:
+    """meta.json of a step folder, typed and checked against :mod:`.meta_schema` (one line naming
+    the field that is wrong). Rank files without a size and SHA-256 record are refused unless
+    ``unverified``."""
     path = os.path.join(step_path, "meta.json")
     text = safe_files.read_small_text(path, META_CAP, CheckpointError)
     try:
@@ -252,24 +253,23 @@ def read_meta(step_path: str, unverified: bool = False) -> dict:
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
     try:
-        meta_schema.validate(meta, SUPPORTED_FORMATS, unverified)
+        return meta_schema.validate(meta, SUPPORTED_FORMATS, unverified)
     except meta_schema.MetaError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    return meta
 
 
-def _verify_file(path: str, record: Optional[dict]) -> None:
+def _verify_file(path: str, record: Optional[meta_schema.FileRecord]) -> None:
     if not record:
         return
     size = os.path.getsize(path)
-    if size != record.get("bytes"):
+    if size != record.bytes:
         raise CheckpointError(
-            f"{path} is truncated or was replaced: {size} bytes, meta.json recorded {record.get('bytes')}")
-    if file_digest(path)[1] != record.get("sha256"):
+            f"{path} is truncated or was replaced: {size} bytes, meta.json recorded {record.bytes}")
+    if file_digest(path)[1] != record.sha256:
         raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one recorded in meta.json")
 
 
-def load_rank_file(step_path: str, rank: int, meta: Optional[dict] = None, mmap: bool = True) -> dict:
+def load_rank_file(step_path: str, rank: int, meta: Optional[meta_schema.Meta] = None, mmap: bool = True) -> dict:
     """One rank file (checked against meta.json's size and digest when ``meta`` is given). With
     ``mmap`` (the default) the tensors are views of the mapped file: only the bytes a caller touches
     are read (a reader of one unit's master weights never pages in the moments or other units);
@@ -290,11 +290,11 @@ def load_rank_file(step_path: str, rank: int, meta: Optional[dict] = None, mmap:
         why = re.sub(r"\s+", " ", str(e)).split(". ")[0].strip()[:160]
         raise CheckpointError(f"{path} is corrupt or truncated ({why})") from None
     if meta is not None:
-        _verify_file(path, (meta.get("files") or {}).get(os.path.basename(path)))
+        _verify_file(path, meta.files.get(os.path.basename(path)))
     if not isinstance(data, dict) or not isinstance(data.get("shards"), list):
         raise CheckpointError(f"{path} is not a zero_topo rank file (no 'shards' list)")
-    if meta is not None and len(data["shards"]) != len(meta["units"]):
-        raise CheckpointError(f"{path} has {len(data['shards'])} unit shards, meta.json lists {len(meta['units'])} units")
+    if meta is not None and len(data["shards"]) != len(meta.units):
+        raise CheckpointError(f"{path} has {len(data['shards'])} unit shards, meta.json lists {len(meta.units)} units")
     return data
 
 

@@ -25,37 +25,39 @@ def _our_to_hf_names(weights: HFWeights, cfg=None) -> dict:
     return out
 
 
-def load_hf_into_engine(engine, path: str, weights=None) -> None:
+def load_hf_into_engine(engine, path: str, model_cfg, weights=None) -> None:
     """Fill every unit's master shard ``[lo, hi)`` from the HF weights (fp32), fresh optimizer
     state, then publish the working weights. Reads only the parameters overlapping this rank's
-    range of each unit. ``weights``: another reader with HF names (a GPT-NeoX checkpoint's)."""
+    range of each unit. ``model_cfg``: the model's ModelConfig (how HF names map to ours);
+    ``weights``: another reader with HF names (a GPT-NeoX checkpoint's)."""
     w = weights if weights is not None else HFWeights(path)
-    by_ours = _our_to_hf_names(w, getattr(engine.module, "cfg", None))
-    names = {id(p): n for n, p in engine.module.named_parameters()}
-    missing = [names[id(s.param)] for u in engine.units for s in u.specs if names[id(s.param)] not in by_ours]
+    by_ours = _our_to_hf_names(w, model_cfg)
+    table = engine.unit_table()
+    missing = [name for u in table for name, *_ in u["params"] if name not in by_ours]
     if missing:
         raise ConfigError(
             f"{path}: the HF weights lack {len(missing)} of the model's tensors (first: "
             f"{missing[0]}); is it a GPT-NeoX checkpoint of this shape?"
         )
-    for i, u in enumerate(engine.units):
-        lo, hi = u.optim_range
-        master = torch.zeros(hi - lo, dtype=torch.float32)
-        for s in u.specs:
-            a, b = max(lo, s.offset), min(hi, s.offset + s.numel)
+
+    def master(params, lo: int, hi: int) -> torch.Tensor:
+        out = torch.zeros(hi - lo, dtype=torch.float32)
+        for name, offset, numel, shape in params:
+            a, b = max(lo, offset), min(hi, offset + numel)
             if a >= b:
                 continue
-            name = names[id(s.param)]
             t = w.get(by_ours[name])
-            if tuple(t.shape) != tuple(s.shape):
+            if tuple(t.shape) != tuple(shape):
                 raise ConfigError(
-                    f"{path}: tensor {by_ours[name]} has shape {tuple(t.shape)}, the model's {name} is {tuple(s.shape)}"
+                    f"{path}: tensor {by_ours[name]} has shape {tuple(t.shape)}, the model's {name} is {tuple(shape)}"
                 )
-            master[a - lo : b - lo] = t.reshape(-1)[a - s.offset : b - s.offset].float()
+            out[a - lo : b - lo] = t.reshape(-1)[a - offset : b - offset].float()
             del t
-        dev = engine.optimizer.params[i].device
-        engine.optimizer.load_shard_state(i, master.to(dev), None, None, None)
-    engine.republish()
+        return out
+
+    shards = ({"master": master(u["params"], lo, hi), "step": None}
+              for u, (lo, hi) in zip(table, engine.shard_ranges()))  # one unit read at a time
+    engine.load_state_dict({"shards": shards})  # the weights alone: a fresh optimizer
 
 
 def load_weights_only(engine, path: str, config=None, read_config=None) -> dict:
@@ -77,14 +79,14 @@ def load_weights_only(engine, path: str, config=None, read_config=None) -> dict:
             f"change it deliberately"
         )
     files: dict = {}
-    for i, u in enumerate(engine.units):
-        lo, hi = u.optim_range
-        st = offline.unit_state_range(sp, meta, i, lo, hi, files, keys=("master",))
-        engine.optimizer.load_shard_state(i, st["master"].to(engine.optimizer.params[i].device), None, None, None)
-    engine.republish()
-    return meta["trainer"]
+    masters = (
+        {"master": offline.unit_state_range(sp, meta, i, lo, hi, files, keys=("master",))["master"], "step": None}
+        for i, (lo, hi) in enumerate(engine.shard_ranges())
+    )  # one unit read at a time
+    engine.load_state_dict({"shards": masters})  # the weights alone: a fresh optimizer
+    return meta.trainer
 
 
-def load_neox_into_engine(engine, path: str, num_layers: int) -> None:
+def load_neox_into_engine(engine, path: str, model_cfg) -> None:
     """The checkpoint's weights into every unit's master shard (each rank reads only its ranges)."""
-    load_hf_into_engine(engine, path, weights=NeoxWeights(path, num_layers))
+    load_hf_into_engine(engine, path, model_cfg, weights=NeoxWeights(path, model_cfg.num_layers))
