@@ -8,6 +8,8 @@ search (``perf_model.legal_plans``, ``analysis.autoplan``).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 UNQUANTIZED = 16  # bits of a wire in the compute dtype (nothing quantized)
 
 # the legal bit widths of each plan field, most precise first (the search's order)
@@ -55,3 +57,12 @@ def preset_table(W: int, P: int, G: int) -> dict[str, dict]:
 
 
 PRESETS = tuple(preset_table(1, 1, 1))
+
+# The bits at which the software the papers measured (DeepSpeed 0.13, whose hpZ keeps its secondary
+# copy in fp16) holds a preset's secondary, where they differ from ours (docs/design.md §4.2):
+# read through ``Plan.measured_secondary_bits`` by the paper-convention memory and the deepspeed stack.
+MEASURED_SECONDARY_BITS = {"zeropp": 16}
+
+
+def measured_secondary_bits(preset: str) -> Optional[int]:
+    return MEASURED_SECONDARY_BITS.get(preset)

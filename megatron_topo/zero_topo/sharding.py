@@ -18,7 +18,7 @@ from ..config.options import ConfigError
 from ..config.schema import AUTO_TRIAL_KEYS, ZeroTopoConfig
 from ..topology import Topology
 from .plan_space import (BITS, BLOCK_SIZE_RULE, GRAD_QUANT_BLOCK_SIZE, INTER_NODE_REDUCES, PRESETS, QUANT_BLOCK_SIZE,
-                         is_block_size, preset_table)
+                         is_block_size, measured_secondary_bits, preset_table)
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,13 @@ class Plan:
     @property
     def factors(self) -> tuple[int, int, int]:
         return self.weight_factor, self.grad_factor, self.optimizer_factor
+
+    @property
+    def measured_secondary_bits(self) -> int:
+        """Bits of the secondary copy in the software the papers measured (DeepSpeed's hpZ keeps
+        ZeRO++'s in fp16; ``plan_space.MEASURED_SECONDARY_BITS``), else ``secondary_bits``."""
+        bits = measured_secondary_bits(self.preset)
+        return self.secondary_bits if bits is None else bits
 
     def describe(self) -> str:
         sec = f", secondary {self.secondary_degree} @ int{self.secondary_bits}" if self.secondary_degree else ""

@@ -119,8 +119,8 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     ``stack="deepspeed"`` models the software the paper measured (docs/design.md §7.2)."""
     if stack not in STACKS:
         raise ValueError(f"stack '{stack}' is not valid; use one of {', '.join(STACKS)}")
-    if stack == "deepspeed" and plan.preset == "zeropp" and plan.secondary_degree:
-        plan = dataclasses.replace(plan, secondary_bits=16)  # DeepSpeed's hpZ keeps the secondary in fp16
+    if stack == "deepspeed" and plan.secondary_degree and plan.measured_secondary_bits != plan.secondary_bits:
+        plan = dataclasses.replace(plan, secondary_bits=plan.measured_secondary_bits)  # DeepSpeed's hpZ: fp16
     psi, n = shape.params, shape.units
     flops = shape.microbatch_flops(micro_batch, recompute)
     compute = flops / (system.peak_tflops * 1e12 * system.compute_efficiency)
