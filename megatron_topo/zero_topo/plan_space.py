@@ -6,6 +6,7 @@ and checks (config/schema.py, config/options.py), the kernels' argument checks, 
 validation (``sharding.validate_plan``, which adds the legal factors of a topology) and the plan
 search (``perf_model.legal_plans``, ``analysis.autoplan``).
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -18,8 +19,13 @@ SECONDARY_BITS = (16, 8)
 GRAD_BITS = (16, 8, 4)
 COMBINE_BITS = (16, 8)
 PUBLISH_BITS = (16, 8)
-BITS = {"weight_bits": WEIGHT_BITS, "secondary_bits": SECONDARY_BITS, "grad_bits": GRAD_BITS,
-        "combine_bits": COMBINE_BITS, "publish_bits": PUBLISH_BITS}
+BITS = {
+    "weight_bits": WEIGHT_BITS,
+    "secondary_bits": SECONDARY_BITS,
+    "grad_bits": GRAD_BITS,
+    "combine_bits": COMBINE_BITS,
+    "publish_bits": PUBLISH_BITS,
+}
 
 # quantization block sizes (elements per fp32 scale, docs/design.md §5): a power of two in this range
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 64, 8192
@@ -43,13 +49,23 @@ def preset_table(W: int, P: int, G: int) -> dict[str, dict]:
         "zero2": dict(weight_factor=1, grad_factor=W, optimizer_factor=W),
         "zero3": dict(weight_factor=W, grad_factor=W, optimizer_factor=W),
         "zeropp": dict(
-            weight_factor=W, grad_factor=W, optimizer_factor=W, secondary_degree=P,
-            weight_bits=8, secondary_bits=8, grad_bits=4,
+            weight_factor=W,
+            grad_factor=W,
+            optimizer_factor=W,
+            secondary_degree=P,
+            weight_bits=8,
+            secondary_bits=8,
+            grad_bits=4,
         ),
         "mics": dict(weight_factor=P, grad_factor=P, optimizer_factor=P),
         "topo": dict(
-            weight_factor=G, grad_factor=P, optimizer_factor=W, secondary_degree=G,
-            weight_bits=8, secondary_bits=8, grad_bits=4,
+            weight_factor=G,
+            grad_factor=P,
+            optimizer_factor=W,
+            secondary_degree=G,
+            weight_bits=8,
+            secondary_bits=8,
+            grad_bits=4,
         ),
         "paro_iig": dict(weight_factor=P, grad_factor=P, optimizer_factor=W),
         "paro_nig": dict(weight_factor=1, grad_factor=P, optimizer_factor=W),

@@ -17,8 +17,17 @@ from ..config.deepspeed import ZeroOptimizationBlock
 from ..config.options import ConfigError
 from ..config.schema import AUTO_TRIAL_KEYS, ZeroTopoConfig
 from ..topology import Topology
-from .plan_space import (BITS, BLOCK_SIZE_RULE, GRAD_QUANT_BLOCK_SIZE, INTER_NODE_REDUCES, PRESETS, QUANT_BLOCK_SIZE,
-                         is_block_size, measured_secondary_bits, preset_table)
+from .plan_space import (
+    BITS,
+    BLOCK_SIZE_RULE,
+    GRAD_QUANT_BLOCK_SIZE,
+    INTER_NODE_REDUCES,
+    PRESETS,
+    QUANT_BLOCK_SIZE,
+    is_block_size,
+    measured_secondary_bits,
+    preset_table,
+)
 
 
 @dataclass(frozen=True)
@@ -241,7 +250,8 @@ def validate_plan(plan: Plan, topo: Topology) -> None:
             raise ConfigError(f"zero_topo.{name}={b} is not valid; use {BLOCK_SIZE_RULE}")
     if plan.inter_node_reduce not in INTER_NODE_REDUCES:
         raise ConfigError(
-            f"zero_topo.inter_node_reduce='{plan.inter_node_reduce}' is not valid; use {' or '.join(INTER_NODE_REDUCES)}"
+            f"zero_topo.inter_node_reduce='{plan.inter_node_reduce}' is not valid; "
+            f"use {' or '.join(INTER_NODE_REDUCES)}"
         )
     if plan.combine_bits < 16 and plan.deterministic:
         raise ConfigError("zero_topo.combine_bits < 16 and deterministic: true exclude each other (the ordered "

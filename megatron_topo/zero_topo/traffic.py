@@ -11,6 +11,7 @@ these names (transports.select_*) and creates the groups they name; the volume f
 (analysis/formulas.py), the performance model (analysis/perf_model) and the emulated cluster's
 model (analysis/emulation/predict.py) read the declarations. Pure arithmetic: no torch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,15 +21,22 @@ from .sharding import Plan
 
 # the moments of a unit's step, in order
 MOMENTS = ("forward_gather", "backward_gather", "reduce", "combine", "publish")
-PHASE = {"forward_gather": "forward", "backward_gather": "backward", "reduce": "backward", "combine": "step",
-         "publish": "step"}
+PHASE = {
+    "forward_gather": "forward",
+    "backward_gather": "backward",
+    "reduce": "backward",
+    "combine": "step",
+    "publish": "step",
+}
 
 
 @dataclass(frozen=True)
 class Issued:
     """One collective a transport issues for a unit (rank 0's group of the partition ``group``)."""
 
-    name: str  # forward_all_gather | backward_all_gather | grad_reduce | grad_reduce_inter | combine | post_step_all_gather
+    # its role: forward_all_gather | backward_all_gather | grad_reduce | grad_reduce_inter | combine |
+    # post_step_all_gather
+    name: str
     op: str  # all_gather | reduce_scatter | all_reduce | all_to_all: as charged (zero_topo.volumes ring bytes, steps)
     group: str  # the UnitGroups partition: weight | secondary | grad | node | two_hop_peers | replicas | post_gather
     elements: float  # the whole buffer on the wire (S, in elements)
@@ -111,8 +119,11 @@ def _gathers(plan: Plan, L: float) -> list[Transport]:
         fq, bq = L / s, L
     else:
         fq = bq = 0.0
-    back = Issued("backward_all_gather", "all_gather", "secondary", L, sb, qb) if s else \
-        Issued("backward_all_gather", "all_gather", "weight", L, wb, qb)
+    back = (
+        Issued("backward_all_gather", "all_gather", "secondary", L, sb, qb)
+        if s
+        else Issued("backward_all_gather", "all_gather", "weight", L, wb, qb)
+    )
     bwd = Transport("backward_gather", "start_gather", (back,), bq)
     return [Transport("forward_gather", "start_gather", (fwd,), fq), bwd]
 
@@ -126,9 +137,15 @@ def _reduce(plan: Plan, L: float, P: int) -> Transport:
     if name == "quantized_all_to_all_reduce":
         return Transport("reduce", name, (Issued("grad_reduce", "all_to_all", "grad", L, b, gqb),), 2 * L + 0.0)
     if name == "two_hop_reduce":  # inside the node, then 1/P of it among the peers across nodes
-        return Transport("reduce", name, (Issued("grad_reduce", "all_to_all", "node", L, b, gqb),
-                                          Issued("grad_reduce_inter", "all_to_all", "two_hop_peers", L / P, b, gqb)),
-                         2 * L + 2 * L / P)
+        return Transport(
+            "reduce",
+            name,
+            (
+                Issued("grad_reduce", "all_to_all", "node", L, b, gqb),
+                Issued("grad_reduce_inter", "all_to_all", "two_hop_peers", L / P, b, gqb),
+            ),
+            2 * L + 2 * L / P,
+        )
     return Transport("reduce", name)
 
 
@@ -151,8 +168,9 @@ def _combine(plan: Plan, L: float, W: int) -> Transport:
             return Transport("combine", name, (Issued("combine", "reduce_scatter", "replicas", G, cb, gqb),), q)
         return Transport("combine", name, (Issued("combine", "all_reduce", "replicas", G, cb, gqb, deferred=0.5),), q)
     rs = plan.inter_node_reduce == "reduce_scatter" and o == W
-    return Transport("combine", name, (Issued("combine", "reduce_scatter" if rs else "all_reduce", "replicas", G,
-                                              UNQUANTIZED, gqb),))
+    return Transport(
+        "combine", name, (Issued("combine", "reduce_scatter" if rs else "all_reduce", "replicas", G, UNQUANTIZED, gqb),)
+    )
 
 
 def _publish(plan: Plan, L: float) -> Transport:

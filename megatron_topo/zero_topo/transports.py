@@ -18,10 +18,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import kernels
+from . import kernels, packed, traffic
 from . import layout as L
-from . import packed
-from . import traffic
 from .comm import Group, Handle, TwoStageHandle
 from .sharding import Plan
 
@@ -283,8 +281,9 @@ def combine_quantized(u: ShardedUnit, o_lo: int, o_hi: int) -> QuantizedCombine:
     return QuantizedCombine(u, o_lo, o_hi)
 
 
-COMBINE: dict[str, CombineFn] = {fn.__name__: fn for fn in (combine_local, combine_quantized, combine_ordered_all_gather,
-                                                              combine_reduce_scatter, combine_all_reduce)}
+COMBINE: dict[str, CombineFn] = {fn.__name__: fn for fn in (combine_local, combine_quantized,
+                                                              combine_ordered_all_gather, combine_reduce_scatter,
+                                                              combine_all_reduce)}
 
 
 def select_combine(plan: Plan, world_size: int) -> CombineFn:

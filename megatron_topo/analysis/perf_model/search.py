@@ -7,12 +7,18 @@ from typing import Optional, Sequence
 
 from ...config import ConfigError, SystemConfig
 from ...topology import Topology
-from ...zero_topo.plan_space import (COMBINE_BITS, GRAD_BITS, INTER_NODE_REDUCES, PUBLISH_BITS, SECONDARY_BITS,
-                                     UNQUANTIZED, WEIGHT_BITS)
+from ...zero_topo.plan_space import (
+    COMBINE_BITS,
+    GRAD_BITS,
+    INTER_NODE_REDUCES,
+    PUBLISH_BITS,
+    SECONDARY_BITS,
+    UNQUANTIZED,
+    WEIGHT_BITS,
+)
 from ...zero_topo.sharding import Plan, validate_plan
 from .shape import GIB, Shape, model_state_memory
 from .step import StepEstimate, estimate_step
-
 
 # the quantized once-per-step variants searched: (combine_bits, publish_bits) = (8, 16), (16, 8), (8, 8)
 ONCE_PER_STEP_BITS = tuple((cb, pb) for pb in PUBLISH_BITS for cb in COMBINE_BITS if (cb, pb) != (UNQUANTIZED,) * 2)
