@@ -4,12 +4,12 @@ equals the unsharded tied reference; sharded init keeps the tie and the referenc
 import torch
 
 from megatron_topo.config import ModelConfig, ZeroTopoConfig
+from megatron_topo.zero_topo.sharding import PRESETS
 
 from .dist_utils import run_distributed
 from .engine_cases import make_engine, reference, tiny_cfg, train_steps
 
 UNQUANTIZED = dict(weight_bits=16, secondary_bits=16, grad_bits=16)
-PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig")
 
 
 def _run(rank, world):

@@ -30,6 +30,7 @@ from .. import preflight
 from ..config import Config, ConfigError, SystemConfig, ZeroTopoConfig
 from ..model import unit_numels
 from ..topology import Topology
+from ..zero_topo.plan_space import COMBINE_BITS, PUBLISH_BITS, UNQUANTIZED
 from ..zero_topo.sharding import PRESETS, Plan, resolve_plan
 
 GIB = 2 ** 30
@@ -108,8 +109,8 @@ def preset_variants(topo: Topology) -> list[Plan]:
     out = []
     for p in _preset_plans(topo):
         w, g, o = p.factors
-        for cb in (16, 8) if g < topo.world_size else (16,):
-            for pb in (16, 8) if o > w else (16,):
+        for cb in COMBINE_BITS if g < topo.world_size else (UNQUANTIZED,):
+            for pb in PUBLISH_BITS if o > w else (UNQUANTIZED,):
                 out.append(dataclasses.replace(p, combine_bits=cb, publish_bits=pb))
     return out
 

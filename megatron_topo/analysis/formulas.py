@@ -1,9 +1,10 @@
 """Bytes per link level a strategy must send per step, exactly, for any plan (docs/design.md §4.8).
 
-The per-step collective table is the performance model's (``perf_model.unit_collectives``), taken
-here per unit of padded length L (elements) with the quantization scales: M = e·L bytes at the
-compute precision (e = 2 for bf16/fp16), INT8 payloads L bytes and INT4 L/2 bytes, plus one fp32
-scale per weight or gradient block; each collective costs ``zero_topo.volumes.ring_bytes``,
+The per-step collective table is what the plan's transports declare (``zero_topo.traffic``), as
+the performance model charges it (``perf_model.unit_collectives``), taken here per unit of padded
+length L (elements) with the quantization scales: M = e·L bytes at the compute precision (e = 2
+for bf16/fp16), INT8 payloads L bytes and INT4 L/2 bytes, plus one fp32 scale per weight or
+gradient block; each collective costs ``zero_topo.volumes.ring_bytes``,
 charged to the widest level its group spans. The last unit stays gathered from forward into
 backward and is not gathered again.
 """

@@ -14,6 +14,8 @@ import typing
 from dataclasses import field
 from typing import Any, Optional
 
+from ..zero_topo.plan_space import BLOCK_SIZE_RULE, is_block_size
+
 
 class ConfigError(ValueError):
     """A bad configuration value; the message is one line meant for the user."""
@@ -184,7 +186,7 @@ def _check_split(split: str) -> Optional[str]:
 
 
 def _check_block(b: int) -> Optional[str]:
-    return None if 64 <= b <= 8192 and not b & (b - 1) else "use a power of two in [64, 8192]"
+    return None if is_block_size(b) else f"use {BLOCK_SIZE_RULE}"
 
 
 def _check_attention_config(v) -> Optional[str]:

@@ -7,6 +7,7 @@ import re
 import typing
 
 from .. import atomic
+from ..zero_topo.plan_space import BLOCK_SIZE_RULE
 from .deepspeed import OffloadBlock, SchedulerBlock, ZeroOptimizationBlock
 from .neox import NEOX_DEFAULT_DIFFERS, NEOX_IMPLEMENTED, REJECTED_KEYS
 from .neox_keys import NEOX_UNSUPPORTED
@@ -81,7 +82,7 @@ def describe_keys() -> str:
         if meta.get("check") is _check_split:
             valid.append("up to 3 non-negative numbers")
         elif meta.get("check") is _check_block:
-            valid.append("a power of two in [64, 8192]")
+            valid.append(BLOCK_SIZE_RULE)
         if meta.get("length"):
             valid.append(f"{meta['length']} values")
         opt = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)

@@ -12,6 +12,8 @@ import yaml
 
 from .deepspeed import SchedulerBlock, ZeroOptimizationBlock
 from .neox import NeoxCompatConfig
+from ..zero_topo import plan_space
+from ..zero_topo.plan_space import PRESETS
 from .options import _check_block, _check_split, _strip_optional, _tokenizer_names, option
 from .precision import resolve_precision
 
@@ -255,9 +257,6 @@ class TopologyConfig:
     gpus_per_node: Optional[int] = option(None, "default: LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE / world", ge=1)
 
 
-PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig", "paro_nig")
-
-
 @dataclass
 class ZeroTopoConfig:
     preset: str = option("ddp", "sharding preset (docs/design.md §4.2); auto: the fastest legal plan that "
@@ -267,19 +266,24 @@ class ZeroTopoConfig:
     grad_factor: Optional[int] = option(None, "ranks the gradients are split over", ge=1)
     optimizer_factor: Optional[int] = option(None, "ranks the fp32 master + Adam moments are split over", ge=1)
     secondary_degree: Optional[int] = option(None, "ranks of the secondary (hpZ) weight copy (0: none)", ge=0)
-    weight_bits: Optional[int] = option(None, "bits of the weight all-gather", choices=(16, 8))
-    secondary_bits: Optional[int] = option(None, "bits of the secondary copy", choices=(16, 8))
-    grad_bits: Optional[int] = option(None, "bits of the gradient reduce-scatter", choices=(16, 8, 4))
+    weight_bits: Optional[int] = option(None, "bits of the weight all-gather", choices=plan_space.WEIGHT_BITS)
+    secondary_bits: Optional[int] = option(None, "bits of the secondary copy", choices=plan_space.SECONDARY_BITS)
+    grad_bits: Optional[int] = option(None, "bits of the gradient reduce-scatter",
+                                      choices=plan_space.GRAD_BITS)
     combine_bits: Optional[int] = option(None, "bits of the once-per-step cross-replica gradient combine "
                                          "(16: the compute dtype; 8: INT8 reduce-scatter + all-gather, fp32 sums)",
-                                         choices=(16, 8))
+                                         choices=plan_space.COMBINE_BITS)
     publish_bits: Optional[int] = option(None, "bits of the post-step weight all-gather (8: INT8; each rank's "
-                                         "own shard and the fp32 master stay exact)", choices=(16, 8))
+                                         "own shard and the fp32 master stay exact)",
+                                         choices=plan_space.PUBLISH_BITS)
     error_feedback: bool = option(False, "add each low-bit gradient quantization's residual (in-node reduction, "
                                   "quantized combine) to the next one; fp32 residuals, kept in checkpoints")
-    quant_block_size: int = option(2048, "elements per weight quantization scale", check=_check_block)
-    grad_quant_block_size: int = option(512, "elements per gradient quantization scale", check=_check_block)
-    inter_node_reduce: str = option("allreduce", "cross-replica combine", choices=("allreduce", "reduce_scatter"))
+    quant_block_size: int = option(plan_space.QUANT_BLOCK_SIZE, "elements per weight quantization scale",
+                                   check=_check_block)
+    grad_quant_block_size: int = option(plan_space.GRAD_QUANT_BLOCK_SIZE, "elements per gradient quantization scale",
+                                        check=_check_block)
+    inter_node_reduce: str = option("allreduce", "cross-replica combine",
+                                   choices=plan_space.INTER_NODE_REDUCES)
     prefetch: bool = option(True, "gather the next unit's weights while computing this one")
     bucket_size: int = option(0, "reserved", choices=(0,),
                               why="units (one per layer) are the communication buckets; coalescing is not implemented")

@@ -31,7 +31,7 @@ import torch.nn as nn
 from . import engine_state
 from . import layout as L
 from . import memory
-from . import transports
+from . import traffic
 from .comm import Comm
 from .optimizer import ShardedAdamW
 from .sharding import Plan
@@ -128,7 +128,7 @@ class ZeroTopoEngine:
         w, g, o = self.plan.factors
         c = self.comm
         s = self.plan.secondary_degree
-        used = transports.reduce_groups(self.plan, P)
+        used = traffic.reduce_groups(self.plan, P)
         # every rank creates the same groups in the same order, only those the plan sends over (a
         # partition of one-rank groups creates none: weight with w = 1, replicas with g = W, ...)
         weight = c.partition(L.blocks(W, w))

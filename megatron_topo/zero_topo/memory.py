@@ -13,6 +13,7 @@ from collections import Counter
 from typing import Optional, Sequence
 
 from . import layout as L
+from . import traffic
 from .sharding import Plan
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -95,16 +96,17 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
             out["gather_bwd"] = 0
     # one micro-batch's gradient: the parameters' gradients and the flat buffer they are copied into
     out["flat_grad"] = P * e + P * wb
-    if g > 1:
-        if plan.grad_bits == 16:  # reduce_scatter_16bit: the reordered send + the received shard
-            out["reduce"] = P * wb + P // g * wb
-        elif g <= ranks_per_node:  # quantized_all_to_all_reduce: send + receive
-            out["reduce"] = 2 * _q(P, plan.grad_bits, gblk)
-        else:  # two_hop_reduce: both hops' send + receive
-            out["reduce"] = 2 * _q(P, plan.grad_bits, gblk) + 2 * _q(P // ranks_per_node, plan.grad_bits, gblk)
+    reduce = traffic.reduce_transport(plan, ranks_per_node)
+    if reduce == "reduce_scatter_16bit":  # the reordered send + the received shard
+        out["reduce"] = P * wb + P // g * wb
+    elif reduce == "quantized_all_to_all_reduce":  # send + receive
+        out["reduce"] = 2 * _q(P, plan.grad_bits, gblk)
+    elif reduce == "two_hop_reduce":  # both hops' send + receive
+        out["reduce"] = 2 * _q(P, plan.grad_bits, gblk) + 2 * _q(P // ranks_per_node, plan.grad_bits, gblk)
     G, O = P // g, P // o
-    if r > 1:
-        if plan.combine_bits < 16:  # QuantizedCombine: send + receive, this rank's fp32 slice
+    combine = traffic.combine_transport(plan, world_size)
+    if combine != "combine_local":
+        if combine == "combine_quantized":  # QuantizedCombine: send + receive, this rank's fp32 slice
             out["combine"] = 2 * _q(G, plan.combine_bits, gblk) + G // r * 4
             # packed.pack's send copy beside the quantized shard, and packed.unpack's contiguous
             # copy of what was received: one unit at a time
@@ -112,10 +114,10 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
             if O != G // r:  # the all-gather of the summed slices
                 out["combine_stage2"] = _q(G // r, plan.combine_bits, gblk) + _q(G, plan.combine_bits, gblk)
             out["step_grad"] = 0  # a view of the fp32 gradient shard or of the fp32 slice
-        elif plan.deterministic:  # combine_ordered_all_gather: the wire copy + every replica's
+        elif combine == "combine_ordered_all_gather":  # the wire copy + every replica's
             out["combine"] = (r + 1) * G * wb
             out["step_grad"] = 0
-        elif plan.inter_node_reduce == "reduce_scatter" and o == world_size:
+        elif combine == "combine_reduce_scatter":
             out["combine"] = G * wb + O * wb
             out["step_grad"] = O * 4 if wb != 4 else 0
         else:  # combine_all_reduce: in place in fp32, else a wire copy

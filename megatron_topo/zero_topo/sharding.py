@@ -17,8 +17,17 @@ from ..config.deepspeed import ZeroOptimizationBlock
 from ..config.options import ConfigError
 from ..config.schema import AUTO_TRIAL_KEYS, ZeroTopoConfig
 from ..topology import Topology
-
-PRESETS = ("ddp", "zero1", "zero2", "zero3", "zeropp", "mics", "topo", "paro_iig", "paro_nig")
+from .plan_space import (
+    BITS,
+    BLOCK_SIZE_RULE,
+    GRAD_QUANT_BLOCK_SIZE,
+    INTER_NODE_REDUCES,
+    PRESETS,
+    QUANT_BLOCK_SIZE,
+    is_block_size,
+    measured_secondary_bits,
+    preset_table,
+)
 
 
 @dataclass(frozen=True)
@@ -34,8 +43,8 @@ class Plan:
     combine_bits: int = 16  # once-per-step cross-replica combine (16: the compute dtype)
     publish_bits: int = 16  # post-step all-gather of the updated primary shards
     error_feedback: bool = False  # residuals of low-bit gradient quantization added to the next one
-    quant_block_size: int = 2048
-    grad_quant_block_size: int = 512
+    quant_block_size: int = QUANT_BLOCK_SIZE
+    grad_quant_block_size: int = GRAD_QUANT_BLOCK_SIZE
     inter_node_reduce: str = "allreduce"
     prefetch: bool = True
     deterministic: bool = False
@@ -43,6 +52,13 @@ class Plan:
     @property
     def factors(self) -> tuple[int, int, int]:
         return self.weight_factor, self.grad_factor, self.optimizer_factor
+
+    @property
+    def measured_secondary_bits(self) -> int:
+        """Bits of the secondary copy in the software the papers measured (DeepSpeed's hpZ keeps
+        ZeRO++'s in fp16; ``plan_space.MEASURED_SECONDARY_BITS``), else ``secondary_bits``."""
+        bits = measured_secondary_bits(self.preset)
+        return self.secondary_bits if bits is None else bits
 
     def describe(self) -> str:
         sec = f", secondary {self.secondary_degree} @ int{self.secondary_bits}" if self.secondary_degree else ""
@@ -56,23 +72,7 @@ class Plan:
 def preset_factors(preset: str, topo: Topology) -> dict:
     """Factors and bits of a named preset on ``topo`` (before user overrides)."""
     W, P, G = topo.world_size, topo.ranks_per_node, topo.gcds_per_gpu
-    table = {
-        "ddp": dict(weight_factor=1, grad_factor=1, optimizer_factor=1),
-        "zero1": dict(weight_factor=1, grad_factor=1, optimizer_factor=W),
-        "zero2": dict(weight_factor=1, grad_factor=W, optimizer_factor=W),
-        "zero3": dict(weight_factor=W, grad_factor=W, optimizer_factor=W),
-        "zeropp": dict(
-            weight_factor=W, grad_factor=W, optimizer_factor=W, secondary_degree=P,
-            weight_bits=8, secondary_bits=8, grad_bits=4,
-        ),
-        "mics": dict(weight_factor=P, grad_factor=P, optimizer_factor=P),
-        "topo": dict(
-            weight_factor=G, grad_factor=P, optimizer_factor=W, secondary_degree=G,
-            weight_bits=8, secondary_bits=8, grad_bits=4,
-        ),
-        "paro_iig": dict(weight_factor=P, grad_factor=P, optimizer_factor=W),
-        "paro_nig": dict(weight_factor=1, grad_factor=P, optimizer_factor=W),
-    }
+    table = preset_table(W, P, G)
     if preset == "auto":
         raise ConfigError("zero_topo.preset 'auto' is chosen from the model and the machine: resolve it with "
                           "megatron_topo.analysis.autoplan.resolve(cfg, topo)")
@@ -239,19 +239,19 @@ def validate_plan(plan: Plan, topo: Topology) -> None:
                 f"zero_topo.secondary_degree={s} does not fit the topology ({topo.describe()}); "
                 f"legal values: {legal_s}"
             )
-    for name, allowed in (("weight_bits", (16, 8)), ("secondary_bits", (16, 8)), ("grad_bits", (16, 8, 4)),
-                          ("combine_bits", (16, 8)), ("publish_bits", (16, 8))):
+    for name, allowed in BITS.items():
         if getattr(plan, name) not in allowed:
             raise ConfigError(
                 f"zero_topo.{name}={getattr(plan, name)} is not valid; use one of {', '.join(map(str, allowed))}"
             )
     for name in ("quant_block_size", "grad_quant_block_size"):
         b = getattr(plan, name)
-        if b < 64 or b > 8192 or b & (b - 1):
-            raise ConfigError(f"zero_topo.{name}={b} is not valid; use a power of two in [64, 8192]")
-    if plan.inter_node_reduce not in ("allreduce", "reduce_scatter"):
+        if not is_block_size(b):
+            raise ConfigError(f"zero_topo.{name}={b} is not valid; use {BLOCK_SIZE_RULE}")
+    if plan.inter_node_reduce not in INTER_NODE_REDUCES:
         raise ConfigError(
-            f"zero_topo.inter_node_reduce='{plan.inter_node_reduce}' is not valid; use allreduce or reduce_scatter"
+            f"zero_topo.inter_node_reduce='{plan.inter_node_reduce}' is not valid; "
+            f"use {' or '.join(INTER_NODE_REDUCES)}"
         )
     if plan.combine_bits < 16 and plan.deterministic:
         raise ConfigError("zero_topo.combine_bits < 16 and deterministic: true exclude each other (the ordered "

@@ -8,7 +8,8 @@ Three moments of a step move a unit's state between ranks:
 - ``publish`` (after the update): the updated optimizer shards gathered into the primary shard.
 
 ``select_reduce``, ``select_combine`` and ``select_publish`` map a plan onto one function each
-when the unit is built; the unit calls that function and keeps the returned :class:`Handle`.
+when the unit is built -- the function traffic.py's decision names, whose collectives it declares
+for the volume formulas and the models -- and the unit calls it and keeps the returned :class:`Handle`.
 """
 from __future__ import annotations
 
@@ -17,9 +18,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from . import kernels
+from . import kernels, packed, traffic
 from . import layout as L
-from . import packed
 from .comm import Group, Handle, TwoStageHandle
 from .sharding import Plan
 
@@ -150,31 +150,22 @@ def quantize_gradient(u: ShardedUnit, G: torch.Tensor, bits: int, blk: int,
 def reduce_perm_index(plan: Plan, ranks_per_node: int, device: torch.device) -> Optional[torch.Tensor]:
     """The slice order of a quantized reduction as a device tensor, for error feedback's
     residual (None when the plan keeps no in-node residual). Built once, outside backward."""
-    if not plan.error_feedback or plan.grad_factor == 1 or plan.grad_bits == 16:
+    kind = traffic.reduce_transport(plan, ranks_per_node)
+    if not plan.error_feedback or kind not in ("quantized_all_to_all_reduce", "two_hop_reduce"):
         return None
-    if plan.grad_factor <= ranks_per_node:
+    if kind == "quantized_all_to_all_reduce":
         perm = L.reduce_perm(plan.weight_factor, plan.grad_factor)
     else:
         perm = L.two_hop_perm(plan.weight_factor, plan.grad_factor, ranks_per_node)
     return torch.as_tensor(list(perm), dtype=torch.long, device=device)
 
 
+REDUCE: dict[str, ReduceFn] = {fn.__name__: fn for fn in (accumulate_local, reduce_scatter_16bit,
+                                                            quantized_all_to_all_reduce, two_hop_reduce)}
+
+
 def select_reduce(plan: Plan, ranks_per_node: int) -> ReduceFn:
-    if plan.grad_factor == 1:
-        return accumulate_local
-    if plan.grad_bits == 16:
-        return reduce_scatter_16bit
-    if plan.grad_factor <= ranks_per_node:
-        return quantized_all_to_all_reduce
-    return two_hop_reduce
-
-
-def reduce_groups(plan: Plan, ranks_per_node: int) -> tuple[str, ...]:
-    """The ``UnitGroups`` fields the plan's reduce transport sends over: the engine creates these
-    reduce groups only (ZeRO++'s node and peer groups, or the gradient group), none it never uses."""
-    fn = select_reduce(plan, ranks_per_node)
-    return {reduce_scatter_16bit: ("grad",), quantized_all_to_all_reduce: ("grad",),
-            two_hop_reduce: ("node", "two_hop_peers")}.get(fn, ())
+    return REDUCE[traffic.reduce_transport(plan, ranks_per_node)]
 
 
 # ------------------------------------------------------------------------------ combine
@@ -290,16 +281,13 @@ def combine_quantized(u: ShardedUnit, o_lo: int, o_hi: int) -> QuantizedCombine:
     return QuantizedCombine(u, o_lo, o_hi)
 
 
-def select_combine(plan: Plan, replicas: int, world_size: int) -> CombineFn:
-    if replicas == 1:
-        return combine_local
-    if plan.combine_bits < 16:
-        return combine_quantized
-    if plan.deterministic:
-        return combine_ordered_all_gather
-    if plan.inter_node_reduce == "reduce_scatter" and plan.optimizer_factor == world_size:
-        return combine_reduce_scatter
-    return combine_all_reduce
+COMBINE: dict[str, CombineFn] = {fn.__name__: fn for fn in (combine_local, combine_quantized,
+                                                              combine_ordered_all_gather, combine_reduce_scatter,
+                                                              combine_all_reduce)}
+
+
+def select_combine(plan: Plan, world_size: int) -> CombineFn:
+    return COMBINE[traffic.combine_transport(plan, world_size)]
 
 
 # ------------------------------------------------------------------------------ publish
@@ -359,18 +347,8 @@ def publish_quantized(u: ShardedUnit, master: torch.Tensor, new: torch.Tensor) -
     return Handle(works, place)
 
 
-def select_publish(plan: Plan, post_gather_size: int) -> PublishFn:
-    if post_gather_size == 1:
-        return publish_local
-    if plan.publish_bits < 16:
-        return publish_quantized
-    return publish_all_gather
+PUBLISH: dict[str, PublishFn] = {fn.__name__: fn for fn in (publish_local, publish_quantized, publish_all_gather)}
 
 
-def transport_names(plan: Plan, ranks_per_node: int, world_size: int) -> dict[str, str]:
-    """The functions a plan runs, by moment (what the README's preset table lists)."""
-    replicas = world_size // plan.grad_factor
-    post = len(L.post_gather_groups(world_size, plan.weight_factor, plan.optimizer_factor)[0])
-    return {"reduce": select_reduce(plan, ranks_per_node).__name__,
-            "combine": select_combine(plan, replicas, world_size).__name__,
-            "publish": select_publish(plan, post).__name__}
+def select_publish(plan: Plan) -> PublishFn:
+    return PUBLISH[traffic.publish_transport(plan)]

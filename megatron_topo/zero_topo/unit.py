@@ -105,8 +105,8 @@ class ShardedUnit:
         self.ef_perm = transports.reduce_perm_index(plan, comm.topo.ranks_per_node, device)
         # the transports this plan runs (transports.py), chosen once
         self.reduce_transport = transports.select_reduce(plan, comm.topo.ranks_per_node)
-        self.combine_transport = transports.select_combine(plan, groups.replicas.size, comm.topo.world_size)
-        self.publish_transport = transports.select_publish(plan, groups.post_gather.size)
+        self.combine_transport = transports.select_combine(plan, comm.topo.world_size)
+        self.publish_transport = transports.select_publish(plan)
         # the gathered unit (w > 1) lives in one flat buffer kept for the unit's lifetime whose
         # storage is allocated by each gather and released (resized to 0 bytes) by each free, as
         # FSDP does: the module's parameters, and whatever autograd saved from them in forward,

@@ -23,6 +23,7 @@ from ...config import SystemConfig
 from ...topology import Topology
 from ...zero_topo import layout as L
 from ...zero_topo.sharding import Plan
+from ...zero_topo.traffic import transports_of
 from ..perf_model import Collective, Shape, compose_passes, plan_collectives, preset_plan
 from ..perf_model.step import combine_tail
 
@@ -62,8 +63,8 @@ def gloo_link_bytes(c: Collective, plan: Plan, topo: Topology) -> dict:
     member, all-reduce to the next, reduce-scatter at all-reduce volume; all-to-all pairwise."""
     W, G, P = topo.world_size, topo.gcds_per_gpu, topo.ranks_per_node
     w, g, o = plan.factors
-    groups = {"combine": lambda: L.strided(W, g), "post_step_all_gather": lambda: L.post_gather_groups(W, w, o),
-              "grad_reduce_inter": lambda: L.two_hop_peer_groups(W, g, P)}.get(c.name, lambda: L.blocks(W, c.group_size))
+    groups = {"replicas": lambda: L.strided(W, g), "post_gather": lambda: L.post_gather_groups(W, w, o),
+              "two_hop_peers": lambda: L.two_hop_peer_groups(W, g, P)}.get(c.partition, lambda: L.blocks(W, c.group_size))
     b = gloo_wire_bytes(c)
     load: dict = {}
     for grp in groups():
@@ -86,29 +87,14 @@ def link_time(loads: Sequence[dict], system: SystemConfig) -> float:
 
 
 def quant_elements(psi: float, plan: Plan, topo: Topology) -> dict:
-    """Elements per rank and micro-batch through the quantization kernels as zero_topo/unit.py calls
-    them (local shard in, gathered unit out; a secondary of the gather's bits reuses its blocks;
-    gradient in, received pieces out; ZeRO++'s 2-hop requantizes 1/P of it between the hops)."""
-    w, g, o = plan.factors
-    s, P, sec = plan.secondary_degree, topo.ranks_per_node, plan.secondary_bits < 16
-    fwd = bwd = 0.0
-    if w > 1 and plan.weight_bits < 16:
-        fwd += psi / w + psi + (psi / s if s and sec and plan.secondary_bits != plan.weight_bits else 0.0)
-        bwd += psi if s and sec else (0.0 if s else psi / w + psi)  # a 16-bit secondary is not quantized
-    elif w > 1 and s and sec:
-        fwd, bwd = psi / s, psi
-    if g > 1 and plan.grad_bits < 16:
-        bwd += 2 * psi + (2 * psi / P if g > P else 0.0)
-    # once per step: the INT8 combine quantizes the gradient shard (and dequantizes it again for
-    # the error-feedback residual), sums the received pieces, and, when the optimizer shard is
-    # wider than the summed slice, requantizes the slice and dequantizes the gathered shard; the
-    # INT8 publish quantizes the optimizer shard and dequantizes the gathered primary shard
-    W, step = topo.world_size, 0.0
-    if plan.combine_bits < 16 and g < W:
-        step += psi / g * (3 if plan.error_feedback else 2) + (psi / W + psi / g if o < W else 0.0)
-    if plan.publish_bits < 16 and o > w:
-        step += psi / o + psi / w
-    return {"forward": fwd, "backward": bwd, "step": step}
+    """Elements per rank and micro-batch through the quantization kernels as zero_topo/unit.py and
+    transports.py call them, summed per phase from what each transport declares
+    (``zero_topo.traffic.Transport.quantized``): forward and backward per micro-batch, the combine
+    and publish once per step."""
+    out = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    for t in transports_of(plan, topo.world_size, topo.ranks_per_node, psi):
+        out[t.phase] += t.quantized
+    return out
 
 
 def emulated_cpu_s(shape: Shape, plan: Plan, topo: Topology, micro_batch: int, recompute: bool,

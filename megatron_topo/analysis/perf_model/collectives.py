@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ...config import SystemConfig
 from ...topology import LEVELS, Topology
 from ...zero_topo.sharding import Plan
+from ...zero_topo.traffic import transports_of
 from ...zero_topo.volumes import ring_bytes, ring_steps
 
 NIC_SHARING = ("ring", "rank")
@@ -24,6 +25,7 @@ class Collective:
     groups_per_node: int  # groups with members on one node (all run at once)
     scale_bytes: float = 0.0  # the scales, packed with the payload (one launch); counted only where asked for
     quantized: bool = False  # block-quantized payload (DeepSpeed sends its scales in a second collective)
+    partition: str = ""  # the UnitGroups partition of its groups (zero_topo.traffic.Issued.group)
 
     @property
     def per_micro_batch(self) -> bool:
@@ -40,10 +42,10 @@ class Collective:
         return ring_bytes(self.op, self.wire_bytes, d) + ring_bytes(self.op, self.scale_bytes, d)
 
 
-def _collective(name, op, phase, S, group, topo: Topology, scales=0.0, quantized=False) -> Collective:
+def _collective(name, op, phase, S, group, topo: Topology, scales=0.0, quantized=False, partition="") -> Collective:
     size, level, rpn = _group_info(group if isinstance(group, range) else tuple(group), topo)
     return Collective(name, op, phase, float(S), size, level, rpn,
-                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), scales, quantized)
+                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), scales, quantized, partition)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -75,50 +77,31 @@ def _two_hop0(g: int, P: int) -> range:
     return range(0, g, P)  # layout.two_hop_peer_groups(W, g, P)[0]
 
 
-def unit_collectives(numel: float, plan: Plan, topo: Topology, elem_bytes: int = 2,
-                     scales: bool = False) -> list[Collective]:
-    """The collectives of one step for a unit of ``numel`` elements (docs/design.md §4.8), rank 0's
-    groups (every rank's are alike). Payloads are ``elem_bytes`` per element at 16 bits, 1 or 1/2
-    at 8 or 4 bits; with ``scales`` each quantized collective also carries one fp32 scale per block.
-    The backward all-gather is listed for every unit (the engine skips it for the last one)."""
+def _rank0_group(partition: str, plan: Plan, topo: Topology) -> range:
+    """Rank 0's group of a ``UnitGroups`` partition (``traffic.Issued.group``)."""
     W, P = topo.world_size, topo.ranks_per_node
     w, g, o = plan.factors
-    s = plan.secondary_degree
-    L = numel
+    return {"weight": lambda: _block0(w), "secondary": lambda: _block0(plan.secondary_degree),
+            "grad": lambda: _block0(g), "node": lambda: _block0(P), "two_hop_peers": lambda: _two_hop0(g, P),
+            "replicas": lambda: _replicas0(W, g), "post_gather": lambda: _post_gather0(w, o)}[partition]()
+
+
+def unit_collectives(numel: float, plan: Plan, topo: Topology, elem_bytes: int = 2,
+                     scales: bool = False) -> list[Collective]:
+    """The collectives of one step for a unit of ``numel`` elements (docs/design.md §4.8), as the
+    plan's transports declare them (``zero_topo.traffic``), on rank 0's groups (every rank's are
+    alike). Payloads are ``elem_bytes`` per element at 16 bits, 1 or 1/2 at 8 or 4 bits; with
+    ``scales`` each quantized collective also carries one fp32 scale per block. The backward
+    all-gather is listed for every unit (the engine skips it for the last one)."""
     out: list[Collective] = []
-
-    def add(name, op, phase, n, bits, group, block=plan.quant_block_size):
-        """``n`` elements at ``bits`` over ``group``: payload and scales (one collective)."""
-        if bits >= 16:
-            out.append(_collective(name, op, phase, float(elem_bytes * n), group, topo))
-        else:
-            out.append(_collective(name, op, phase, n * bits / 8, group, topo, 4 * n / block if scales else 0.0,
-                                   quantized=True))
-
-    if w > 1:
-        add("forward_all_gather", "all_gather", "forward", L, plan.weight_bits, _block0(w))
-        if s:
-            add("backward_all_gather", "all_gather", "backward", L, plan.secondary_bits, _block0(s))
-        else:
-            add("backward_all_gather", "all_gather", "backward", L, plan.weight_bits, _block0(w))
-    gqb = plan.grad_quant_block_size
-    if g > 1:
-        b = plan.grad_bits
-        if b == 16:
-            add("grad_reduce", "reduce_scatter", "backward", L, 16, _block0(g))
-        elif g <= P:
-            add("grad_reduce", "all_to_all", "backward", L, b, _block0(g), gqb)
-        else:  # ZeRO++ 2-hop: inside the node, then 1/P of it among the peers across nodes
-            add("grad_reduce", "all_to_all", "backward", L, b, _block0(P), gqb)
-            add("grad_reduce_inter", "all_to_all", "backward", L / P, b, _two_hop0(g, P), gqb)
-    if g < W and plan.combine_bits < 16:  # INT8 all-to-all reduce-scatter (+ INT8 all-gather of the sums unless o = W)
-        add("combine", "reduce_scatter" if o == W else "all_reduce", "step", L / g, plan.combine_bits,
-            _replicas0(W, g), gqb)
-    elif g < W:
-        rs = plan.inter_node_reduce == "reduce_scatter" and o == W
-        add("combine", "reduce_scatter" if rs else "all_reduce", "step", L / g, 16, _replicas0(W, g))
-    if o > w:
-        add("post_step_all_gather", "all_gather", "step", L / w, plan.publish_bits, _post_gather0(w, o))
+    for t in transports_of(plan, topo.world_size, topo.ranks_per_node, numel):
+        for c in t.collectives:
+            n, group = c.elements, _rank0_group(c.group, plan, topo)
+            if not c.quantized:
+                out.append(_collective(c.name, c.op, t.phase, float(elem_bytes * n), group, topo, partition=c.group))
+            else:  # payload and scales (one collective)
+                out.append(_collective(c.name, c.op, t.phase, n * c.bits / 8, group, topo,
+                                       4 * n / c.block if scales else 0.0, quantized=True, partition=c.group))
     return out
 
 

@@ -7,9 +7,21 @@ from typing import Optional, Sequence
 
 from ...config import ConfigError, SystemConfig
 from ...topology import Topology
+from ...zero_topo.plan_space import (
+    COMBINE_BITS,
+    GRAD_BITS,
+    INTER_NODE_REDUCES,
+    PUBLISH_BITS,
+    SECONDARY_BITS,
+    UNQUANTIZED,
+    WEIGHT_BITS,
+)
 from ...zero_topo.sharding import Plan, validate_plan
 from .shape import GIB, Shape, model_state_memory
 from .step import StepEstimate, estimate_step
+
+# the quantized once-per-step variants searched: (combine_bits, publish_bits) = (8, 16), (16, 8), (8, 8)
+ONCE_PER_STEP_BITS = tuple((cb, pb) for pb in PUBLISH_BITS for cb in COMBINE_BITS if (cb, pb) != (UNQUANTIZED,) * 2)
 
 
 def _legal(plan: Plan, topo: Topology) -> bool:
@@ -34,16 +46,17 @@ def legal_plans(topo: Topology) -> list[Plan]:
     out = []
     for w, g, o in ((w, g, o) for w in facs for g in facs for o in facs if g % w == 0 and o % g == 0):
         secs = [None] + ([f for f in facs if f <= w and w % f == 0] if w > 1 else [])
-        reds = ("allreduce", "reduce_scatter") if g < W and o == W else ("allreduce",)
-        for s, wb in itertools.product(secs, (16, 8) if w > 1 else (16,)):  # same order as nested loops
-            for sb, gb, red in itertools.product((16, 8) if s else (16,), (16, 8, 4) if g > 1 else (16,), reds):
+        reds = INTER_NODE_REDUCES if g < W and o == W else ("allreduce",)
+        for s, wb in itertools.product(secs, WEIGHT_BITS if w > 1 else (UNQUANTIZED,)):  # same order as nested loops
+            for sb, gb, red in itertools.product(SECONDARY_BITS if s else (UNQUANTIZED,),
+                                                 GRAD_BITS if g > 1 else (UNQUANTIZED,), reds):
                 p = Plan("search", w, g, o, s, wb, sb, gb, inter_node_reduce=red)
                 if _legal(p, topo):
                     out.append(p)
                 # quantized once-per-step traffic, searched with quantized gradients only (it
                 # trades the same kind of accuracy; keeps the search size bounded)
                 if gb < 16 and red == "allreduce" and (g < W or o > w):
-                    for cb, pb in ((8, 16), (16, 8), (8, 8)):
+                    for cb, pb in ONCE_PER_STEP_BITS:
                         if (cb < 16 and g == W) or (pb < 16 and o == w):
                             continue
                         p = Plan("search", w, g, o, s, wb, sb, gb, combine_bits=cb, publish_bits=pb)

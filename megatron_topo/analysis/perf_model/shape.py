@@ -106,7 +106,7 @@ def state_bytes_per_param(plan: Plan, convention: str = "paper") -> dict:
     s = plan.secondary_degree
     sec = 0.0
     if s and w > 1:
-        bits = 16 if (convention == "paper" and plan.preset == "zeropp") else plan.secondary_bits
+        bits = plan.measured_secondary_bits if convention == "paper" else plan.secondary_bits
         sec = bits / 8 / s
     grad = (2.0 if convention == "paper" else 4.0) / g
     return {"weights": 2.0 / w, "secondary": sec, "gradients": grad, "optimizer": ADAM_BYTES_PER_PARAM / o}

@@ -9,6 +9,7 @@ from typing import Iterable, Optional, Sequence
 from ...config import Config, SystemConfig
 from ...topology import Topology
 from ...zero_topo.sharding import Plan
+from ...zero_topo.traffic import collectives_of
 from .collectives import Collective, bytes_per_level, collective_time, plan_collectives
 from .shape import GIB, OPTIMIZER_TRAFFIC_BYTES_PER_PARAM, Shape, model_state_memory, preset_plan, topology_for
 
@@ -46,8 +47,9 @@ def combine_tail(plan: Plan, topo: Topology) -> float:
     """Fraction of the combine's time after the last backward: a quantized combine whose optimizer
     shard is wider than the summed slice is two-stage (INT8 reduce-scatter, then an INT8
     all-gather of the sums) and the engine launches the second stage in ``step()``, every unit's
-    before it waits for any: the all-gather half of the bytes."""
-    return 0.5 if plan.combine_bits < 16 and plan.optimizer_factor < topo.world_size else 0.0
+    before it waits for any: the all-gather half of the bytes (``traffic.Issued.deferred``)."""
+    return next((c.deferred for c in collectives_of(plan, topo.world_size, topo.ranks_per_node, 1.0)
+                 if c.name == "combine"), 0.0)
 
 
 def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
@@ -119,8 +121,8 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     ``stack="deepspeed"`` models the software the paper measured (docs/design.md §7.2)."""
     if stack not in STACKS:
         raise ValueError(f"stack '{stack}' is not valid; use one of {', '.join(STACKS)}")
-    if stack == "deepspeed" and plan.preset == "zeropp" and plan.secondary_degree:
-        plan = dataclasses.replace(plan, secondary_bits=16)  # DeepSpeed's hpZ keeps the secondary in fp16
+    if stack == "deepspeed" and plan.secondary_degree and plan.measured_secondary_bits != plan.secondary_bits:
+        plan = dataclasses.replace(plan, secondary_bits=plan.measured_secondary_bits)  # DeepSpeed's hpZ: fp16
     psi, n = shape.params, shape.units
     flops = shape.microbatch_flops(micro_batch, recompute)
     compute = flops / (system.peak_tflops * 1e12 * system.compute_efficiency)

@@ -10,8 +10,10 @@ from typing import Sequence
 
 import torch
 
+from ..plan_space import MAX_BLOCK_SIZE as MAX_BLOCK
+from ..plan_space import MIN_BLOCK_SIZE as MIN_BLOCK
+
 QMAX = {8: 127, 4: 7}
-MIN_BLOCK, MAX_BLOCK = 64, 8192
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
