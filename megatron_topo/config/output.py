@@ -56,7 +56,8 @@ def neox_table_markdown() -> str:
 
 def note_lines(cfg: Config) -> list[str]:
     """The start-of-run note lines (trainer and --dry-run): accepted keys set to a value that changes
-    nothing here, and DeepSpeed "auto" keys with the value the rest of the config gave them."""
+    nothing here, DeepSpeed "auto" keys with the value the rest of the config gave them, and an
+    eval_interval that no step of the run reaches."""
     out = []
     if cfg.no_effect:
         out.append(f"note: set but without effect in megatron_topo (docs/neox_compat.md): {', '.join(cfg.no_effect)}")
@@ -64,6 +65,10 @@ def note_lines(cfg: Config) -> list[str]:
         vals = ", ".join(f"{k}={_fmt(v) if not isinstance(v, list) else v}" for k, v in sorted(cfg.auto_values.items()))
         out.append(f"note: DeepSpeed \"auto\" values taken from the rest of the config (as the HF Trainer fills "
                    f"them): {vals}")
+    lg, t = cfg.logging, cfg.train
+    if 0 < t.train_iters < lg.eval_interval:
+        out.append(f"note: eval_interval {lg.eval_interval} is above train_iters {t.train_iters}: no step of this run "
+                   f"evaluates (eval_interval: 0 says so; GPT-NeoX would evaluate once at the end)")
     return out
 
 
