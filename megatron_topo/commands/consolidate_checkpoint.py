@@ -37,10 +37,11 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     p.add_argument("--output", required=True, metavar="FILE", help="FILE.pt, or FILE.safetensors (+ FILE.optim.pt)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
+    p.add_argument("--load-unverified", action="store_true", help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified")
     return p.parse_args(argv)
 
 
-def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
+def consolidate(checkpoint: str, output: str, force: bool = False, unverified: bool = False) -> list[str]:
     """Reads the checkpoint one unit at a time: the weights of a ``.safetensors`` output stream
     into their file, so only the moments are gathered in memory (a ``.pt`` output holds the whole
     state, as the file it writes does); never a second copy of the model."""
@@ -60,7 +61,7 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
         if os.path.exists(o) and not force:
             raise CheckpointError(f"--output {o} already exists; pass --force to replace it")
         check_output_parent(o)
-    sp, meta, config_yaml = open_checkpoint(checkpoint)  # fails before any shard is read
+    sp, meta, config_yaml = open_checkpoint(checkpoint, unverified, "pass --load-unverified")  # fails before any shard is read
     model, exp_avg, exp_avg_sq, adam_step = {}, {}, {}, {}
     tmp = temp_name(output)
     writer = None
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
 
     try:
         check_output_outside(args.checkpoint, args.output)  # never a file of the checkpoint it reads
-        outs = consolidate(args.checkpoint, args.output, args.force)
+        outs = consolidate(args.checkpoint, args.output, args.force, args.load_unverified)
     except (CheckpointError, OSError) as e:
         return fail(e, args.output)
     for o in outs:

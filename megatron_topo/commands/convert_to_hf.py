@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--load-unverified", action="store_true", help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified")
     p.add_argument("--tokenizer-type", default=None, help="override the checkpoint's data.tokenizer_type")
     p.add_argument("--vocab-file", default=None, help="override data.vocab_file (e.g. the file moved)")
     p.add_argument("--merge-file", default=None, help="override data.merge_file (GPT2BPETokenizer merges.txt)")
@@ -72,7 +73,7 @@ def hf_config_dict(model_cfg, dtype: str, special_ids=None) -> dict:
 
 
 def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = False, tokenizer=None,
-            warn=None, max_shard_size="5GB") -> str:
+            warn=None, max_shard_size="5GB", unverified: bool = False) -> str:
     """``tokenizer``: overrides {tokenizer_type, vocab_file, merge_file} of the checkpoint's data
     config. The tokenizer files are written when the tokenizer can be built and fits the model;
     otherwise ``warn`` says why (an error if ``tokenizer`` overrides were given).
@@ -99,7 +100,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     if os.path.isdir(output) and os.listdir(output) and not force:
         raise CheckpointError(f"--output {output} exists and is not empty; pass --force to replace it")
     check_output_parent(output)
-    sp, meta, config_yaml = open_checkpoint(checkpoint)  # fails before anything is written
+    sp, meta, config_yaml = open_checkpoint(checkpoint, unverified, "pass --load-unverified")  # fails before anything is written
     st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
     mcfg = load_model_config(st, lambda p: load_config([p]))
     tdt = getattr(torch, DTYPES[dtype])
@@ -240,7 +241,7 @@ def main(argv=None) -> int:
         out = convert(args.checkpoint, args.output, args.dtype, args.force,
                       tokenizer={"tokenizer_type": args.tokenizer_type, "vocab_file": args.vocab_file,
                                  "merge_file": args.merge_file},
-                      max_shard_size=args.max_shard_size,
+                      max_shard_size=args.max_shard_size, unverified=args.load_unverified,
                       warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
     except (CheckpointError, OSError) as e:
         return fail(e, args.output)
