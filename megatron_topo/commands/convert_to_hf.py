@@ -42,6 +42,10 @@ from megatron_topo.pids import pid_alive
 from megatron_topo.cli import OneLineParser, fail
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# the names an export holds: --force replaces a folder of these only (never a user's folder)
+EXPORT_NAMES = re.compile(r"config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
+                          r"model\.safetensors\.index\.json|tokenizer\.json|tokenizer_config\.json|"
+                          r"special_tokens_map\.json|vocab\.json|merges\.txt|tokenizer\.model")
 
 
 def parse_args(argv=None):
@@ -85,6 +89,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     from megatron_topo.model.hf import ShardedSafetensorsWriter, parse_size, to_hf_key
     from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
     from megatron_topo.config import load_config
+    from megatron_topo.safe_outputs import checkpoint_step_above
     from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside, load_model_config
 
     try:
@@ -95,10 +100,22 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     for line in clean_stale_temporaries(output):  # what a killed earlier conversion into `output` left behind
         if warn is not None:
             warn(line)
+    if os.path.islink(output):
+        raise CheckpointError(f"--output {output} is a symbolic link; it is not replaced (nor what it points to): "
+                              f"give another path")
     if os.path.exists(output) and not os.path.isdir(output):
         raise CheckpointError(f"--output {output} exists and is not a directory")
+    step = checkpoint_step_above(output)
+    if step is not None:
+        raise CheckpointError(f"--output {output} lies inside the checkpoint folder {step}; write it elsewhere")
     if os.path.isdir(output) and os.listdir(output) and not force:
         raise CheckpointError(f"--output {output} exists and is not empty; pass --force to replace it")
+    if os.path.isdir(output):
+        foreign = sorted(n for n in os.listdir(output) if not EXPORT_NAMES.fullmatch(n))
+        if foreign:
+            raise CheckpointError(f"--output {output} holds {foreign[0]!r}"
+                                  f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no "
+                                  f"conversion writes; it is not replaced, even with --force: write it elsewhere")
     check_output_parent(output)
     sp, meta, config_yaml = open_checkpoint(checkpoint, unverified, "pass --load-unverified")  # fails before anything is written
     st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
