@@ -34,6 +34,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+MAX_NEW_TOKENS = 1 << 20  # one forward pass each: a bound that makes the run's length sane
+
+
 class GenerateError(ValueError):
     pass
 
@@ -138,8 +141,9 @@ def check_device(name: str) -> str:
 def check_args(args) -> None:
     import math
 
-    if args.max_new_tokens < 0:
-        raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must be >= 0")
+    if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must lie in [0, {MAX_NEW_TOKENS:,}] (2**20, "
+                            f"the longest seq_length a model may have)")
     if not math.isfinite(args.temperature) or args.temperature <= 0:
         raise GenerateError(f"--temperature {args.temperature}: must be a finite number > 0")
     if args.top_k < 0:
