@@ -192,7 +192,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
         if k not in plan:
             raise MetaError(f"plan.{k}: missing")
         _int(plan[k], f"plan.{k}", 1, ws)
-    holders = meta.get("shard_holders") or None
+    holders = meta.get("shard_holders")  # absent or null: every rank holds a shard (0 is not absent)
     if holders is not None:
         holders = _int(holders, "shard_holders", 1, ws)
     units = [_unit(u, f"units[{i}]") for i, u in enumerate(_list(meta["units"], "units"))]
@@ -201,6 +201,8 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
         raise MetaError("trainer.step: missing")
     consumed = tr.get("consumed_samples")
     kept = tr.get("global_batch")  # read by a resume on another world size only when a positive integer
+    if kept is not None:  # a field that is there is valid (a string there was skipped without a word)
+        _int(kept, "trainer.global_batch", 1)
     trainer = TrainerState(_int(tr["step"], "trainer.step"),
                            None if consumed is None else _int(consumed, "trainer.consumed_samples"),
                            _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"),
