@@ -104,6 +104,8 @@ def _eval_checks(cfg: Config, add) -> None:
     lg, d, t = cfg.logging, cfg.data, cfg.train
     if not lg.eval_interval or lg.eval_interval < 0 or lg.eval_iters < 0:  # (a negative value is the field's problem)
         return
+    if lg.eval_interval > t.train_iters:  # no step evaluates: the note says so, nothing needs to run
+        return
     off = "or set eval_interval: 0 to turn evaluation off"
     if lg.eval_iters == 0:
         add(f"eval_iters is 0 but eval_interval {lg.eval_interval} evaluates every {lg.eval_interval} steps on "

@@ -76,8 +76,8 @@ def check_eval_data(cfg: Config, train_ds, valid_ds) -> None:
     from ..data import DataError
 
     lg, d = cfg.logging, cfg.data
-    if not lg.eval_interval or valid_ds is not None:
-        return
+    if not lg.eval_interval or lg.eval_interval > cfg.train.train_iters or valid_ds is not None:
+        return  # no evaluation, or no step reaches one (a note says so)
     indexed = getattr(train_ds, "indexed", None)  # a GPTDataset cut from data_path by split
     where = (f"{d.data_path}: split '{d.split}' gives the validation split 0 of the {len(indexed):,} documents"
              if indexed is not None and not d.train_data_paths else "the validation dataset is empty")
