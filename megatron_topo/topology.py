@@ -90,7 +90,24 @@ def launcher_env(env: Optional[Mapping[str, str]] = None) -> dict:
     local_world = first("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", default=None)
     if local_world is None and env.get("SLURM_NNODES"):
         local_world = world // max(1, int(env["SLURM_NNODES"]))
+    _check_launcher_env(env, world, local_rank, local_world)
     return {"world_size": world, "rank": rank, "local_rank": local_rank, "local_world_size": local_world}
+
+
+def _check_launcher_env(env: Mapping[str, str], world: int, local_rank: int, local_world: Optional[int]) -> None:
+    """What the launcher variables must say together (ConfigError, one line): a world of several
+    ranks names this process's rank (else every process would be rank 0 and wait for the others
+    forever), and the local rank lies within the ranks of this node."""
+    has = lambda *names: any(env.get(n) not in (None, "") for n in names)  # noqa: E731
+    if world > 1 and not has("RANK", "SLURM_PROCID"):
+        raise ConfigError(f"launcher environment: WORLD_SIZE={world} but RANK is not set; each of the {world} "
+                          f"processes needs its RANK (torchrun and srun set both)")
+    if local_world is not None and local_world < 1:
+        raise ConfigError(f"launcher environment: LOCAL_WORLD_SIZE={local_world}; it must be >= 1 (the ranks on "
+                          f"this node)")
+    if local_rank < 0 or (local_world is not None and local_rank >= local_world):
+        valid = f"0..{local_world - 1}" if local_world else ">= 0"
+        raise ConfigError(f"launcher environment: LOCAL_RANK={local_rank} is not a rank on this node; valid: {valid}")
 
 
 def topology_from_config(

@@ -90,8 +90,9 @@ def existing(tmp_path):
 
 
 def _fail(prefix, *inputs, extra=()):
+    """The error line of a failing run allowed to replace the previous output (--force)."""
     return error_line(run_tool("preprocess_data", "--input", *inputs, "--output-prefix", prefix,
-                               "--tokenizer-type", "ByteLevel", *extra))
+                               "--tokenizer-type", "ByteLevel", "--force", *extra))
 
 
 def test_invalid_json_line_names_file_and_line(tmp_path, existing):
@@ -147,7 +148,7 @@ def test_other_bad_inputs(tmp_path, existing):
     assert "junk.jsonl.zst: cannot read (ZstdError" in _fail(existing, junk)
     s = write_jsonl(str(tmp_path / "c.jsonl"), [{"text": "ok"}, {"text": "日"}])
     line = error_line(run_tool("preprocess_data", "--input", s, "--output-prefix", existing,
-                               "--tokenizer-type", "CharLevelTokenizer", "--vocab-size", 200))
+                               "--tokenizer-type", "CharLevelTokenizer", "--vocab-size", 200, "--force"))
     assert "c.jsonl:2: CharLevelTokenizer: byte 230" in line and "200 ids" in line
     line = error_line(run_tool("preprocess_data", "--input", s, "--output-prefix", existing,
                                "--tokenizer-type", "Nope"))

@@ -106,15 +106,15 @@ def test_preprocess_with_each_tokenizer_round_trips(trained, ttype, tmp_path):
 
 def test_train_tokenizer_errors_keep_existing_output(trained, tmp_path):
     out = tmp_path / "tok.json"
-    out.write_text("previous")
+    out.write_text('{"previous": true}')  # a tokenizer file that --force may replace; a failed run keeps it
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     line = error_line(run_tool("train_tokenizer", "--input", empty, "--model-type", "bpe", "--vocab-size", 300,
-                               "--output", out))
+                               "--output", out, "--force"))
     assert "empty input" in line
     bad = write_jsonl(str(tmp_path / "bad.jsonl"), [{"text": "fine"}, b"{oops"])
     line = error_line(run_tool("train_tokenizer", "--input", bad, "--model-type", "sentencepiece",
-                               "--vocab-size", 300, "--output", out))
+                               "--vocab-size", 300, "--output", out, "--force"))
     assert "bad.jsonl:2: invalid JSON" in line
-    assert out.read_text() == "previous"
+    assert out.read_text() == '{"previous": true}'
     assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "empty.jsonl", "tok.json"]

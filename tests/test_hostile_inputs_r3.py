@@ -406,7 +406,7 @@ def test_set_keeps_yaml_syntax_as_text_for_string_keys(value):
 def test_set_still_parses_yaml_for_other_keys_and_quoted_or_null_strings():
     from megatron_topo.config import load_config
 
-    cfg = load_config([], ["seq_length=32 # tokens", "train_data_paths=[a, b]", "save='q # x'", "load=null",
+    cfg = load_config([], ["seq_length=32 # tokens", "train_data_paths=[a, b]", "save='q # x'", "load=null", "eval_interval=0",
                            "vocab_size=64", *MODEL[:3], "max_position_embeddings=32"])
     assert cfg.model.seq_length == 32 and cfg.data.train_data_paths == ["a", "b"]
     assert cfg.checkpoint.save == "q # x" and cfg.checkpoint.load is None

@@ -24,6 +24,7 @@ LAYER_OF = {
     "megatron_topo.__init__": "entry points",  # the package itself; a new top-level module needs its own row
     "megatron_topo.atomic": "util",
     "megatron_topo.safe_files": "util",
+    "megatron_topo.safe_outputs": "util",
     "megatron_topo.pids": "util",
     "megatron_topo.cli": "util",
     "megatron_topo.zero_topo.plan_space": "util",  # the plan space's legal values; imports nothing

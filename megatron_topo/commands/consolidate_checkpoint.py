@@ -37,10 +37,29 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     p.add_argument("--output", required=True, metavar="FILE", help="FILE.pt, or FILE.safetensors (+ FILE.optim.pt)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
+    p.add_argument("--load-unverified", action="store_true", help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified")
     return p.parse_args(argv)
 
 
-def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
+def _not_ours(path: str):
+    """Why the existing ``path`` is not a file consolidation writes (None when it is one)."""
+    from megatron_topo.safe_outputs import head
+
+    if path.endswith(".safetensors"):
+        import struct
+
+        raw = head(path, 8)
+        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else 0
+        try:
+            meta = json.loads(head(path, 8 + n)[8:]).get("__metadata__") if 0 < n <= 1 << 27 else None
+        except (ValueError, AttributeError):
+            meta = None
+        return None if isinstance(meta, dict) and meta.get("format") == FORMAT else \
+            f"is not a safetensors file written by consolidation ({FORMAT})"
+    return None if head(path, 4) == b"PK\x03\x04" else "is not a torch archive"
+
+
+def consolidate(checkpoint: str, output: str, force: bool = False, unverified: bool = False) -> list[str]:
     """Reads the checkpoint one unit at a time: the weights of a ``.safetensors`` output stream
     into their file, so only the moments are gathered in memory (a ``.pt`` output holds the whole
     state, as the file it writes does); never a second copy of the model."""
@@ -49,18 +68,20 @@ def consolidate(checkpoint: str, output: str, force: bool = False) -> list[str]:
     from megatron_topo.atomic import atomic_path, commit, remove_quietly, temp_name
     from megatron_topo.model.hf import SafetensorsWriter
     from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
+    from megatron_topo.safe_outputs import check_output_file
     from megatron_topo.zero_topo.checkpoint import STATE_KEYS, CheckpointError
 
     safet = output.endswith(".safetensors")
     optim_path = output[: -len(".safetensors")] + ".optim.pt" if safet else None
     outs = [output] + ([optim_path] if optim_path else [])
+    if not output.endswith((".pt", ".safetensors")):
+        raise CheckpointError(f"--output {output}: give FILE.pt or FILE.safetensors (the format follows the name)")
     for o in outs:
         if os.path.isdir(o):
             raise CheckpointError(f"--output {o} is a directory; give a file name")
-        if os.path.exists(o) and not force:
-            raise CheckpointError(f"--output {o} already exists; pass --force to replace it")
+        check_output_file(o, "--output", CheckpointError, force, kind=_not_ours)
         check_output_parent(o)
-    sp, meta, config_yaml = open_checkpoint(checkpoint)  # fails before any shard is read
+    sp, meta, config_yaml = open_checkpoint(checkpoint, unverified, "pass --load-unverified")  # fails before any shard is read
     model, exp_avg, exp_avg_sq, adam_step = {}, {}, {}, {}
     tmp = temp_name(output)
     writer = None
@@ -111,7 +132,7 @@ def main(argv=None) -> int:
 
     try:
         check_output_outside(args.checkpoint, args.output)  # never a file of the checkpoint it reads
-        outs = consolidate(args.checkpoint, args.output, args.force)
+        outs = consolidate(args.checkpoint, args.output, args.force, args.load_unverified)
     except (CheckpointError, OSError) as e:
         return fail(e, args.output)
     for o in outs:

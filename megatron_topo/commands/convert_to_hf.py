@@ -42,6 +42,10 @@ from megatron_topo.pids import pid_alive
 from megatron_topo.cli import OneLineParser, fail
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+# the names an export holds: --force replaces a folder of these only (never a user's folder)
+EXPORT_NAMES = re.compile(r"config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
+                          r"model\.safetensors\.index\.json|tokenizer\.json|tokenizer_config\.json|"
+                          r"special_tokens_map\.json|vocab\.json|merges\.txt|tokenizer\.model")
 
 
 def parse_args(argv=None):
@@ -50,6 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument("--load-unverified", action="store_true", help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified")
     p.add_argument("--tokenizer-type", default=None, help="override the checkpoint's data.tokenizer_type")
     p.add_argument("--vocab-file", default=None, help="override data.vocab_file (e.g. the file moved)")
     p.add_argument("--merge-file", default=None, help="override data.merge_file (GPT2BPETokenizer merges.txt)")
@@ -72,7 +77,7 @@ def hf_config_dict(model_cfg, dtype: str, special_ids=None) -> dict:
 
 
 def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = False, tokenizer=None,
-            warn=None, max_shard_size="5GB") -> str:
+            warn=None, max_shard_size="5GB", unverified: bool = False) -> str:
     """``tokenizer``: overrides {tokenizer_type, vocab_file, merge_file} of the checkpoint's data
     config. The tokenizer files are written when the tokenizer can be built and fits the model;
     otherwise ``warn`` says why (an error if ``tokenizer`` overrides were given).
@@ -84,6 +89,7 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     from megatron_topo.model.hf import ShardedSafetensorsWriter, parse_size, to_hf_key
     from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
     from megatron_topo.config import load_config
+    from megatron_topo.safe_outputs import checkpoint_step_above
     from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside, load_model_config
 
     try:
@@ -94,12 +100,24 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     for line in clean_stale_temporaries(output):  # what a killed earlier conversion into `output` left behind
         if warn is not None:
             warn(line)
+    if os.path.islink(output):
+        raise CheckpointError(f"--output {output} is a symbolic link; it is not replaced (nor what it points to): "
+                              f"give another path")
     if os.path.exists(output) and not os.path.isdir(output):
         raise CheckpointError(f"--output {output} exists and is not a directory")
+    step = checkpoint_step_above(output)
+    if step is not None:
+        raise CheckpointError(f"--output {output} lies inside the checkpoint folder {step}; write it elsewhere")
     if os.path.isdir(output) and os.listdir(output) and not force:
         raise CheckpointError(f"--output {output} exists and is not empty; pass --force to replace it")
+    if os.path.isdir(output):
+        foreign = sorted(n for n in os.listdir(output) if not EXPORT_NAMES.fullmatch(n))
+        if foreign:
+            raise CheckpointError(f"--output {output} holds {foreign[0]!r}"
+                                  f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no "
+                                  f"conversion writes; it is not replaced, even with --force: write it elsewhere")
     check_output_parent(output)
-    sp, meta, config_yaml = open_checkpoint(checkpoint)  # fails before anything is written
+    sp, meta, config_yaml = open_checkpoint(checkpoint, unverified, "pass --load-unverified")  # fails before anything is written
     st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
     mcfg = load_model_config(st, lambda p: load_config([p]))
     tdt = getattr(torch, DTYPES[dtype])
@@ -240,7 +258,7 @@ def main(argv=None) -> int:
         out = convert(args.checkpoint, args.output, args.dtype, args.force,
                       tokenizer={"tokenizer_type": args.tokenizer_type, "vocab_file": args.vocab_file,
                                  "merge_file": args.merge_file},
-                      max_shard_size=args.max_shard_size,
+                      max_shard_size=args.max_shard_size, unverified=args.load_unverified,
                       warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
     except (CheckpointError, OSError) as e:
         return fail(e, args.output)

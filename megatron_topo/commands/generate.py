@@ -30,7 +30,11 @@ def parse_args(argv=None):
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--load-unverified", action="store_true", help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified")
     return p.parse_args(argv)
+
+
+MAX_NEW_TOKENS = 1 << 20  # one forward pass each: a bound that makes the run's length sane
 
 
 class GenerateError(ValueError):
@@ -59,15 +63,15 @@ def build_tokenizer_or_none(cfg):
         return None, str(e)
 
 
-def load_model(checkpoint: str, device: str = "cpu"):
-    """(model in eval mode, full Config) from any checkpoint."""
+def load_model(checkpoint: str, device: str = "cpu", unverified: bool = False):
+    """(model in eval mode, full Config) from any checkpoint (``unverified``: --load-unverified)."""
     import torch
 
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.model.spec import spec_for
     from megatron_topo.zero_topo.checkpoint import CheckpointError, read_full_state
 
-    st = read_full_state(checkpoint)
+    st = read_full_state(checkpoint, unverified=unverified, ask="pass --load-unverified")
     path = os.path.join(st["step_dir"], "config.yml")
     if st["config_yaml"] is None:
         raise CheckpointError(f"{st['step_dir']} has no config.yml; cannot tell the model's shape")
@@ -137,8 +141,9 @@ def check_device(name: str) -> str:
 def check_args(args) -> None:
     import math
 
-    if args.max_new_tokens < 0:
-        raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must be >= 0")
+    if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must lie in [0, {MAX_NEW_TOKENS:,}] (2**20, "
+                            f"the longest seq_length a model may have)")
     if not math.isfinite(args.temperature) or args.temperature <= 0:
         raise GenerateError(f"--temperature {args.temperature}: must be a finite number > 0")
     if args.top_k < 0:
@@ -154,7 +159,7 @@ def main(argv=None) -> int:
 
     try:
         check_args(args)
-        model, cfg = load_model(args.checkpoint, args.device)
+        model, cfg = load_model(args.checkpoint, args.device, args.load_unverified)
         tok, why = build_tokenizer_or_none(cfg)
         if args.prompt is not None:
             if tok is None:

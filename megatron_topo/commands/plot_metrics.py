@@ -43,6 +43,7 @@ def parse_args(argv=None):
     p.add_argument("--metrics", nargs="+", default=None, metavar="KEY",
                    help="plot these metrics.jsonl keys instead of loss / TFLOPS / tokens/s")
     p.add_argument("--title", default=None, help="figure title")
+    p.add_argument("--force", action="store_true", help="replace an existing --out that plot_metrics did not write")
     return p.parse_args(argv)
 
 
@@ -118,19 +119,38 @@ def load_runs(run_dirs: list[str]) -> list[list[dict]]:
             by_step.setdefault(int(r["step"]), {}).update(r)
         recs = [by_step[s] for s in sorted(by_step)]
         if not recs:
-            raise PlotError(f"{path}: no records (the file is empty)")
+            size = os.path.getsize(path)
+            raise PlotError(f"{path}: no records (" + ("the file is empty)" if not size else
+                                                     f"no line of its {size:,} bytes is a record)"))
         runs.append(recs)
     return runs
 
 
-def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None) -> str:
+SOFTWARE = "megatron_topo plot_metrics"  # the PNG's Software text: an earlier plot is replaced without --force
+
+
+def _check_out(out: str, run_dirs, force: bool) -> None:
+    from megatron_topo.safe_outputs import check_output_file, head
+
+    check_output_file(out, "--out", PlotError, force, inputs=[metrics_path(d) for d in run_dirs],
+                      ours=lambda p: SOFTWARE.encode() in head(p, 1 << 12),
+                      kind=lambda p: None if head(p, 8) == b"\x89PNG\r\n\x1a\n" else "is not a PNG image")
+
+
+def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None, force: bool = False) -> str:
     if labels is not None and len(labels) != len(run_dirs):
         raise PlotError(f"--labels: got {len(labels)} labels for {len(run_dirs)} run directories; give one per run")
     if smooth_n < 1:
         raise PlotError(f"--smooth: must be >= 1, got {smooth_n}")
     if not out.lower().endswith(".png"):
         raise PlotError(f"--out {out}: the output must be a .png file")
+    _check_out(out, run_dirs, force)
     runs = load_runs(run_dirs)
+    if metrics:
+        absent = [k for k in metrics if not any(series(r, (k,))[2] for r in runs)]
+        if absent:
+            keys = sorted({k for r in runs for rec in r for k in rec} - {"step"})
+            raise PlotError(f"--metrics: no run has {absent[0]!r} (the records' keys: {', '.join(keys[:20])})")
     labels = labels or [os.path.basename(os.path.normpath(d)) or d for d in run_dirs]
 
     if metrics:
@@ -182,7 +202,7 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None) -> st
     d = os.path.dirname(os.path.abspath(out))
     try:
         with atomic_path(out, tmp=os.path.join(d, f".{os.path.basename(out)}.tmp.{os.getpid()}.png")) as tmp:
-            fig.savefig(tmp, dpi=110, format="png")
+            fig.savefig(tmp, dpi=110, format="png", metadata={"Software": SOFTWARE})
     finally:
         plt.close(fig)
     return out
@@ -191,7 +211,7 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None) -> st
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        out = plot(args.runs, args.out, args.labels, args.smooth, args.metrics, args.title)
+        out = plot(args.runs, args.out, args.labels, args.smooth, args.metrics, args.title, args.force)
     except PlotError as e:
         return fail(e)
     print(f"wrote {out}")

@@ -58,6 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--log-interval", type=int, default=None, help="print a progress line every N documents")
     p.add_argument("--dataset-impl", default="mmap", help="mmap (the only format written; lazy/cached refused)")
     p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
+    p.add_argument("--force", action="store_true", help="replace an existing output dataset")
     p.add_argument("--skip-bad-lines", action="store_true", help="warn about and skip bad lines/files")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     hf = p.add_argument_group("HuggingFace datasets")
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
                            progress=not args.quiet, merge_file=args.merge_file, ftfy=args.ftfy,
                            num_docs=args.num_docs, log_interval=args.log_interval,
                            dataset_impl=args.dataset_impl, hf_dataset=hf,
-                           hf_split=args.hf_split)
+                           hf_split=args.hf_split, force=args.force)
     except (DataError, OSError) as e:
         print(f"error: {error_line(e)}", file=sys.stderr)
         return 1

@@ -23,6 +23,9 @@ from megatron_topo.cli import OneLineParser
 from megatron_topo.data import DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import expand_sources, iter_source_documents
+from megatron_topo.safe_outputs import check_output_file, head
+
+MAX_VOCAB = 1 << 24  # 16,777,216 ids: far beyond any tokenizer trained for a model (the 20B's: 50,277)
 
 SPECIAL = ["<|endoftext|>", "<|padding|>"]
 SPM_PIECE_CHARS = 2048  # documents are cut at line ends into pieces below sentencepiece's limit
@@ -82,6 +85,7 @@ def parse_args(argv=None):
     p.add_argument("--min-frequency", type=int, default=2, help="bpe: minimum pair frequency")
     p.add_argument("--jsonl-keys", nargs=1, default=["text"], help="JSON key holding the text")
     p.add_argument("--skip-bad-lines", action="store_true")
+    p.add_argument("--force", action="store_true", help="replace an existing --output tokenizer")
     return p.parse_args(argv)
 
 
@@ -89,10 +93,15 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         smallest = 256 + len(SPECIAL) + 1 if args.model_type == "bpe" else 256 + 4 + 1
-        if args.vocab_size < smallest:
-            raise DataError(f"--vocab-size {args.vocab_size}: must be >= {smallest} (the byte alphabet "
-                            f"plus special tokens)")
+        if not smallest <= args.vocab_size <= MAX_VOCAB:
+            raise DataError(f"--vocab-size {args.vocab_size}: must lie in [{smallest}, {MAX_VOCAB:,}] (at least the "
+                            f"byte alphabet plus special tokens)")
+        if args.min_frequency < 0:
+            raise DataError(f"--min-frequency {args.min_frequency}: must be >= 0")
         files = expand_sources(args.input)
+        check_output_file(args.output, "--output", DataError, args.force, inputs=[s.path for s in files],
+                          kind=lambda p: None if args.model_type != "bpe" or head(p, 64).lstrip()[:1] in (b"{", b"")
+                          else "is not a tokenizers JSON file")
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
         count, failure = [0], []

@@ -23,7 +23,7 @@ from .deepspeed import SCHEDULERS, OffloadBlock, SchedulerBlock, SchedulerParams
 from .loader import load_config, merge_into, no_effect_settings, padded_vocab_size, resolve_vocab_size
 from .neox import NEOX_DEFAULT_DIFFERS, NEOX_IMPLEMENTED, REJECTED_KEYS, NeoxCompatConfig
 from .options import ConfigError, ConfigErrors, attention_config_layers, option, raise_problems
-from .output import check_log_dir, describe_keys, neox_table, neox_table_markdown, note_lines, write_effective_config
+from .output import check_log_dir, check_run_outputs, describe_keys, neox_table, neox_table_markdown, note_lines, write_effective_config
 from .schema import (INIT_METHODS, MAX_VOCAB, PRECISIONS, PRESETS, Bf16Block, CheckpointConfig, Config, DataConfig,
                      DistributedConfig, Fp16Block, LoggingConfig, ModelConfig, OptimizerBlock, OptimizerParams,
                      SystemConfig, TopologyConfig, TrainConfig, ZeroTopoConfig, flat_dict, resolve_precision)
@@ -38,5 +38,5 @@ __all__ = [
     "attention_config_layers", "check_batch_size", "describe_keys", "flat_dict", "load_config", "load_yaml",
     "merge_into", "neox_table", "neox_table_markdown", "no_effect_settings", "note_lines", "option", "padded_vocab_size",
     "parse_set", "parse_yaml", "raise_problems", "resolve_precision", "resolve_vocab_size", "validate",
-    "write_effective_config", "check_log_dir",
+    "write_effective_config", "check_log_dir", "check_run_outputs",
 ]

@@ -73,6 +73,7 @@ def _cross_checks(cfg: Config, problems: list, arch_problems: Callable[[ModelCon
     elif d.train_data_weights is not None and len(d.train_data_weights) != len(d.train_data_paths):
         add(f"train_data_weights has {len(d.train_data_weights)} values for "
             f"{len(d.train_data_paths)} train_data_paths; give one weight per path")
+    _eval_checks(cfg, add)
     if cfg.zero_optimization is not None and cfg.zero_topo.preset != "ddp":
         add(f"zero_optimization and zero_topo.preset={cfg.zero_topo.preset} both choose the "
             f"sharding; keep one of them")
@@ -93,6 +94,31 @@ def _cross_checks(cfg: Config, problems: list, arch_problems: Callable[[ModelCon
     if c.finetune_from and c.load:
         add(f"finetune_from ({c.finetune_from}) and load ({c.load}) both name the starting point; keep one "
             f"(load with finetune: true is the same as finetune_from)")
+
+
+def _eval_checks(cfg: Config, add) -> None:
+    """Evaluation is on when eval_interval > 0 (eval_interval: 0 is the one way to turn it off);
+    then it must run: eval_iters >= 1 and a validation split with data (GPT-NeoX skips evaluation
+    without a word when eval_iters is 0 or the split is empty). eval_interval above train_iters is
+    a note (config/output.py note_lines): a short trial of a long config is legitimate."""
+    lg, d, t = cfg.logging, cfg.data, cfg.train
+    if not lg.eval_interval or lg.eval_interval < 0 or lg.eval_iters < 0:  # (a negative value is the field's problem)
+        return
+    if lg.eval_interval > t.train_iters:  # no step evaluates: the note says so, nothing needs to run
+        return
+    off = "or set eval_interval: 0 to turn evaluation off"
+    if lg.eval_iters == 0:
+        add(f"eval_iters is 0 but eval_interval {lg.eval_interval} evaluates every {lg.eval_interval} steps on "
+            f"0 batches (no evaluation would run); set eval_iters >= 1 (micro-batches per evaluation), {off}")
+    if d.train_data_paths:
+        if not d.valid_data_paths:
+            add(f"eval_interval {lg.eval_interval} evaluates on valid_data_paths, which is not set; "
+                f"set valid_data_paths, {off}")
+    elif d.data_path is not None and _check_split(d.split) is None:
+        shares = [float(x) for x in str(d.split).replace("/", ",").split(",") if x.strip()] + [0.0, 0.0]
+        if shares[1] <= 0:
+            add(f"split '{d.split}' gives the validation split no share of {d.data_path}, but eval_interval "
+                f"{lg.eval_interval} evaluates on it; give it a share (e.g. 969,30,1), {off}")
 
 
 def check_batch_size(cfg: Config, world_size: int, ranks_per_node: int = 1,

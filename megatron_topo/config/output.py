@@ -56,7 +56,8 @@ def neox_table_markdown() -> str:
 
 def note_lines(cfg: Config) -> list[str]:
     """The start-of-run note lines (trainer and --dry-run): accepted keys set to a value that changes
-    nothing here, and DeepSpeed "auto" keys with the value the rest of the config gave them."""
+    nothing here, DeepSpeed "auto" keys with the value the rest of the config gave them, and an
+    eval_interval that no step of the run reaches."""
     out = []
     if cfg.no_effect:
         out.append(f"note: set but without effect in megatron_topo (docs/neox_compat.md): {', '.join(cfg.no_effect)}")
@@ -64,6 +65,10 @@ def note_lines(cfg: Config) -> list[str]:
         vals = ", ".join(f"{k}={_fmt(v) if not isinstance(v, list) else v}" for k, v in sorted(cfg.auto_values.items()))
         out.append(f"note: DeepSpeed \"auto\" values taken from the rest of the config (as the HF Trainer fills "
                    f"them): {vals}")
+    lg, t = cfg.logging, cfg.train
+    if 0 < t.train_iters < lg.eval_interval:
+        out.append(f"note: eval_interval {lg.eval_interval} is above train_iters {t.train_iters}: no step of this run "
+                   f"evaluates (eval_interval: 0 says so; GPT-NeoX would evaluate once at the end)")
     return out
 
 
@@ -121,21 +126,43 @@ def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
     that no run wrote (a user's own file: it is not overwritten)."""
     from .options import ConfigError
 
-    real = os.path.realpath(log_dir)
-    p = real
-    while True:
-        if os.path.isfile(os.path.join(p, "meta.json")) or re.fullmatch(r"(\.tmp_)?global_step\d+(\.old)?",
-                                                                         os.path.basename(p)):
-            raise ConfigError(f"log_dir {log_dir} lies inside the checkpoint folder {p}; the run would write its "
-                              f"config.yml and metrics over the checkpoint's files: set log_dir elsewhere")
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
+    from ..safe_outputs import checkpoint_step_above
+
+    p = checkpoint_step_above(log_dir)
+    if p is not None:
+        raise ConfigError(f"log_dir {log_dir} lies inside the checkpoint folder {p}; the run would write its "
+                          f"config.yml and metrics over the checkpoint's files: set log_dir elsewhere")
     path = os.path.join(log_dir, name)
     if os.path.lexists(path) and not (os.path.isfile(path) and not os.path.islink(path) and _written_by_a_run(path)):
         raise ConfigError(f"log_dir {log_dir} holds a {name} that no run wrote (a file of your own?); it is not "
                           f"overwritten: move it, or set log_dir to another folder")
+
+
+def check_run_outputs(cfg: Config) -> None:
+    """Every folder a run writes besides its checkpoints: log_dir (:func:`check_log_dir`), its
+    metrics.jsonl (appended to: a FIFO would block, a symlink would write into another file),
+    tensorboard_dir and data_cache_dir, none inside a checkpoint's step folder."""
+    import stat
+
+    from ..safe_files import _kind
+    from ..safe_outputs import checkpoint_step_above
+    from .options import ConfigError
+
+    lg = cfg.logging
+    check_log_dir(lg.log_dir)
+    for key, path in (("tensorboard_dir", lg.tensorboard_dir), ("data_cache_dir", cfg.data.data_cache_dir)):
+        step = checkpoint_step_above(path) if path else None
+        if step is not None:
+            raise ConfigError(f"{key} {path} lies inside the checkpoint folder {step}; the run would write into the "
+                              f"checkpoint: set {key} elsewhere")
+    metrics = os.path.join(lg.log_dir, "metrics.jsonl")
+    if os.path.islink(metrics):
+        raise ConfigError(f"log_dir {lg.log_dir}: metrics.jsonl is a symbolic link; the run appends its records to "
+                          f"metrics.jsonl and would write into what it points to: remove the link or set log_dir "
+                          f"elsewhere")
+    if os.path.exists(metrics) and not stat.S_ISREG(os.stat(metrics).st_mode):
+        raise ConfigError(f"log_dir {lg.log_dir}: metrics.jsonl is {_kind(os.stat(metrics).st_mode)}, not a file; "
+                          f"the run appends its records there: remove it or set log_dir elsewhere")
 
 
 def write_effective_config(cfg: Config, directory: str, name: str = "config.yml") -> str:

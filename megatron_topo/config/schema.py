@@ -24,9 +24,9 @@ MAX_VOCAB = 2**31 - 1  # token ids are int32 in datasets with >= 65500 ids (GPT-
 
 @dataclass
 class ModelConfig:
-    num_layers: int = option(2, "transformer layers (required in a config file)", ge=1, neox="implemented")
-    hidden_size: int = option(64, "model width (required in a config file)", ge=1, neox="implemented")
-    num_attention_heads: int = option(4, "attention heads (must divide hidden_size; required in a config file)", ge=1, neox="implemented")
+    num_layers: int = option(2, "transformer layers (required in a config file)", ge=1, le=1 << 12, neox="implemented")
+    hidden_size: int = option(64, "model width (required in a config file)", ge=1, le=1 << 18, neox="implemented")
+    num_attention_heads: int = option(4, "attention heads (must divide hidden_size; required in a config file)", ge=1, le=1 << 14, neox="implemented")
     seq_length: int = option(64, "tokens per training sample (required in a config file)", ge=1, le=1 << 20,
                              neox="implemented")
     max_position_embeddings: Optional[int] = option(None, "position limit (required in a config file; in code: seq_length)", ge=1,
@@ -221,8 +221,8 @@ class LoggingConfig:
     log_interval: int = option(10, "steps per metrics record", ge=1)
     log_dir: str = option("runs/default", "metrics.jsonl, config.yml and tensorboard/ go here")
     tensorboard_dir: Optional[str] = option(None, "default: {log_dir}/tensorboard")
-    eval_interval: int = option(100, "steps between evaluations (0: never)", ge=0)
-    eval_iters: int = option(10, "micro-batches per evaluation (0: no validation set)", ge=0)
+    eval_interval: int = option(100, "steps between evaluations (0: never; the one way to turn evaluation off)", ge=0)
+    eval_iters: int = option(10, "micro-batches per evaluation (>= 1 while eval_interval > 0)", ge=0)
     progress_bar: bool = option(True, "tqdm progress bar on rank 0")
 
 

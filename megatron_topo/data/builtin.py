@@ -71,5 +71,5 @@ def ensure_builtin_corpus(cache_dir: str, tokenizer_type: str = "ByteLevel", voc
                         f"process (is_builder=True) builds it, in a data_cache_dir every process shares")
     stem = prefix[: -len("_text_document")]
     preprocess(files, stem, tokenizer_type, vocab_file, keys=("text",), append_eod=True, workers=1,
-               skip_bad_lines=True, progress=progress, warn=lambda msg: None)
+               skip_bad_lines=True, progress=progress, warn=lambda msg: None, force=True)  # its own cache entry
     return prefix

@@ -180,11 +180,15 @@ def expand_sources(inputs: Iterable[str], hf_dataset: Optional[dict] = None,
             for root, dirs, files in os.walk(p):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 found += [os.path.join(root, f) for f in files if not f.startswith(".")]
+            for f in found:  # a FIFO or a device in the folder would block or never end
+                _regular_input(f)
             if not found:
                 raise DataError(f"{p}: directory has no input files (empty input)")
             sources += [Source(file_kind(f), f) for f in sorted(found)]
         elif os.path.isfile(p):
-            sources.append(Source(file_kind(p), p))
+            sources.append(Source(file_kind(_regular_input(p)), p))
+        elif os.path.exists(p):
+            _regular_input(p)
         else:
             raise DataError(f"{p}: no such file or directory (inputs are .jsonl[.zst|.gz|.xz], .parquet, .arrow, "
                             f"text files, datasets save_to_disk folders or directories of them)")
@@ -367,3 +371,19 @@ def iter_source_documents(sources: list[Source], keys=("text",), skip_bad_lines:
                     raise DataError(f"{where}: {e}; use --skip-bad-lines to skip such lines") from None
                 if warn is not None:
                     warn(f"{where}: {e} (skipped)")
+
+
+def _regular_input(path: str) -> str:
+    """``path`` when it is a regular file (symlinks followed); a FIFO, a device or a socket is one
+    line: reading it would block or never end."""
+    import stat
+
+    from ..safe_files import _kind
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        raise DataError(f"{path} is {_kind(mode)}, not a file; inputs are regular files (or folders of them)")
+    return path

@@ -183,6 +183,22 @@ DATASET_IMPLS = {"mmap": None,
 
 
 # ------------------------------------------------------------------------------ main side
+def check_outputs(prefix: str, inputs, force: bool) -> None:
+    """PREFIX.bin/.idx may be written: not over an input, a FIFO, a link or a file that is not a
+    dataset (even with --force), and over an existing dataset only with --force."""
+    from ..safe_outputs import check_output_file, head
+
+    def not_a_dataset(path):
+        if path.endswith(".idx") and head(path, 9) != b"MMIDIDX\x00\x00":
+            return "is not a dataset index (no MMIDIDX header)"
+        if path.endswith(".bin") and head(prefix + ".idx", 9) != b"MMIDIDX\x00\x00":
+            return f"is not part of a dataset (no dataset index {prefix}.idx beside it)"
+        return None
+
+    for ext in (".bin", ".idx"):
+        check_output_file(prefix + ext, "--output-prefix", DataError, force, kind=not_a_dataset, inputs=inputs)
+
+
 def output_prefix_for(output_prefix: str, key: str) -> str:
     return f"{output_prefix}_{key}_document"
 
@@ -194,18 +210,20 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
                merge_file: Optional[str] = None, ftfy: bool = False, num_docs: Optional[int] = None,
                log_interval: Optional[int] = None, dataset_impl: str = "mmap",
                hf_dataset: Optional[dict] = None, hf_split: Optional[str] = None,
-               log: Optional[Callable[[str], None]] = None) -> PreprocessStats:
+               log: Optional[Callable[[str], None]] = None, force: bool = False) -> PreprocessStats:
     """Tokenize ``inputs`` (and ``hf_dataset``) into ``{output_prefix}_{key}_document.bin/.idx``
     for every key. GPT-NeoX's options: ``merge_file`` (GPT2BPETokenizer), ``ftfy`` (fix text with
     ftfy before tokenizing), ``num_docs`` (progress total, in documents), ``log_interval`` (a
-    progress line every that many documents), ``dataset_impl`` (only ``mmap``)."""
+    progress line every that many documents), ``dataset_impl`` (only ``mmap``). An existing output
+    dataset is replaced only with ``force``, and never a file that is not a dataset or an input."""
     warn = warn or _warn
     log = log or _log
     keys = tuple(keys)
     if not keys:
         raise DataError("--jsonl-keys: give at least one key (e.g. text)")
-    if workers < 1:
-        raise DataError(f"--workers {workers}: must be >= 1")
+    most = max(64, 4 * (os.cpu_count() or 1))
+    if not 1 <= workers <= most:
+        raise DataError(f"--workers {workers}: must lie in [1, {most}] (4 x the {os.cpu_count()} CPUs, at least 64)")
     if dataset_impl not in DATASET_IMPLS:
         raise DataError(f"--dataset-impl {dataset_impl}: not valid; use mmap")
     if DATASET_IMPLS[dataset_impl]:
@@ -228,6 +246,8 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
     dtype = best_fitting_dtype(tok.vocab_size)
     stats = PreprocessStats(dtype=np.dtype(dtype).name, workers=workers,
                             outputs={k: output_prefix_for(output_prefix, k) for k in keys})
+    for prefix in stats.outputs.values():
+        check_outputs(prefix, [s.path for s in sources], force)
     init_args = (tokenizer_type, vocab_file, vocab_size, keys, append_eod, np.dtype(dtype).str, merge_file, ftfy)
     builders = {}
     pool = None

@@ -440,5 +440,8 @@ def build_tokenizer(tokenizer_type: str, vocab_file: Optional[str] = None,
             return TOKENIZERS[name](vocab_file, merge_file)
         return TOKENIZERS[name](vocab_file)
     if name == "CharLevelTokenizer":
-        return CharLevelTokenizer(vocab_size or 512)
+        if vocab_size is not None and not 1 <= vocab_size <= 1 << 31:
+            raise DataError(f"--vocab-size {vocab_size}: must lie in [1, {1 << 31:,}] (CharLevelTokenizer's ids are "
+                            f"UTF-8 bytes: 256 or more holds any text; default 512)")
+        return CharLevelTokenizer(512 if vocab_size is None else vocab_size)
     return ByteLevelTokenizer()

@@ -287,8 +287,10 @@ class GPTNeoXSpec(ModelSpec):
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         pct = hf.get("rotary_pct", rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
         base = hf.get("rotary_emb_base", rope.get("rope_theta", hf.get("rope_theta", 10000)))
-        if rope.get("rope_type", "default") not in ("default", None):
-            raise ConfigError(f"{where}: rope_type {rope.get('rope_type')!r} is not supported (plain rotary only)")
+        for r in (hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}):  # both: either may be stale
+            kind = r.get("rope_type", r.get("type", "default"))  # "type": transformers' older name
+            if kind not in ("default", None):
+                raise ConfigError(f"{where}: rope_type {kind!r} is not supported (plain rotary only)")
         h = int(hf["hidden_size"])
         out = dict(
             num_layers=int(hf["num_hidden_layers"]), hidden_size=h, num_attention_heads=int(hf["num_attention_heads"]),

@@ -120,7 +120,7 @@ def parse_size(text) -> int:
 
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     unit = m.group(2).upper() if m else None
-    if not m or unit not in _SIZE_UNITS or float(m.group(1)) * _SIZE_UNITS[unit] < 1:
+    if not m or unit not in _SIZE_UNITS or not 1 <= float(m.group(1)) * _SIZE_UNITS[unit] < 1 << 60:
         raise ValueError(f"{text!r} is not a size (e.g. 5GB, 500MB, 2GiB or a number of bytes)")
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
 

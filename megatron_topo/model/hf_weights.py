@@ -26,7 +26,8 @@ class HFWeights:
         else:
             for name in ("model.safetensors", "pytorch_model.bin"):
                 p = os.path.join(path, name)
-                if os.path.isfile(p):
+                if os.path.lexists(p):  # as a file an index names: inside the folder, a regular file
+                    hf_schema.inside(path, name, p, ConfigError, hf_schema.link_roots(path))
                     for k in self._keys(name):
                         self._where[k] = name
                     break
@@ -54,4 +55,9 @@ class HFWeights:
 
     def get(self, hf_name: str) -> torch.Tensor:
         f = self._file(self._where[hf_name])
-        return f.get_tensor(hf_name) if hasattr(f, "get_tensor") else f[hf_name]
+        t = f.get_tensor(hf_name) if hasattr(f, "get_tensor") else f[hf_name]
+        if not (t.is_floating_point() if isinstance(t, torch.Tensor) else False):
+            what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ConfigError(f"{os.path.join(self.path, self._where[hf_name])}: {hf_name} is {what}, not a floating-"
+                              f"point tensor; model weights are float32, bfloat16 or float16")
+        return t

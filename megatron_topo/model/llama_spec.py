@@ -161,9 +161,10 @@ class LlamaSpec(ModelSpec):
         from ..config.options import ConfigError
 
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
-            raise ConfigError(f"{where}: rope_type {rope.get('rope_type', rope.get('type'))!r} is not supported "
-                              f"(plain rotary only)")
+        for r in (hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}):  # both: either may be stale
+            if r.get("rope_type", r.get("type", "default")) not in ("default", None):
+                raise ConfigError(f"{where}: rope_type {r.get('rope_type', r.get('type'))!r} is not supported "
+                                  f"(plain rotary only)")
         base = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         h, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         unsupported = []

@@ -32,6 +32,8 @@ class Runtime:
 def setup_runtime(cfg: Config) -> Runtime:
     try:
         env = launcher_env()
+    except ConfigError:
+        raise
     except ValueError as e:
         raise ConfigError(f"launcher environment: {e} (WORLD_SIZE, RANK, LOCAL_RANK must be integers)") from None
     world, rank = env["world_size"], env["rank"]
@@ -57,6 +59,13 @@ def setup_runtime(cfg: Config) -> Runtime:
         if not port.isdigit() or not 1 <= int(port) <= 65535:
             raise ConfigError(f"MASTER_PORT={port!r} is not a port number (valid: 1..65535; the Slurm scripts "
                               f"pick one per job)")
+        try:  # an unknown host: torch would retry the rendezvous until its timeout
+            import socket
+
+            socket.getaddrinfo(os.environ["MASTER_ADDR"], int(port))
+        except (OSError, UnicodeError) as e:
+            raise ConfigError(f"MASTER_ADDR={os.environ['MASTER_ADDR'][:80]!r} cannot be resolved ({e}); set it to "
+                              f"the host name or address of rank 0's node") from None
         try:
             dist.init_process_group(backend, rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),

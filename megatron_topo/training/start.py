@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..analysis import autoplan
-from ..config import Config, ConfigError, DistributedConfig, check_batch_size, check_log_dir
+from ..config import Config, ConfigError, DistributedConfig, check_batch_size, check_run_outputs
 from ..config.hf_config import weights_source
 from ..model import build_model
 from ..zero_topo import checkpoint as ckpt
@@ -68,7 +68,7 @@ def choose_plan(cfg: Config, rt: Runtime, log: Callable[[str], None] = print) ->
     plan: preset auto's modelled fastest, with the plans the model cannot tell apart timed on the
     job's ranks. Seeds the RNGs, so the engine built next is the one an explicit plan builds."""
     ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
-    check_log_dir(cfg.logging.log_dir)  # not inside a checkpoint, not over a user's config.yml
+    check_run_outputs(cfg)  # log_dir, metrics.jsonl, tensorboard_dir, data_cache_dir: not over others' files
     weights_from = weights_source(cfg)  # finetune_from / an HF `load` / finetune, no_load_optim
     resume_from = resume_source(cfg, weights_from, log)  # `load`, `save` under auto_resume, or None
     if resume_from and resume_from != cfg.checkpoint.load:

@@ -17,7 +17,7 @@ from ..zero_topo import checkpoint as ckpt
 from ..zero_topo.sharding import effective_config
 from . import fault_injection, step_sync
 from . import start as run_start
-from .batches import Batches, build_data, learning_rate, loss_fn
+from .batches import Batches, build_data, check_eval_data, learning_rate, loss_fn
 from .checkpoints import Checkpointer, TrainState
 from .log_window import LogWindow
 from .runtime import Runtime
@@ -53,6 +53,7 @@ class Trainer:
             datasets = self._build_data()
         self.train_ds, self.valid_ds = datasets[0], datasets[1]
         self.checkpointer.check_data_position(self.state, self.train_ds)
+        check_eval_data(cfg, self.train_ds, self.valid_ds)  # evaluation asked for: it must have data
         mk = lambda ds: Batches(ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
                                 rt.world_size, rt.rank, rt.device) if ds is not None else None
         self.train_batches, self.valid_batches = mk(self.train_ds), mk(self.valid_ds)

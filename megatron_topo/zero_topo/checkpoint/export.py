@@ -7,7 +7,7 @@ import dataclasses
 import os
 from typing import Optional
 
-from . import storage
+from . import meta_schema, storage
 from .offline import full_unit_state, read_config_yaml
 from .meta_schema import Meta
 from .storage import CheckpointError
@@ -20,11 +20,14 @@ def verify_checkpoint_files(step_path: str, meta: Meta) -> None:
         storage.load_rank_file(step_path, r, meta)  # memory-mapped: hashed by reading, not loaded
 
 
-def open_checkpoint(checkpoint: str) -> tuple[str, Meta, Optional[str]]:
+def open_checkpoint(checkpoint: str, unverified: bool = False,
+                    ask: str = meta_schema.ASK_UNVERIFIED) -> tuple[str, Meta, Optional[str]]:
     """(step folder, meta.json, config.yml text) of a checkpoint to export, with every rank file
-    verified: an edited config.yml or a bad rank file fails here, before anything is written."""
+    verified: an edited config.yml or a bad rank file fails here, before anything is written.
+    Rank files without a size and SHA-256 record are refused unless ``unverified`` (the line says
+    ``ask``: the tool's flag)."""
     sp = storage.resolve(checkpoint)
-    meta = storage.read_meta(sp)
+    meta = storage.read_meta(sp, unverified, ask)
     config_yaml = read_config_yaml(sp, meta)
     verify_checkpoint_files(sp, meta)
     return sp, meta, config_yaml

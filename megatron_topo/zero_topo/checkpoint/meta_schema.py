@@ -172,8 +172,12 @@ def _file(v: Any, where: str) -> FileRecord:
     return FileRecord(_int(r["bytes"], f"{where}.bytes"), r["sha256"])
 
 
-def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> Meta:
-    """The typed :class:`Meta` of ``meta`` (a parsed meta.json), or MetaError for the first bad field."""
+ASK_UNVERIFIED = "set load_unverified: true"  # training's key; the tools pass their flag
+
+
+def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask: str = ASK_UNVERIFIED) -> Meta:
+    """The typed :class:`Meta` of ``meta`` (a parsed meta.json), or MetaError for the first bad field;
+    ``ask`` is how the reading tool asks for an unverified load (its key or flag)."""
     fmt = meta.get("format", 1)
     if isinstance(fmt, bool) or fmt not in supported_formats:
         raise MetaError(f"format: checkpoint format {fmt!r} is not supported; this megatron_topo reads formats "
@@ -188,7 +192,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> 
         if k not in plan:
             raise MetaError(f"plan.{k}: missing")
         _int(plan[k], f"plan.{k}", 1, ws)
-    holders = meta.get("shard_holders") or None
+    holders = meta.get("shard_holders")  # absent or null: every rank holds a shard (0 is not absent)
     if holders is not None:
         holders = _int(holders, "shard_holders", 1, ws)
     units = [_unit(u, f"units[{i}]") for i, u in enumerate(_list(meta["units"], "units"))]
@@ -197,6 +201,8 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> 
         raise MetaError("trainer.step: missing")
     consumed = tr.get("consumed_samples")
     kept = tr.get("global_batch")  # read by a resume on another world size only when a positive integer
+    if kept is not None:  # a field that is there is valid (a string there was skipped without a word)
+        _int(kept, "trainer.global_batch", 1)
     trainer = TrainerState(_int(tr["step"], "trainer.step"),
                            None if consumed is None else _int(consumed, "trainer.consumed_samples"),
                            _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"),
@@ -216,7 +222,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False) -> 
         if lacking:
             raise MetaError(f"files: no size and SHA-256 recorded for {lacking[0]}"
                             f"{f' and {len(lacking) - 1} more' if len(lacking) > 1 else ''}, so its bytes cannot be "
-                            f"verified; refusing to load it (set load_unverified: true to load it anyway)")
+                            f"verified; refusing to load it ({ask} to load it anyway)")
     config = None
     if meta.get("config") is not None:
         config = _file(meta["config"], "config")

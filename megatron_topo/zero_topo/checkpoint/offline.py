@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 import torch
 
 from ..layout import UnitLayout
-from . import storage
+from . import meta_schema, storage
 from .meta_schema import Meta
 from .storage import STATE_KEYS, CheckpointError
 
@@ -113,7 +113,8 @@ def read_config_yaml(sp: str, meta: Meta) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------- full states
-def read_full_state(path: str, keys: Sequence[str] = STATE_KEYS) -> dict:
+def read_full_state(path: str, keys: Sequence[str] = STATE_KEYS, unverified: bool = False,
+                    ask: str = meta_schema.ASK_UNVERIFIED) -> dict:
     """The whole model and optimizer state of a checkpoint, in one process (no engine needed).
 
     Returns ``{"step_dir", "meta", "config_yaml", "params": {name: fp32 tensor},
@@ -121,10 +122,11 @@ def read_full_state(path: str, keys: Sequence[str] = STATE_KEYS) -> dict:
     flat state]}`` with every tensor reassembled from the shard files; ``params`` and ``optimizer``
     are views into the ``units`` buffers (one copy of the state in memory). ``keys=("master",)``
     reads the weights only (``optimizer`` and ``adam_step`` are then empty). Exports that need not
-    hold the model read unit by unit instead (:func:`full_unit_state`).
+    hold the model read unit by unit instead (:func:`full_unit_state`). ``unverified``/``ask``: as
+    :func:`storage.read_meta`.
     """
     sp = storage.resolve(path)
-    meta = storage.read_meta(sp)
+    meta = storage.read_meta(sp, unverified, ask)
     config_yaml = read_config_yaml(sp, meta)  # an edited config.yml fails before any shard is read
     files: dict = {}
     params, optim, steps, units = {}, {}, {}, []

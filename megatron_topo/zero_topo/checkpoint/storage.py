@@ -237,10 +237,10 @@ def holds_checkpoints(root: Optional[str]) -> bool:
         d.startswith("global_step") and d[len("global_step"):].isdigit() for d in os.listdir(root))
 
 
-def read_meta(step_path: str, unverified: bool = False) -> meta_schema.Meta:
+def read_meta(step_path: str, unverified: bool = False, ask: str = meta_schema.ASK_UNVERIFIED) -> meta_schema.Meta:
     """meta.json of a step folder, typed and checked against :mod:`.meta_schema` (one line naming
     the field that is wrong). Rank files without a size and SHA-256 record are refused unless
-    ``unverified``."""
+    ``unverified`` (the line says ``ask``: how the reading tool asks for that)."""
     path = os.path.join(step_path, "meta.json")
     text = safe_files.read_small_text(path, META_CAP, CheckpointError)
     try:
@@ -253,7 +253,7 @@ def read_meta(step_path: str, unverified: bool = False) -> meta_schema.Meta:
     if missing:
         raise CheckpointError(f"{path} is incomplete: missing {', '.join(missing)}")
     try:
-        return meta_schema.validate(meta, SUPPORTED_FORMATS, unverified)
+        return meta_schema.validate(meta, SUPPORTED_FORMATS, unverified, ask)
     except meta_schema.MetaError as e:
         raise CheckpointError(f"{path}: {e}") from None
 
