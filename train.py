@@ -7,6 +7,7 @@
 Launched directly (one process), by torchrun, or by srun (see slurm/). The program is
 :mod:`megatron_topo.commands.train`.
 """
+
 from megatron_topo.commands.train import main
 
 if __name__ == "__main__":

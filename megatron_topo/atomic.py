@@ -6,6 +6,7 @@ temporary file is removed. :func:`atomic_open` yields an open file, :func:`atomi
 writers that take a file name (``torch.save``, ``savefig``); :func:`write_bytes`,
 :func:`write_text` and :func:`write_json` write a whole file at once.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,8 +53,7 @@ def _make_parent(path: str) -> None:
 
 
 @contextmanager
-def atomic_open(path: str, mode: str = "wb", *, tmp: Optional[str] = None,
-                makedirs: bool = True) -> Iterator[IO[Any]]:
+def atomic_open(path: str, mode: str = "wb", *, tmp: Optional[str] = None, makedirs: bool = True) -> Iterator[IO[Any]]:
     """``with atomic_open(p) as f: f.write(...)`` -> ``p`` appears complete or not at all.
 
     ``tmp`` overrides the temporary name (default :func:`temp_name`); ``makedirs=False`` writes

@@ -1,4 +1,5 @@
 """Command-line helpers shared by train.py and tools/*.py: bad arguments are one line."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ class OneLineParser(argparse.ArgumentParser):
         self.usage_line, self.error_status = usage_line, error_status
 
     def error(self, message):
-        usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: "):]
+        usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: ") :]
         self.exit(self.error_status, f"error: {message} (usage: {usage})\n")
 
 
@@ -32,4 +33,3 @@ def fail(e: BaseException, path: str = "", status: int = 2) -> int:
         text = str(e)
     print(f"error: {text}", file=sys.stderr)
     return status
-

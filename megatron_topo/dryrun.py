@@ -8,6 +8,7 @@ PyTorch's fake process group bound to the GPU device type, so any collective han
 tensor fails as it would under NCCL/RCCL. It reads no data. Memory comes from the engine's own
 tensors: model-state bytes from their storage, the peak from every allocation the step makes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -173,9 +174,11 @@ def dry_run(cfg: Config, world_size: int, rank: int = 0, local_world_size: Optio
     if not 0 <= rank < world_size:
         raise ValueError(f"--rank {rank} is outside the world of {world_size}; valid 0..{world_size - 1}")
     from .config import check_batch_size
+
     check_batch_size(cfg, world_size)  # DeepSpeed's train_batch_size against this world
     topo: Topology = topology_from_config(cfg.topology, world_size, local_world_size or world_size)
     from .analysis import autoplan
+
     plan, ranked = autoplan.resolve(cfg, topo)  # preset auto: the plan the trainer would choose
     with fake_process_group(world_size, rank):
         rt = Runtime(rank, world_size, rank % topo.ranks_per_node, topo, META, True, strict=True)
@@ -252,17 +255,23 @@ def render(r: dict) -> str:
         f"{r['precision']}; {r['micro_batches_per_step']} micro-batch(es) per step",
         *([r["auto"]] if r.get("auto") else []),
         *([r["auto_timed"] + "; this dry run runs the model's choice"] if r.get("auto_timed") else []),
-        f"plan: " + ", ".join(f"{k}={v}" for k, v in r["plan"].items()),
-        "model states per rank (GiB, from the engine's tensors): " + ", ".join(
-            f"{k} {v / gib:.2f}" for k, v in st.items()),
+        "plan: " + ", ".join(f"{k}={v}" for k, v in r["plan"].items()),
+        "model states per rank (GiB, from the engine's tensors): "
+        + ", ".join(f"{k} {v / gib:.2f}" for k, v in st.items()),
         f"peak allocated per rank: {r['peak_bytes_per_rank'] / gib:.2f} GiB during the step, "
         f"{r['init_peak_bytes_per_rank'] / gib:.2f} GiB during sharded init; the preflight's estimate "
         f"{r['estimate_bytes_per_rank']['total'] / gib:.2f} GiB",
-        *([f"device memory {lim / gib:.1f} GiB, reserve {r['reserve_bytes'] / gib:.1f} GiB (context, communicators, "
-           f"fragmentation: system.memory_reserve_gib): peak + reserve {'fits' if r['fits'] else 'DOES NOT FIT'}, "
-           f"estimate + reserve {'fits' if r['estimate_fits'] else 'DOES NOT FIT'}"] if lim else []),
-        "bytes sent by this rank in one step: " + ", ".join(
-            f"{k} {v / 1e9:.3f} GB" for k, v in r["collective_bytes_per_step"].items()),
+        *(
+            [
+                f"device memory {lim / gib:.1f} GiB, reserve {r['reserve_bytes'] / gib:.1f} GiB (context, communicators, "
+                f"fragmentation: system.memory_reserve_gib): peak + reserve {'fits' if r['fits'] else 'DOES NOT FIT'}, "
+                f"estimate + reserve {'fits' if r['estimate_fits'] else 'DOES NOT FIT'}"
+            ]
+            if lim
+            else []
+        ),
+        "bytes sent by this rank in one step: "
+        + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in r["collective_bytes_per_step"].items()),
     ]
     return "\n".join(lines)
 

@@ -7,6 +7,7 @@ raises ``ChildFailedError`` and prints its traceback and a table of the failed r
 rank has printed its own one-line ``error:`` (once per job: megatron_topo.commands.train); this
 launcher exits with the first failed rank's status instead (128 + N for a rank killed by signal N).
 """
+
 from __future__ import annotations
 
 import sys

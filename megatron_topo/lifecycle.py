@@ -14,6 +14,7 @@ with MAX over all ranks through a tensor on the runtime device (a GPU tensor und
 trainer passes the engine's ``Comm.all_reduce_host``). Only rank 0's clock decides whether a
 time-based save is due, so every rank saves at the same step.
 """
+
 from __future__ import annotations
 
 import signal
@@ -81,9 +82,15 @@ class Lifecycle:
     still takes the same decision at the same step, one step after the signal.
     """
 
-    def __init__(self, signals: StopSignals, save_interval_minutes: float = 0.0, *,
-                 start_reduce_max: Optional[Callable[[list], Callable[[], list]]] = None, rank: int = 0,
-                 clock=time.monotonic):
+    def __init__(
+        self,
+        signals: StopSignals,
+        save_interval_minutes: float = 0.0,
+        *,
+        start_reduce_max: Optional[Callable[[list], Callable[[], list]]] = None,
+        rank: int = 0,
+        clock=time.monotonic,
+    ):
         """``start_reduce_max(values)`` launches the element-wise MAX over all ranks (a collective
         every rank calls once per poll) and returns a function that waits for it and returns the
         reduced values; None for a single process (decisions then take effect at once)."""

@@ -18,6 +18,7 @@ Non-finite floats are written as the JSON *strings* ``"NaN"``, ``"Infinity"`` an
 is therefore valid strict JSON, the distinction between NaN and +-inf survives, and
 :func:`read_metrics` turns the strings back into floats.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ def _is_tensor(value) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
+
 METRICS_FILE = "metrics.jsonl"
 
 _NONFINITE_OUT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
@@ -51,8 +53,9 @@ def flops_per_iteration(model_cfg: ModelConfig, global_batch_size: int, checkpoi
     ``model.gpt_neox.gpt_flops``) times 4 passes with activation recompute, else 3."""
     from .model.spec import spec_for
 
-    return spec_for(model_cfg).forward_flops(model_cfg, global_batch_size,
-                                             passes=4.0 if checkpoint_activations else 3.0)
+    return spec_for(model_cfg).forward_flops(
+        model_cfg, global_batch_size, passes=4.0 if checkpoint_activations else 3.0
+    )
 
 
 def tflops_per_gpu(flops_per_iter: float, iter_time_s: float, world_size: int) -> float:
@@ -150,8 +153,16 @@ class MetricsWriter:
     TensorBoard drops its events after step N (``purge_step``).
     """
 
-    def __init__(self, log_dir: str, tensorboard_dir: Optional[str] = None, enabled: bool = True, *,
-                 tensorboard: bool = True, fresh: bool = False, resume_step: Optional[int] = None):
+    def __init__(
+        self,
+        log_dir: str,
+        tensorboard_dir: Optional[str] = None,
+        enabled: bool = True,
+        *,
+        tensorboard: bool = True,
+        fresh: bool = False,
+        resume_step: Optional[int] = None,
+    ):
         self.enabled = enabled
         self.log_dir = log_dir
         self.tensorboard_dir = tensorboard_dir or os.path.join(log_dir, "tensorboard")
@@ -169,8 +180,11 @@ class MetricsWriter:
                 n += 1
             os.replace(self.path, f"{self.path}.{n}")
             self.moved_to = f"{self.path}.{n}"
-            if tensorboard_dir is None and os.path.isdir(self.tensorboard_dir) \
-                    and not os.path.exists(f"{self.tensorboard_dir}.{n}"):
+            if (
+                tensorboard_dir is None
+                and os.path.isdir(self.tensorboard_dir)
+                and not os.path.exists(f"{self.tensorboard_dir}.{n}")
+            ):
                 os.replace(self.tensorboard_dir, f"{self.tensorboard_dir}.{n}")
         if resume_step is not None and not fresh:
             self.superseded = _move_superseded(self.path, int(resume_step))
@@ -190,8 +204,10 @@ class MetricsWriter:
                 warnings.warn(f"TensorBoard unavailable ({e}); writing {self.path} only")
             else:
                 os.makedirs(self.tensorboard_dir, exist_ok=True)
-                self._tb = SummaryWriter(log_dir=self.tensorboard_dir, purge_step=(
-                    int(resume_step) + 1 if resume_step is not None and not fresh else None))
+                self._tb = SummaryWriter(
+                    log_dir=self.tensorboard_dir,
+                    purge_step=(int(resume_step) + 1 if resume_step is not None and not fresh else None),
+                )
 
     def log(self, step: int, values: dict) -> None:
         if not self.enabled:

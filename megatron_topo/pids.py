@@ -1,4 +1,5 @@
 """Process liveness on this host (no psutil)."""
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@ The estimate is ``zero_topo.memory.peak_estimate``: model states exactly as the 
 them, plus activations of one micro-batch and the gathered units. When it exceeds the device
 memory the run stops with one line naming both numbers and what would fit instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,10 @@ def reserve_bytes(cfg: Config, limit: int) -> int:
     if r is None:
         return int(DEFAULT_RESERVE_FRACTION * limit)
     if r * GIB >= limit:
-        raise ConfigError(f"system.memory_reserve_gib {r:g} leaves nothing of the {limit / GIB:g} GiB per device; "
-                          f"valid: 0 <= memory_reserve_gib < device_memory_gib")
+        raise ConfigError(
+            f"system.memory_reserve_gib {r:g} leaves nothing of the {limit / GIB:g} GiB per device; "
+            f"valid: 0 <= memory_reserve_gib < device_memory_gib"
+        )
     return int(r * GIB)
 
 
@@ -61,12 +64,21 @@ def estimate(cfg: Config, plan: Plan, world_size: int, numels: Optional[list[int
 
     m = cfg.model
     mb = cfg.train.train_micro_batch_size_per_gpu
-    return memory.peak_estimate(numels if numels is not None else unit_numels(m), plan, world_size, cfg.precision,
-                                hidden=m.hidden_size, heads=m.num_attention_heads, layers=m.num_layers,
-                                seq=m.seq_length, vocab=m.vocab_size, micro_batch=mb,
-                                recompute=m.checkpoint_activations, ranks_per_node=ranks_per_node(cfg, world_size),
-                                activations=spec_for(m).activation_bytes(m, mb, cfg.precision,
-                                                                         m.checkpoint_activations))
+    return memory.peak_estimate(
+        numels if numels is not None else unit_numels(m),
+        plan,
+        world_size,
+        cfg.precision,
+        hidden=m.hidden_size,
+        heads=m.num_attention_heads,
+        layers=m.num_layers,
+        seq=m.seq_length,
+        vocab=m.vocab_size,
+        micro_batch=mb,
+        recompute=m.checkpoint_activations,
+        ranks_per_node=ranks_per_node(cfg, world_size),
+        activations=spec_for(m).activation_bytes(m, mb, cfg.precision, m.checkpoint_activations),
+    )
 
 
 def ranks_per_node(cfg: Config, world_size: int) -> int:
@@ -132,7 +144,8 @@ def check_host(cfg: Config, plan: Plan, topo: Topology) -> dict:
             f"{est['model_states'] / GIB:,.1f} GiB of model states per rank + {rest / GIB:,.1f} GiB activations and "
             f"buffers (seq_length {cfg.model.seq_length:,}, micro-batch {cfg.train.train_micro_batch_size_per_gpu}), "
             f"{have / GIB:,.1f} GiB of host memory available per rank{share}: lower seq_length or "
-            f"train_micro_batch_size_per_gpu, or shard more")
+            f"train_micro_batch_size_per_gpu, or shard more"
+        )
     return est
 
 
@@ -157,9 +170,10 @@ def check(cfg: Config, plan: Plan, topo: Topology, device: torch.device) -> Opti
         ways.append("preset " + " or ".join(presets[:3]))
     advice = ("use " + " or ".join(ways)) if ways else "no plan fits this model within 4096 nodes; use a smaller model"
     rest = est["total"] - est["model_states"]
-    why = (" (it fits the device only without the reserve)" if est["total"] <= device_limit else "")
+    why = " (it fits the device only without the reserve)" if est["total"] <= device_limit else ""
     raise ConfigError(
         f"{_count(sum(numels))} parameters under {plan.preset} on {topo.world_size} ranks need "
         f"{est['model_states'] / GIB:.1f} GiB of model states per rank (+ {rest / GIB:.1f} GiB activations and "
         f"buffers) + {reserve / GIB:.1f} GiB reserve for context, communicators and fragmentation "
-        f"({_reserve_source(cfg)}), {device_limit / GIB:.1f} GiB available{why}: {advice}")
+        f"({_reserve_source(cfg)}), {device_limit / GIB:.1f} GiB available{why}: {advice}"
+    )

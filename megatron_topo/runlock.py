@@ -21,6 +21,7 @@ A stale lock is taken over with one line naming the previous owner. Creating the
 NFS); taking over renames the stale file away first (only one contender's rename succeeds) and
 checks that what it renamed is the record it judged stale.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,21 @@ from .pids import pid_alive
 
 LOCK_NAME = ".megatron_topo.lock"
 LEASE_S = float(os.environ.get("MEGATRON_TOPO_LOCK_LEASE_S", "300"))
-_SLURM_LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
-               "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "REQUEUE_HOLD", "REQUEUE_FED"}
+_SLURM_LIVE = {
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "STOPPED",
+    "RESV_DEL_HOLD",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+}
 
 
 class LockError(RuntimeError):
@@ -50,7 +64,6 @@ def _proc_start(pid: int) -> Optional[str]:
             return f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
-
 
 
 def _job_id() -> Optional[str]:
@@ -120,9 +133,14 @@ class RunLock:
         self.log = log
         self.held: list[tuple[str, str]] = []  # (lock path, our token)
         self.created: list[str] = []  # folders acquire made, deepest first: removed at release when empty
-        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": _proc_start(os.getpid()),
-                   "job": _job_id(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                   "token": f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"}
+        self.me = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "pid_start": _proc_start(os.getpid()),
+            "job": _job_id(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "token": f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}",
+        }
         self._stop = threading.Event()
         self._renewer: Optional[threading.Thread] = None
 
@@ -157,8 +175,10 @@ class RunLock:
                     continue  # released meanwhile: try again
                 reason = stale_reason(owner, path)
                 if reason is None:
-                    raise LockError(f"{what} {folder} belongs to a running job ({describe(owner)}; lock {path}); "
-                                    f"wait for it to end, stop it, or use another folder")
+                    raise LockError(
+                        f"{what} {folder} belongs to a running job ({describe(owner)}; lock {path}); "
+                        f"wait for it to end, stop it, or use another folder"
+                    )
                 aside = f"{path}.stale-{self.me['host']}-{os.getpid()}"
                 try:
                     os.rename(path, aside)
@@ -172,8 +192,10 @@ class RunLock:
                     os.unlink(aside)
                     continue
                 os.unlink(aside)
-                self.log(f"{what} {folder}: taking over the lock of an earlier job that is gone "
-                         f"({describe(owner)}: {reason})")
+                self.log(
+                    f"{what} {folder}: taking over the lock of an earlier job that is gone "
+                    f"({describe(owner)}: {reason})"
+                )
             raise LockError(f"{what} {folder}: could not take the lock {path} (other runs keep taking it)")
         finally:
             try:
@@ -193,6 +215,7 @@ class RunLock:
                             os.utime(path)
                         except OSError:
                             pass
+
         self._renewer = threading.Thread(target=renew, name="megatron_topo-lock-lease", daemon=True)
         self._renewer.start()
 

@@ -10,6 +10,7 @@
 
 Errors are raised as ``err`` (the caller's one-line error class: CheckpointError, ConfigError...).
 """
+
 from __future__ import annotations
 
 import os
@@ -54,8 +55,10 @@ def inside(folder: str, name, what: str, err: Type[Exception], also: Sequence[st
     real = os.path.realpath(path)
     roots = [os.path.realpath(r) for r in (folder, *also)]
     if not any(real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
-        raise err(f"{what}: {excerpt(name)} is a symbolic link out of {folder} (to {excerpt(real, 80)}); "
-                  f"only files inside it are read")
+        raise err(
+            f"{what}: {excerpt(name)} is a symbolic link out of {folder} (to {excerpt(real, 80)}); "
+            f"only files inside it are read"
+        )
     try:
         st = os.stat(path)
     except FileNotFoundError:

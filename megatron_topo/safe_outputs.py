@@ -9,6 +9,7 @@
 
 Errors are raised as ``err`` (the caller's one-line error class).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,10 +35,15 @@ def checkpoint_step_above(path: str) -> Optional[str]:
         p = parent
 
 
-def check_output_file(path: str, flag: str, err: Type[Exception], force: bool = False,
-                      ours: Optional[Callable[[str], bool]] = None,
-                      kind: Optional[Callable[[str], Optional[str]]] = None,
-                      inputs: Sequence[str] = ()) -> None:
+def check_output_file(
+    path: str,
+    flag: str,
+    err: Type[Exception],
+    force: bool = False,
+    ours: Optional[Callable[[str], bool]] = None,
+    kind: Optional[Callable[[str], Optional[str]]] = None,
+    inputs: Sequence[str] = (),
+) -> None:
     """Refuse to write the file ``path`` (given as ``flag``) over anything the run did not create.
 
     ``ours(path)``: the existing file is this tool's own earlier output (replaced without --force);
@@ -45,8 +51,9 @@ def check_output_file(path: str, flag: str, err: Type[Exception], force: bool = 
     even with --force); ``inputs``: the paths the run reads (never an output)."""
     step = checkpoint_step_above(os.path.dirname(os.path.abspath(path)) or ".")
     if step is not None:
-        raise err(f"{flag} {path} lies inside the checkpoint folder {step}; only a save writes there: write it "
-                  f"elsewhere")
+        raise err(
+            f"{flag} {path} lies inside the checkpoint folder {step}; only a save writes there: write it elsewhere"
+        )
     real = os.path.realpath(path)
     for i in inputs:
         if i and os.path.realpath(i) == real:

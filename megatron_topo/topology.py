@@ -4,6 +4,7 @@ Ranks are node-major: ``rank = ((node * gpus_per_node) + gpu) * gcds_per_gpu + g
 is read from the config and the launcher's variables, never from ``torch.cuda.device_count()``
 (under ``srun --gpus-per-task=1`` every task sees a single device).
 """
+
 from __future__ import annotations
 
 import os
@@ -100,19 +101,20 @@ def _check_launcher_env(env: Mapping[str, str], world: int, local_rank: int, loc
     forever), and the local rank lies within the ranks of this node."""
     has = lambda *names: any(env.get(n) not in (None, "") for n in names)  # noqa: E731
     if world > 1 and not has("RANK", "SLURM_PROCID"):
-        raise ConfigError(f"launcher environment: WORLD_SIZE={world} but RANK is not set; each of the {world} "
-                          f"processes needs its RANK (torchrun and srun set both)")
+        raise ConfigError(
+            f"launcher environment: WORLD_SIZE={world} but RANK is not set; each of the {world} "
+            f"processes needs its RANK (torchrun and srun set both)"
+        )
     if local_world is not None and local_world < 1:
-        raise ConfigError(f"launcher environment: LOCAL_WORLD_SIZE={local_world}; it must be >= 1 (the ranks on "
-                          f"this node)")
+        raise ConfigError(
+            f"launcher environment: LOCAL_WORLD_SIZE={local_world}; it must be >= 1 (the ranks on this node)"
+        )
     if local_rank < 0 or (local_world is not None and local_rank >= local_world):
         valid = f"0..{local_world - 1}" if local_world else ">= 0"
         raise ConfigError(f"launcher environment: LOCAL_RANK={local_rank} is not a rank on this node; valid: {valid}")
 
 
-def topology_from_config(
-    cfg: TopologyConfig, world_size: int, local_world_size: Optional[int] = None
-) -> Topology:
+def topology_from_config(cfg: TopologyConfig, world_size: int, local_world_size: Optional[int] = None) -> Topology:
     """Build the topology; ``gpus_per_node`` defaults to the launcher's ranks per node."""
     gcds = cfg.gcds_per_gpu
     if world_size % gcds:

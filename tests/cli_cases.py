@@ -1,6 +1,7 @@
 """Helpers shared by the bad- and hostile-input tests (no tests here): a small world (a config, token
 datasets, a step-2 checkpoint), a scratch copy of it, an entry point run in this process, the one
 ``error:`` line it must print, and file snapshots taken before and after."""
+
 import hashlib
 import os
 import shutil
@@ -36,8 +37,18 @@ eval_interval: 0
 progress_bar: false
 distributed: {backend: gloo, device: cpu}
 """
-ENV_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "SLURM_NTASKS", "SLURM_PROCID", "SLURM_NPROCS", fault_injection.ENV)
+ENV_VARS = (
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_NTASKS",
+    "SLURM_PROCID",
+    "SLURM_NPROCS",
+    fault_injection.ENV,
+)
 
 
 def write_dataset(prefix, docs, seed, high=64):
@@ -72,11 +83,18 @@ def build_hostile_world(d):
     write_dataset(d / "data" / "other", 80, 1)
     frontier = open(os.path.join(ROOT, "configs", "frontier.yml")).read()
     assert "bw_inter_node_gbs:" in frontier
-    (d / "sys0.yml").write_text("\n".join(
-        "  bw_inter_node_gbs: 0" if line.strip().startswith("bw_inter_node_gbs:") else line
-        for line in frontier.splitlines()) + "\n")
-    for name, text in (("pm_str", '{"step": "ten", "loss": 1.0}\n'), ("pm_list", '{"step": [1, 2], "loss": 1.0}\n'),
-                       ("pm_frac", '{"step": 1.5, "loss": 1.0}\n')):
+    (d / "sys0.yml").write_text(
+        "\n".join(
+            "  bw_inter_node_gbs: 0" if line.strip().startswith("bw_inter_node_gbs:") else line
+            for line in frontier.splitlines()
+        )
+        + "\n"
+    )
+    for name, text in (
+        ("pm_str", '{"step": "ten", "loss": 1.0}\n'),
+        ("pm_list", '{"step": [1, 2], "loss": 1.0}\n'),
+        ("pm_frac", '{"step": 1.5, "loss": 1.0}\n'),
+    ):
         (d / name).mkdir()
         (d / name / "metrics.jsonl").write_text(text)
     (d / "pm_latin1").mkdir()

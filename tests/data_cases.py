@@ -1,5 +1,6 @@
 """Helpers shared by the data tests (no tests here): an independent MMIDIDX writer/reader written
 from the format description (struct, not our code), a CLI runner, and a small tokenizer corpus."""
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,14 @@ def read_pair(prefix: str):
 def run_tool(name: str, *args, check: bool = False):
     """Run tools/NAME.py in a subprocess; returns the CompletedProcess (text mode)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([PY, os.path.join(REPO, "tools", f"{name}.py"), *map(str, args)],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [PY, os.path.join(REPO, "tools", f"{name}.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} failed ({proc.returncode}): {proc.stderr}")
     return proc
@@ -103,9 +110,20 @@ def vm_rss_kb() -> int:
 
 
 # texts every tokenizer must round-trip exactly
-SAMPLES = ["", "hello world", " leading space", "trailing  \n", "tabs\tand\nnewlines\n\n  indented",
-           "héllo wörld — naïve café", "日本語のテキスト", "emoji 🙂👍 mixed", "def f(x):\n    return x ** 2\n",
-           "   ", "a" * 300, "numbers 1234567890 3.14159"]
+SAMPLES = [
+    "",
+    "hello world",
+    " leading space",
+    "trailing  \n",
+    "tabs\tand\nnewlines\n\n  indented",
+    "héllo wörld — naïve café",
+    "日本語のテキスト",
+    "emoji 🙂👍 mixed",
+    "def f(x):\n    return x ** 2\n",
+    "   ",
+    "a" * 300,
+    "numbers 1234567890 3.14159",
+]
 
 
 def write_corpus(directory) -> str:

@@ -1,4 +1,5 @@
 """Run a function on N local processes over gloo and collect what each returns."""
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,14 @@ def free_port() -> int:
 
 
 def _worker(rank, world, port, fn, args, outdir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -40,8 +47,9 @@ def run_distributed(fn, world: int, *args):
     """Returns the list of per-rank results; raises with the first rank's traceback on error."""
     with tempfile.TemporaryDirectory() as outdir:
         try:
-            mp.start_processes(_worker, args=(world, free_port(), fn, args, outdir), nprocs=world,
-                               join=True, start_method="fork")
+            mp.start_processes(
+                _worker, args=(world, free_port(), fn, args, outdir), nprocs=world, join=True, start_method="fork"
+            )
         except Exception:
             pass
         results = []

@@ -1,4 +1,5 @@
 """Shared pieces of the engine tests: a tiny model, data, and the single-process reference."""
+
 from __future__ import annotations
 
 import torch
@@ -12,8 +13,18 @@ from megatron_topo.zero_topo.engine import ZeroTopoEngine
 from megatron_topo.zero_topo.sharding import resolve_plan
 
 # the architecture stated explicitly (the defaults follow GPT-NeoX's since issue 15)
-TINY = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64, rotary_pct=0.25,
-            gpt_j_residual=True, no_weight_tying=True, init_method="small_init", output_layer_init_method="wang_init")
+TINY = dict(
+    num_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    seq_length=16,
+    vocab_size=64,
+    rotary_pct=0.25,
+    gpt_j_residual=True,
+    no_weight_tying=True,
+    init_method="small_init",
+    output_layer_init_method="wang_init",
+)
 # eps 1e-4: the key bias has an exactly-zero true gradient (softmax is shift invariant), so its
 # computed gradient is summation-order noise that Adam with a tiny eps would blow up to +-lr.
 LR, WD, CLIP, BETAS, EPS = 1e-2, 0.1, 1.0, (0.9, 0.95), 1e-4
@@ -40,8 +51,19 @@ def make_engine(rank, world, zcfg: ZeroTopoConfig, precision="fp32", gcds=2, gpu
     plan = resolve_plan(zcfg, topo)
     model = build_model(cfg, seed=7)
     comm = Comm(topo, rank)
-    eng = ZeroTopoEngine(model, model.shard_units(), plan, comm, precision=precision, lr=LR, betas=BETAS,
-                         eps=EPS, weight_decay=WD, grad_clip=CLIP, **kw)
+    eng = ZeroTopoEngine(
+        model,
+        model.shard_units(),
+        plan,
+        comm,
+        precision=precision,
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        weight_decay=WD,
+        grad_clip=CLIP,
+        **kw,
+    )
     return eng
 
 
@@ -67,8 +89,9 @@ def reference(world, steps=5, accum=2, cfg=None):
     model = build_model(cfg, seed=7)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "norm" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "norm" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=LR, betas=BETAS, eps=EPS)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}], lr=LR, betas=BETAS, eps=EPS
+    )
     for step in range(steps):
         for r in range(world):
             for m in range(accum):

@@ -1,4 +1,5 @@
 """Inputs and bit-level comparisons shared by the kernel tests (reference, cpu_fast, Triton, API)."""
+
 import os
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def special_input(n, dtype, block_size, seed):
             x[lo + int(torch.randint(0, hi - lo, (1,), generator=g))] = SPECIALS[blk % 3]
         elif kind == 3:
             x[lo] = 127.0  # scale 1: every other value is an exact tie k + 0.5
-            x[lo + 1:hi] = torch.arange(hi - lo - 1, dtype=torch.float32) % 254 - 126.5
+            x[lo + 1 : hi] = torch.arange(hi - lo - 1, dtype=torch.float32) % 254 - 126.5
         elif kind == 4:
             x[lo:hi] = x[lo:hi] * 1e-39  # subnormal fp32 (zero-ish in bf16/fp16)
         elif kind == 5 and dtype != torch.float16:
@@ -60,8 +61,11 @@ def special_input(n, dtype, block_size, seed):
     return x.to(dtype)
 
 
-RAW_INT = {torch.float32: (torch.int32, 2 ** 31), torch.bfloat16: (torch.int16, 2 ** 15),
-           torch.float16: (torch.int16, 2 ** 15)}
+RAW_INT = {
+    torch.float32: (torch.int32, 2**31),
+    torch.bfloat16: (torch.int16, 2**15),
+    torch.float16: (torch.int16, 2**15),
+}
 
 
 def raw_bits(n, dtype, seed):
@@ -94,8 +98,10 @@ def assert_same_ops(x, bits, B, k=2, seed=0):
     assert CF.dequantize_sum(qs, ss, bits, B, n, out=o_f) is o_f
     assert_bitwise_equal(o_f, o_r)
     for ob in (8, 4):
-        a, b = (CF.dequantize_sum_requantize(qs, ss, bits, B, out_bits=ob),
-                R.dequantize_sum_requantize(qs, ss, bits, B, out_bits=ob))
+        a, b = (
+            CF.dequantize_sum_requantize(qs, ss, bits, B, out_bits=ob),
+            R.dequantize_sum_requantize(qs, ss, bits, B, out_bits=ob),
+        )
         assert_bitwise_equal(a[0], b[0])
         assert_bitwise_equal(a[1], b[1])
 
@@ -103,7 +109,6 @@ def assert_same_ops(x, bits, B, k=2, seed=0):
 def run_py(code, extra_env, timeout=300):
     """Run ``code`` in a fresh interpreter from the repository root; it must print 'ok' last."""
     env = dict(os.environ, **extra_env)
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=timeout)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout, r.stderr)
     return r.stdout

@@ -1,6 +1,7 @@
 """``preset: auto`` times the plans the model cannot tell apart (training.auto_trials): the measured
 time decides, every rank makes the same choice, the run equals the chosen plan given explicitly,
 a resumed run keeps its plan untimed, and the timing settings are refused without ``auto``."""
+
 import dataclasses
 import os
 
@@ -78,6 +79,7 @@ def _scripted_choice(tmp, monkeypatch, script, **zero_topo):
     def time_plan(cfg_, rt, r, comm, steps, build):
         calls.append(r.label)
         return [left[r.label].pop(0)] * steps
+
     monkeypatch.setattr(auto_trials, "time_plan", time_plan)
     lines = []
     chosen = auto_trials.choose(cfg, local_runtime(0, 1), ranked, None, None, log=lines.append)
@@ -87,13 +89,15 @@ def _scripted_choice(tmp, monkeypatch, script, **zero_topo):
 def test_close_plans_get_more_passes_and_a_twice_disturbed_one_is_not_lost(tmp_path, monkeypatch):
     """p0 is slow in both of its first two passes (as topo_q's plan was in 5 of 11 emulated runs at
     frontier x1); it is within 15 % of p1, so both are timed again until p0's real time shows."""
-    calls, chosen, lines = _scripted_choice(tmp_path, monkeypatch, [
-        [0.47, 0.45, 0.38, 0.37], [0.41, 0.40, 0.41, 0.42], [0.9, 0.9]])
+    calls, chosen, lines = _scripted_choice(
+        tmp_path, monkeypatch, [[0.47, 0.45, 0.38, 0.37], [0.41, 0.40, 0.41, 0.42], [0.9, 0.9]]
+    )
     assert calls == ["p0", "p1", "p2", "p2", "p1", "p0", "p0", "p1", "p1", "p0"] and chosen == "p0"
     assert "p0 0.37 s (passes 0.47 / 0.45 / 0.38 / 0.37; model 1)" in lines[0] and lines[0].endswith("chose p0")
     # at most auto_trial_passes: with 2 the old rule (p1 chosen); with 1 no reverse pass either
-    calls, chosen, _ = _scripted_choice(tmp_path, monkeypatch, [[0.47, 0.45], [0.41, 0.40], [0.9, 0.9]],
-                                        auto_trial_passes=2)
+    calls, chosen, _ = _scripted_choice(
+        tmp_path, monkeypatch, [[0.47, 0.45], [0.41, 0.40], [0.9, 0.9]], auto_trial_passes=2
+    )
     assert calls == ["p0", "p1", "p2", "p2", "p1", "p0"] and chosen == "p1"
     calls, chosen, lines = _scripted_choice(tmp_path, monkeypatch, [[0.47], [0.41], [0.9]], auto_trial_passes=1)
     assert calls == ["p0", "p1", "p2"] and chosen == "p1"
@@ -127,12 +131,17 @@ def _train(rank, world, tmp, zero_topo, slow_label=None, save=None, iters=3):
             first.setdefault("label", label)
             timed.append(label)
             return [t + 1.0 for t in out] if label == first["label"] else out
+
         auto_trials.time_plan = time_plan
     lines = []
     tr = Trainer(cfg, local_runtime(rank, world, gcds=2, gpus=1), datasets=datasets(cfg), log=lines.append)
     tr.train()
-    return ({n: p.clone() for n, p in tr.engine.full_parameters().items()}, tr.effective_cfg.zero_topo,
-            [ln for ln in lines if "preset auto" in ln], timed)
+    return (
+        {n: p.clone() for n, p in tr.engine.full_parameters().items()},
+        tr.effective_cfg.zero_topo,
+        [ln for ln in lines if "preset auto" in ln],
+        timed,
+    )
 
 
 def test_the_measured_time_decides_and_every_rank_agrees(tmp_path):
@@ -163,6 +172,7 @@ def _timed_with_step_sync(rank, world, tmp):
 
     from megatron_topo.training import step_sync
     from megatron_topo.training.start import build_engine, new_comm
+
     cfg = _config(tmp, ZeroTopoConfig(preset="ddp"), 1, "sync")
     cfg.logging.log_interval = 2
     rt = local_runtime(rank, world)
@@ -177,6 +187,7 @@ def _timed_with_step_sync(rank, world, tmp):
         calls["log"] += 1
         time.sleep(0.5)
         return real_log(*a)
+
     step_sync.start_reduce_max, step_sync.reduce_log = start_reduce_max, reduce_log
     plan = resolve_plan(cfg.zero_topo, rt.topo)
     times = auto_trials.time_plan(cfg, rt, plan, new_comm(rt), 3, build_engine)
@@ -195,6 +206,7 @@ def _live_engines(rank, world, tmp):
     import gc
 
     from megatron_topo.zero_topo.engine import ZeroTopoEngine
+
     gc.collect()  # engines a forked rank inherited from tests run before in the parent are not this run's
     before = {id(o) for o in gc.get_objects() if isinstance(o, ZeroTopoEngine)}
     cfg = _config(tmp, ZeroTopoConfig(preset="auto", auto_trials=3), 1, "live")
@@ -213,17 +225,23 @@ def test_trial_engines_are_freed(tmp_path):
 def test_no_trials_runs_the_models_choice(tmp_path):
     _, z, lines, _ = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=0))[0]
     assert len(lines) == 1 and "timed" not in lines[0]
-    assert autoplan.label(resolve_plan(z, local_runtime(0, 4, gcds=2, gpus=1).topo),
-                          local_runtime(0, 4, gcds=2, gpus=1).topo)[0] == lines[0].split("chose ", 1)[1].split(" (")[0]
+    assert (
+        autoplan.label(
+            resolve_plan(z, local_runtime(0, 4, gcds=2, gpus=1).topo), local_runtime(0, 4, gcds=2, gpus=1).topo
+        )[0]
+        == lines[0].split("chose ", 1)[1].split(" (")[0]
+    )
 
 
 def test_a_resumed_run_keeps_its_checkpoints_plan_untimed(tmp_path):
     save = tmp_path / "ckpt"
-    _, z, _, timed = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True,
-                                     save, 2)[0]
+    _, z, _, timed = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True, save, 2)[
+        0
+    ]
     assert 6 <= len(timed) <= 10  # every plan twice, the two fastest up to twice more
-    _, z2, lines, timed2 = run_distributed(_train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True,
-                                           save, 3)[0]
+    _, z2, lines, timed2 = run_distributed(
+        _train, 4, tmp_path, ZeroTopoConfig(preset="auto", auto_trials=3), True, save, 3
+    )[0]
     assert timed2 == [] and z2 == z
     assert any("keeping the checkpoint's plan" in ln for ln in lines), lines
 
@@ -232,8 +250,10 @@ def test_timing_settings_need_preset_auto_and_are_not_recorded(tmp_path):
     files = [os.path.join(ROOT, "configs/tiny.yml")]
     with pytest.raises(ConfigError, match="zero_topo.auto_trials=2 applies to zero_topo.preset: auto only"):
         load_config(files, ["zero_topo.preset=topo", "zero_topo.auto_trials=2"])
-    cfg = load_config(files + [os.path.join(ROOT, "configs/emulated_cpu.yml")],
-                      ["zero_topo.preset=auto", "zero_topo.auto_trials=2", "zero_topo.auto_trial_window=0.5"])
+    cfg = load_config(
+        files + [os.path.join(ROOT, "configs/emulated_cpu.yml")],
+        ["zero_topo.preset=auto", "zero_topo.auto_trials=2", "zero_topo.auto_trial_window=0.5"],
+    )
     topo = local_runtime(0, 8, gcds=2, gpus=2).topo
     eff = effective_config(cfg, autoplan.resolve(cfg, topo)[0], topo)
     assert eff.zero_topo.auto_trials == ZeroTopoConfig().auto_trials
@@ -247,6 +267,7 @@ def _live_groups(rank, world, tmp):
     import torch.distributed as dist
 
     from megatron_topo.training import start as trainer_mod
+
     cfg = _config(tmp, ZeroTopoConfig(preset="auto", auto_trials=3), 1, "groups")
     made = []
     real = trainer_mod.build_engine
@@ -254,6 +275,7 @@ def _live_groups(rank, world, tmp):
     def build(*a, **kw):  # every engine the trainer builds: the trials' and the run's
         made.append(1)
         return real(*a, **kw)
+
     trainer_mod.build_engine = build
     tr = Trainer(cfg, local_runtime(rank, world, gcds=2, gpus=1), datasets=datasets(cfg), log=lambda *_: None)
     live = {pg for pg in dist.distributed_c10d._world.pg_map if pg is not dist.group.WORLD}

@@ -1,5 +1,6 @@
 """``zero_topo.preset: auto``: the modelled fastest plan that fits, the same ranking in tools/plan.py,
 pinned fields respected, one-line errors, and a trainer under auto equal to the plan it chose."""
+
 import dataclasses
 import json
 import os
@@ -11,8 +12,8 @@ import torch
 
 from megatron_topo.analysis import autoplan
 from megatron_topo.analysis import perf_model as pm
-from megatron_topo.config import ConfigError, SystemConfig, load_config
 from megatron_topo.analysis.emulation import predict as emu
+from megatron_topo.config import ConfigError, SystemConfig, load_config
 from megatron_topo.training import Trainer
 from megatron_topo.zero_topo.sharding import resolve_plan
 
@@ -33,7 +34,7 @@ def test_auto_is_the_fastest_fitting_candidate(gcds):
     z, ranked = autoplan.choose(cfg, topo)
     best = ranked[0]
     assert z.preset != "auto" and resolve_plan(z, topo).factors == best.plan.factors
-    limit = cfg.system.device_memory_gib * 2 ** 30
+    limit = cfg.system.device_memory_gib * 2**30
     limit -= autoplan.preflight.reserve_bytes(cfg, int(limit))  # kept for context, communicators, fragmentation
     assert all(r.memory_bytes <= limit for r in ranked)
     assert all(best.step_s <= r.step_s * (1 + autoplan.TIE) for r in ranked)
@@ -46,16 +47,36 @@ def test_auto_is_the_fastest_fitting_candidate(gcds):
             assert est["total"] > limit, label
     # the modelled step of the choice is the performance model's own number for that plan
     t = cfg.train
-    want = pm.estimate_step(pm.Shape.from_config(cfg.model), best.plan, topo, cfg.system,
-                            t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
-                            cfg.model.checkpoint_activations).step_s
+    want = pm.estimate_step(
+        pm.Shape.from_config(cfg.model),
+        best.plan,
+        topo,
+        cfg.system,
+        t.train_micro_batch_size_per_gpu,
+        t.gradient_accumulation_steps,
+        cfg.model.checkpoint_activations,
+    ).step_s
     assert best.step_s == pytest.approx(want, rel=1e-12)
 
 
 def test_plan_tool_shows_the_same_ranking():
-    out = subprocess.run([sys.executable, "tools/plan.py", "--model", "configs/20B.yml", "--system",
-                          "configs/frontier.yml", "--nodes", "2", "--json"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "tools/plan.py",
+            "--model",
+            "configs/20B.yml",
+            "--system",
+            "configs/frontier.yml",
+            "--nodes",
+            "2",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     cfg = _cfg()
@@ -68,9 +89,11 @@ def test_plan_tool_shows_the_same_ranking():
 
 def test_pinned_fields_are_kept():
     topo = pm.topology_for(16, _cfg().topology)
-    for sets, key, want in ((["zero_topo.combine_bits=16", "zero_topo.publish_bits=16"], "combine_bits", 16),
-                            (["zero_topo.grad_bits=16"], "grad_bits", 16),
-                            (["zero_topo.optimizer_factor=8"], "optimizer_factor", 8)):
+    for sets, key, want in (
+        (["zero_topo.combine_bits=16", "zero_topo.publish_bits=16"], "combine_bits", 16),
+        (["zero_topo.grad_bits=16"], "grad_bits", 16),
+        (["zero_topo.optimizer_factor=8"], "optimizer_factor", 8),
+    ):
         z, ranked = autoplan.choose(_cfg(*sets), topo)
         assert all(getattr(r.plan, key) == want for r in ranked), sets
         assert getattr(resolve_plan(z, topo), key) == want
@@ -96,7 +119,7 @@ def test_memory_decides_when_speed_does_not():
         cfg = _cfg(f"system.device_memory_gib={mem}")
         topo = pm.topology_for(16, cfg.topology)
         _, ranked = autoplan.choose(cfg, topo)
-        assert ranked[0].memory_bytes <= mem * 2 ** 30
+        assert ranked[0].memory_bytes <= mem * 2**30
     assert autoplan.choose(_cfg("system.device_memory_gib=64"), topo)[1][0].plan.optimizer_factor > 1
 
 
@@ -110,8 +133,13 @@ def test_fit_cpu_recovers_the_constants():
     for p in ("ddp", "zero1", "zero3", "zeropp", "mics", "topo"):
         plan = pm.preset_plan(p, topo)
         for k in (1, 2, 4, 8):
-            rows.append((plan, k, emu.estimate_emulated(shape, plan, topo, cfg.system, 2, k, true,
-                                                        overlap="serial")["unshaped_s"]))
+            rows.append(
+                (
+                    plan,
+                    k,
+                    emu.estimate_emulated(shape, plan, topo, cfg.system, 2, k, true, overlap="serial")["unshaped_s"],
+                )
+            )
     got = emu.fit_cpu(shape, topo, 2, rows)
     for f in ("flops", "transport_gbs", "quant_s_per_element", "call_s", "optimizer_s_per_param"):
         assert getattr(got, f) == pytest.approx(getattr(true, f), rel=1e-6), f
@@ -129,8 +157,11 @@ def _train(rank, world, tmp, zero_topo):
     lines = []
     tr = Trainer(cfg, local_runtime(rank, world, gcds=2, gpus=1), datasets=datasets(cfg), log=lines.append)
     tr.train()
-    return ({n: p.clone() for n, p in tr.engine.full_parameters().items()}, tr.effective_cfg.zero_topo,
-            [ln for ln in lines if "preset auto" in ln])
+    return (
+        {n: p.clone() for n, p in tr.engine.full_parameters().items()},
+        tr.effective_cfg.zero_topo,
+        [ln for ln in lines if "preset auto" in ln],
+    )
 
 
 def test_trainer_under_auto_is_the_chosen_plan(tmp_path):
@@ -157,8 +188,11 @@ def test_dry_run_shows_the_choice():
     topo = pm.topology_for(384, cfg.topology)
     z, ranked = autoplan.choose(cfg, topo)
     assert r["auto"] == autoplan.summary(ranked, cfg.system)
-    assert r["plan"]["preset"] == z.preset and (r["plan"]["weight_factor"], r["plan"]["grad_factor"],
-                                                r["plan"]["optimizer_factor"]) == ranked[0].plan.factors
+    assert (
+        r["plan"]["preset"] == z.preset
+        and (r["plan"]["weight_factor"], r["plan"]["grad_factor"], r["plan"]["optimizer_factor"])
+        == ranked[0].plan.factors
+    )
     assert r["auto"] in dryrun.render(r)
     assert r["auto_timed"] == autoplan.timed_note(ranked, cfg.zero_topo)
     assert (r["auto_timed"] is None) == (autoplan.shortlist(ranked, 4, 0.25) == [])
@@ -168,8 +202,15 @@ def _emulated_setup():
     """The bench model of tools/bench_sharding.py on 2 x 2 x 2 ranks, with configs/emulated_cpu.yml."""
     from megatron_topo.topology import Topology
 
-    sets = ["num_layers=4", "hidden_size=256", "num_attention_heads=4", "seq_length=128",
-            "max_position_embeddings=128", "train_micro_batch_size_per_gpu=2", "precision=bf16"]
+    sets = [
+        "num_layers=4",
+        "hidden_size=256",
+        "num_attention_heads=4",
+        "seq_length=128",
+        "max_position_embeddings=128",
+        "train_micro_batch_size_per_gpu=2",
+        "precision=bf16",
+    ]
     cfg = load_config([os.path.join(ROOT, "configs/tiny.yml"), os.path.join(ROOT, "configs/emulated_cpu.yml")], sets)
     return pm.Shape.from_config(cfg.model), Topology(8, 2, 2), cfg.system
 
@@ -178,9 +219,12 @@ def _emulated_setup():
 # machine, 11:08-11:19 UTC): strategy -> micro-batches -> s; topo_q is topo with combine_bits =
 # publish_bits = 8
 ACCUM_UNSHAPED = {
-    "ddp": {1: 0.3260, 2: 0.4819, 4: 0.8514, 8: 1.6370}, "topo": {1: 0.3311, 2: 0.6032, 4: 1.1773, 8: 2.3481},
-    "topo_q": {1: 0.4327, 2: 0.6184, 4: 1.1599, 8: 2.3287}, "zeropp": {1: 0.4019, 2: 0.8080, 4: 1.6316, 8: 3.1052},
-    "mics": {1: 0.3975, 2: 0.6624, 4: 1.3399, 8: 2.6685}, "zero3": {1: 0.4162, 2: 0.8348, 4: 1.6393, 8: 3.1570},
+    "ddp": {1: 0.3260, 2: 0.4819, 4: 0.8514, 8: 1.6370},
+    "topo": {1: 0.3311, 2: 0.6032, 4: 1.1773, 8: 2.3481},
+    "topo_q": {1: 0.4327, 2: 0.6184, 4: 1.1599, 8: 2.3287},
+    "zeropp": {1: 0.4019, 2: 0.8080, 4: 1.6316, 8: 3.1052},
+    "mics": {1: 0.3975, 2: 0.6624, 4: 1.3399, 8: 2.6685},
+    "zero3": {1: 0.4162, 2: 0.8348, 4: 1.6393, 8: 3.1570},
 }
 
 

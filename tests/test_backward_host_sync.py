@@ -2,6 +2,7 @@
 is a host-to-device copy) and no tensor value is read on the host, with error feedback and the
 INT8 combine that the last backward launches (8 ranks, 2 nodes: the in-node quantized reduction
 for topo, the 2-hop one for zeropp)."""
+
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron_topo.config import ZeroTopoConfig
@@ -25,8 +26,18 @@ class _Ops(TorchDispatchMode):
 
 
 def _backward_ops(rank, world, preset):
-    eng = make_engine(rank, world, ZeroTopoConfig(preset=preset, error_feedback=True, combine_bits=8, publish_bits=8,
-                                                  quant_block_size=64, grad_quant_block_size=64))
+    eng = make_engine(
+        rank,
+        world,
+        ZeroTopoConfig(
+            preset=preset,
+            error_feedback=True,
+            combine_bits=8,
+            publish_bits=8,
+            quant_block_size=64,
+            grad_quant_block_size=64,
+        ),
+    )
     out = []
     for step in range(2):  # the second step's backward adds the first step's residuals
         x, y = batch(step, rank, 0, cfg=eng.module.cfg)

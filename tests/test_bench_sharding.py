@@ -1,6 +1,7 @@
 """tools/bench_sharding.py (megatron_topo.analysis.bench): the volume formulas it checks against, its
 reports, one benchmark row on an emulated 2-node cluster (skipped without the privileges to create
 namespaces) and, with ``-m slow``, the full benchmark."""
+
 import json
 import os
 import subprocess
@@ -8,9 +9,9 @@ import sys
 
 import pytest
 
-from megatron_topo.analysis.emulation import cluster as C
 from megatron_topo.analysis import formulas
 from megatron_topo.analysis.bench import report, runs
+from megatron_topo.analysis.emulation import cluster as C
 from megatron_topo.commands import bench_sharding
 from megatron_topo.topology import Topology
 
@@ -78,25 +79,47 @@ def test_dry_run_lists_every_strategy(capsys):
 
 
 def _row(s, t, inter, **kw):
-    r = {"series": "main", "strategy": s, "ok": True, "step_time_s": t, "tokens_per_sec": 1000 / t,
-         "tokens_per_step": 1000, "comm_bytes_inter_node": inter, "formula_bytes_inter_node": inter,
-         "wire_bytes_inter_node": inter / 2, "comm_bytes_intra_node": 0, "wire_bytes_intra_node": 0,
-         "comm_bytes_intra_gpu": 0, "wire_bytes_intra_gpu": 0, "busiest_nic_bytes": inter / 8,
-         "peak_rss_bytes": 2**29, "formula_check": "OK", "unshaped_step_time_s": t / 2,
-         "lower_bound_s": t * 0.8, "lower_bound_overlap_s": t / 2, "nodes": 2}
+    r = {
+        "series": "main",
+        "strategy": s,
+        "ok": True,
+        "step_time_s": t,
+        "tokens_per_sec": 1000 / t,
+        "tokens_per_step": 1000,
+        "comm_bytes_inter_node": inter,
+        "formula_bytes_inter_node": inter,
+        "wire_bytes_inter_node": inter / 2,
+        "comm_bytes_intra_node": 0,
+        "wire_bytes_intra_node": 0,
+        "comm_bytes_intra_gpu": 0,
+        "wire_bytes_intra_gpu": 0,
+        "busiest_nic_bytes": inter / 8,
+        "peak_rss_bytes": 2**29,
+        "formula_check": "OK",
+        "unshaped_step_time_s": t / 2,
+        "lower_bound_s": t * 0.8,
+        "lower_bound_overlap_s": t / 2,
+        "nodes": 2,
+    }
     r.update(kw)
     return r
 
 
 def test_reports_ratios_table_and_plots(tmp_path):
-    rows = [_row("zero3", 4.0, 5e8), _row("zeropp", 3.0, 1e8), _row("topo", 2.0, 3e7),
-            {"series": "main", "strategy": "ddp", "ok": False, "error": "exit 1", "nodes": 2}]
+    rows = [
+        _row("zero3", 4.0, 5e8),
+        _row("zeropp", 3.0, 1e8),
+        _row("topo", 2.0, 3e7),
+        {"series": "main", "strategy": "ddp", "ok": False, "error": "exit 1", "nodes": 2},
+    ]
     md = report.table_main(rows)
     topo_line = next(ln for ln in md.splitlines() if ln.startswith("| topo "))
     assert "| 2.00x | 1.50x |" in topo_line
     assert "failed: exit 1" in md
-    scal = [dict(_row(s, t, 1e7), series="scaling", nodes=n) for s, n, t in
-            (("zero3", 1, 1.0), ("zero3", 2, 2.0), ("topo", 1, 1.0), ("topo", 2, 1.25))]
+    scal = [
+        dict(_row(s, t, 1e7), series="scaling", nodes=n)
+        for s, n, t in (("zero3", 1, 1.0), ("zero3", 2, 2.0), ("topo", 1, 1.0), ("topo", 2, 1.25))
+    ]
     st = report.table_scaling(scal)
     assert "| topo | 1000 | 800 | 0.80 | 0.40 |" in st
     meta = {"model_set": [], "steps": 3, "warmup": 1, "machine": {}, "main_spec": "x", "scaling_spec": "y"}
@@ -109,18 +132,54 @@ def test_reports_ratios_table_and_plots(tmp_path):
 @needs_netns
 def test_one_benchmark_row_on_two_emulated_nodes(tmp_path):
     out = tmp_path / "bench"
-    p = subprocess.run([PY, TOOL, "--strategies", "topo", "--nodes", "2", "--gpus-per-node", "1",
-                        "--gcds-per-gpu", "2", "--steps", "3", "--warmup", "1", "--no-unshaped", "--out", str(out),
-                        "--timeout", "150", "--model-set", "num_layers=2", "hidden_size=64", "seq_length=32",
-                        "max_position_embeddings=32", "train_micro_batch_size_per_gpu=2",
-                        "gradient_accumulation_steps=2", "precision=bf16"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=200)
+    p = subprocess.run(
+        [
+            PY,
+            TOOL,
+            "--strategies",
+            "topo",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "1",
+            "--gcds-per-gpu",
+            "2",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--no-unshaped",
+            "--out",
+            str(out),
+            "--timeout",
+            "150",
+            "--model-set",
+            "num_layers=2",
+            "hidden_size=64",
+            "seq_length=32",
+            "max_position_embeddings=32",
+            "train_micro_batch_size_per_gpu=2",
+            "gradient_accumulation_steps=2",
+            "precision=bf16",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())
     assert len(rows) == 1
     r = rows[0]
-    for key in ("strategy", "step_time_s", "tokens_per_sec", "comm_bytes_intra_gpu", "comm_bytes_intra_node",
-                "comm_bytes_inter_node", "peak_rss_bytes"):
+    for key in (
+        "strategy",
+        "step_time_s",
+        "tokens_per_sec",
+        "comm_bytes_intra_gpu",
+        "comm_bytes_intra_node",
+        "comm_bytes_inter_node",
+        "peak_rss_bytes",
+    ):
         assert key in r, key
     assert r["ok"] and r["tokens_per_sec"] > 0 and r["formula_check"] == "OK"
     assert r["comm_bytes_inter_node"] == r["formula_bytes_inter_node"] > 0

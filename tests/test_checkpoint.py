@@ -1,5 +1,6 @@
 """Sharded checkpoints: on-disk layout and atomicity, bit-exact resume under topo on 8 ranks,
 consolidation, HuggingFace conversion (logits), generation, and refusing code in a checkpoint."""
+
 import json
 import os
 import subprocess
@@ -71,8 +72,12 @@ def test_layout_metadata_keep_last_and_interrupted_saves(tmp_path):
 
 
 def _resume_8(rank, world, tmp):
-    over = {"zero_topo.preset": "topo", "zero_topo.quant_block_size": 64, "zero_topo.grad_quant_block_size": 64,
-            "train.gradient_accumulation_steps": 2}
+    over = {
+        "zero_topo.preset": "topo",
+        "zero_topo.quant_block_size": 64,
+        "zero_topo.grad_quant_block_size": 64,
+        "train.gradient_accumulation_steps": 2,
+    }
     kw = dict(rank=rank, world=world, gcds=2, gpus=2, total=4, **over)
     straight = _trainer(tmp, "straight", steps=4, **kw)
     first = _trainer(tmp, "first", steps=2, save=str(tmp / "ck"), **kw)
@@ -123,7 +128,7 @@ def test_consolidate_to_one_torch_file_and_to_safetensors(trained, tmp_path, cap
         names = {id(p): n for n, p in tr.engine.module.named_parameters()}
         for s in u.specs:
             n = names[id(s.param)]
-            want = entry["exp_avg_sq"][s.offset:s.offset + s.numel].view(s.shape)
+            want = entry["exp_avg_sq"][s.offset : s.offset + s.numel].view(s.shape)
             assert torch.equal(full["optimizer"]["exp_avg_sq"][n], want), n
             assert full["optimizer"]["step"][n] == 2.0
     # safetensors weights + optimizer next to them; the step directory works as input too
@@ -134,8 +139,10 @@ def test_consolidate_to_one_torch_file_and_to_safetensors(trained, tmp_path, cap
     w = load_file(str(out2))
     assert all(torch.equal(w[n], live[n]) for n in live)
     opt = torch.load(tmp_path / "model.optim.pt", weights_only=True)
-    assert torch.equal(opt["optimizer"]["exp_avg"]["layers.0.attention.dense.weight"],
-                       full["optimizer"]["exp_avg"]["layers.0.attention.dense.weight"])
+    assert torch.equal(
+        opt["optimizer"]["exp_avg"]["layers.0.attention.dense.weight"],
+        full["optimizer"]["exp_avg"]["layers.0.attention.dense.weight"],
+    )
     # never overwrites without --force
     before = out.read_bytes()
     capsys.readouterr()
@@ -173,13 +180,19 @@ def test_generate_prints_greedy_ids_and_text(trained, capsys):
         for _ in range(6):
             seq.append(int(model(torch.tensor([seq[-16:]]))[0, -1].argmax()))
     capsys.readouterr()
-    assert generate.main(["--checkpoint", str(tmp / "ck"), "--prompt-ids", "5,6,7", "--max-new-tokens", "6",
-                          "--greedy"]) == 0
+    assert (
+        generate.main(["--checkpoint", str(tmp / "ck"), "--prompt-ids", "5,6,7", "--max-new-tokens", "6", "--greedy"])
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "ids: " + " ".join(map(str, seq[3:]))
     assert out[1].startswith("text: ")  # the config names ByteLevel: text is printed too
-    assert generate.main(["--checkpoint", str(tmp / "ck"), "--prompt", "0!", "--max-new-tokens", "3",
-                          "--seed", "1", "--top-k", "5"]) == 0
+    assert (
+        generate.main(
+            ["--checkpoint", str(tmp / "ck"), "--prompt", "0!", "--max-new-tokens", "3", "--seed", "1", "--top-k", "5"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert len(out[0].split()) == 4 and all(0 <= int(x) < 64 for x in out[0].split()[1:])
     # a prompt whose tokens the model cannot embed is one clear error, not an IndexError
@@ -209,11 +222,13 @@ def test_checkpoint_that_runs_code_is_refused(trained, tmp_path, capfd):
     rf = bad / "global_step2" / "rank_00000.pt"
     torch.save({"shards": [], "evil": _Payload(str(marker))}, rf)
     cfg = tmp_path / "c.yml"
-    cfg.write_text(f"num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\n"
-                   f"max_position_embeddings: 16\ntrain_micro_batch_size_per_gpu: 2\nvocab_size: 64\n"
-                   f"rotary_pct: 0.25\ngpt_j_residual: true\nno_weight_tying: true\n"  # the trained model's, stated
-                   f"precision: fp32\nload: {bad}\nlog_dir: {tmp_path / 'log'}\ntrain_iters: 3\n"
-                   f"data_path: {tmp_path / 'nodata'}\n")
+    cfg.write_text(
+        f"num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\n"
+        f"max_position_embeddings: 16\ntrain_micro_batch_size_per_gpu: 2\nvocab_size: 64\n"
+        f"rotary_pct: 0.25\ngpt_j_residual: true\nno_weight_tying: true\n"  # the trained model's, stated
+        f"precision: fp32\nload: {bad}\nlog_dir: {tmp_path / 'log'}\ntrain_iters: 3\n"
+        f"data_path: {tmp_path / 'nodata'}\n"
+    )
     runs = [
         lambda: train_cli.main([str(cfg)]),
         lambda: consolidate_checkpoint.main(["--checkpoint", str(bad), "--output", str(tmp_path / "o.pt")]),
@@ -241,7 +256,20 @@ def test_checkpoint_that_runs_code_is_refused(trained, tmp_path, capfd):
 
 def test_tools_run_as_scripts(trained, tmp_path):
     tmp, _ = trained
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "generate.py"), "--checkpoint", str(tmp / "ck"),
-                        "--prompt-ids", "1,2", "--max-new-tokens", "2", "--greedy"],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tools", "generate.py"),
+            "--checkpoint",
+            str(tmp / "ck"),
+            "--prompt-ids",
+            "1,2",
+            "--max-new-tokens",
+            "2",
+            "--greedy",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0 and p.stdout.startswith("ids: "), p.stderr

@@ -1,6 +1,7 @@
 """The checkpoint package reaches an engine only through its public state API
 (``state_dict``/``load_state_dict`` and a few named methods and attributes), and meta.json has one
 typed record that the save writes and the readers read back unchanged."""
+
 import ast
 import json
 import pathlib
@@ -15,12 +16,30 @@ from .engine_cases import make_engine, train_steps
 
 PACKAGE = pathlib.Path(ckpt.__file__).parent
 # what the checkpoint package may use of an engine: its state API and what describes it
-ENGINE_API = {"state_dict", "load_state_dict", "unit_table", "shard_ranges", "full_state",
-              "plan", "topo", "precision", "comm", "scaler"}
+ENGINE_API = {
+    "state_dict",
+    "load_state_dict",
+    "unit_table",
+    "shard_ranges",
+    "full_state",
+    "plan",
+    "topo",
+    "precision",
+    "comm",
+    "scaler",
+}
 
 
-ENGINE_PARTS = {"units", "optimizer", "groups", "module", "ef_reduce", "ef_combine", "grad_acc",
-                "republish"}  # what an engine is made of, under any name
+ENGINE_PARTS = {
+    "units",
+    "optimizer",
+    "groups",
+    "module",
+    "ef_reduce",
+    "ef_combine",
+    "grad_acc",
+    "republish",
+}  # what an engine is made of, under any name
 
 
 def engine_uses(src: str, name: str) -> list[str]:
@@ -61,9 +80,13 @@ def test_state_dict_round_trips_into_another_engine():
 def test_meta_record_round_trips_byte_for_byte():
     """A meta.json the save writes reads back into the typed Meta and writes out as the same bytes."""
     record = {
-        "format": 2, "step": 3, "world_size": 2, "topology": {"world_size": 2, "gcds_per_gpu": 1, "gpus_per_node": 2},
+        "format": 2,
+        "step": 3,
+        "world_size": 2,
+        "topology": {"world_size": 2, "gcds_per_gpu": 1, "gpus_per_node": 2},
         "plan": {"weight_factor": 2, "grad_factor": 2, "optimizer_factor": 2, "preset": "zero3"},
-        "precision": "bf16", "shard_holders": 2,
+        "precision": "bf16",
+        "shard_holders": 2,
         "units": [{"padded": 8, "numel": 6, "params": [["w", 0, 4, [2, 2]], ["b", 4, 2, [2]]]}],
         "trainer": {"step": 3, "consumed_samples": 24, "consumed_valid": 4, "global_batch": 8},
         "files": {f"rank_0000{r}.pt": {"bytes": 100 + r, "sha256": "ab" * 32} for r in range(2)},

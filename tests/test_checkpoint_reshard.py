@@ -7,6 +7,7 @@ over the node ("sec 8" on Frontier; 4 ranks per node on the test topology), on w
 (1 node x 2 GPUs x 2 GCDs) and 8 (2 nodes x 2 x 2). Each (world) process group trains and saves
 under every plan, then loads all 18 checkpoints into every plan; world 8 does both in one run.
 """
+
 import torch
 import torch.distributed as dist
 
@@ -32,8 +33,9 @@ torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)
 
 def _zcfg(plan: str, world: int) -> ZeroTopoConfig:
     gcds, gpus = WORLDS[world]
-    z = ZeroTopoConfig(preset="topo" if plan.startswith("topo") else plan, quant_block_size=BLOCK,
-                       grad_quant_block_size=BLOCK)
+    z = ZeroTopoConfig(
+        preset="topo" if plan.startswith("topo") else plan, quant_block_size=BLOCK, grad_quant_block_size=BLOCK
+    )
     if plan == "topo_sec_node":
         z.secondary_degree = gcds * gpus if world > 1 else 1
     return z
@@ -43,8 +45,18 @@ def _engine(rank, world, plan, comm):
     """Like engine_cases.make_engine, but every plan shares one Comm so the process groups that
     several plans use (GCD pair, node, world, ...) are created once per process."""
     model = build_model(tiny_cfg(), seed=7)
-    return ZeroTopoEngine(model, model.shard_units(), resolve_plan(_zcfg(plan, world), comm.topo), comm,
-                          precision="fp32", lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, grad_clip=CLIP)
+    return ZeroTopoEngine(
+        model,
+        model.shard_units(),
+        resolve_plan(_zcfg(plan, world), comm.topo),
+        comm,
+        precision="fp32",
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        weight_decay=WD,
+        grad_clip=CLIP,
+    )
 
 
 def _barrier():
@@ -108,8 +120,10 @@ def _run(rank, world, root, save: bool, load_tags, truths):
                 with torch.no_grad():
                     logits = eng(_ids())
                 if not torch.equal(logits, truths[tag]["logits"]):
-                    failures.append(f"{tag} -> {plan}@{world}: logits differ "
-                                    f"(max {float((logits - truths[tag]['logits']).abs().max()):.3g})")
+                    failures.append(
+                        f"{tag} -> {plan}@{world}: logits differ "
+                        f"(max {float((logits - truths[tag]['logits']).abs().max()):.3g})"
+                    )
                 eng.train()
     return failures
 

@@ -2,6 +2,7 @@
 to the teardown, gloo's worker threads can still hold tensors when the interpreter is gone and the
 rank aborts (SIGABRT, exit -6 after a successful "done:"), and NCCL warns that the group was never
 destroyed. Seen once in CI (test_global_batch, rank 1 of 2)."""
+
 from __future__ import annotations
 
 import os
@@ -9,18 +10,36 @@ import subprocess
 
 from .test_lifecycle import PY, _args, _port, cache  # noqa: F401
 
-WRAP = ("import sys, torch.distributed as d; from megatron_topo.commands.train import main; "
-        "rc = main(sys.argv[1:]); print('process group left:', d.is_initialized(), flush=True); sys.exit(rc)")
+WRAP = (
+    "import sys, torch.distributed as d; from megatron_topo.commands.train import main; "
+    "rc = main(sys.argv[1:]); print('process group left:', d.is_initialized(), flush=True); sys.exit(rc)"
+)
 
 
 def test_a_finished_distributed_run_destroys_its_process_group(cache, tmp_path):  # noqa: F811
     args = _args(cache, tmp_path, 1)[1:]  # train.py's arguments, without the script
     port, procs = _port(), []
     for r in range(2):
-        env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([PY, "-c", WRAP, *args], env=env, cwd=str(tmp_path), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            RANK=str(r),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(r),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        procs.append(
+            subprocess.Popen(
+                [PY, "-c", WRAP, *args],
+                env=env,
+                cwd=str(tmp_path),
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     for out, err in outs:

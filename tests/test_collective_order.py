@@ -10,6 +10,7 @@ cross-node combine when ``is_completed()`` said its reduction had landed, and th
 topo, mics and topo with INT8 combine/publish (checked); zero3 and zeropp have one replica here (no
 combine collective) and ZeRO++'s second hop already went out at the next unit's reduction, so they
 passed there too and guard the schedule from now on."""
+
 import json
 import random
 import time
@@ -55,6 +56,7 @@ def _jittery(rank):
             time.sleep(rng.uniform(0.0, 0.004))
             work = _real(self, *a, **kw)
             return _Unsure(work, rng) if work is not None else None
+
         setattr(Comm, name, wrapped)
 
 
@@ -114,10 +116,12 @@ def test_trace_lines_name_the_collective_as_issued(tmp_path):
 
 def test_compare_traces_names_the_first_difference():
     rec = lambda s, op, g, b=8, dt="float32": {"seq": s, "op": op, "group": g, "bytes": b, "dtype": dt}
-    good = {0: [rec(0, "all_reduce", [0, 1]), rec(1, "all_gather", [0, 1, 2, 3])],
-            1: [rec(0, "all_reduce", [0, 1]), rec(1, "all_gather", [0, 1, 2, 3])],
-            2: [rec(0, "all_reduce", [2, 3]), rec(1, "all_gather", [0, 1, 2, 3])],
-            3: [rec(0, "all_reduce", [2, 3]), rec(1, "all_gather", [0, 1, 2, 3])]}
+    good = {
+        0: [rec(0, "all_reduce", [0, 1]), rec(1, "all_gather", [0, 1, 2, 3])],
+        1: [rec(0, "all_reduce", [0, 1]), rec(1, "all_gather", [0, 1, 2, 3])],
+        2: [rec(0, "all_reduce", [2, 3]), rec(1, "all_gather", [0, 1, 2, 3])],
+        3: [rec(0, "all_reduce", [2, 3]), rec(1, "all_gather", [0, 1, 2, 3])],
+    }
     assert T.compare_traces(good, 4) == []
     swapped = dict(good)
     swapped[3] = [good[3][1], good[3][0]]
@@ -127,7 +131,9 @@ def test_compare_traces_names_the_first_difference():
     bigger = dict(good)
     bigger[3] = [rec(0, "all_reduce", [2, 3], b=16), good[3][1]]
     problems = T.compare_traces(bigger, 4)
-    assert any(p.startswith("group [2, 3]: its collective 0 is #0 all_reduce over 2 ranks [2, 3], 16 B") for p in problems)
+    assert any(
+        p.startswith("group [2, 3]: its collective 0 is #0 all_reduce over 2 ranks [2, 3], 16 B") for p in problems
+    )
     assert T.compare_traces({0: good[0]}, 4) == ["no trace from rank(s) [1, 2, 3]"]
     short = dict(good)
     short[2] = good[2][:1]
@@ -135,13 +141,15 @@ def test_compare_traces_names_the_first_difference():
 
 
 def test_a_torn_last_line_is_dropped(tmp_path):
-    (tmp_path / "rank_0.jsonl").write_text('{"seq": 0, "op": "all_reduce", "group": [0, 1], "bytes": 8, '
-                                           '"dtype": "float32"}\n{"seq": 1, "op": "all_')
+    (tmp_path / "rank_0.jsonl").write_text(
+        '{"seq": 0, "op": "all_reduce", "group": [0, 1], "bytes": 8, "dtype": "float32"}\n{"seq": 1, "op": "all_'
+    )
     assert len(T.load_traces(str(tmp_path))[0]) == 1
 
 
 def test_trace_collectives_is_a_listed_key():
     from megatron_topo.config import describe_keys
+
     assert "distributed.trace_collectives" in describe_keys()
 
 
@@ -150,6 +158,7 @@ def test_a_trace_dir_that_cannot_be_one_is_one_error_line(how, tmp_path, monkeyp
     from megatron_topo.commands import train as train_cli
 
     from .cli_cases import BASE_CFG, ENV_VARS, one_error_line, write_dataset
+
     monkeypatch.chdir(tmp_path)
     for k in ENV_VARS:
         monkeypatch.delenv(k, raising=False)

@@ -1,4 +1,5 @@
 """Config errors: one clear line, the file named, non-zero exit from train.py."""
+
 import os
 import subprocess
 import sys
@@ -11,8 +12,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # the keys GPT-NeoX requires (and seq_length, train_iters, a batch size): every loadable file states them
-REQUIRED = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 64,
-            "max_position_embeddings": 64, "train_iters": 10, "train_micro_batch_size_per_gpu": 2}
+REQUIRED = {
+    "num_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "seq_length": 64,
+    "max_position_embeddings": 64,
+    "train_iters": 10,
+    "train_micro_batch_size_per_gpu": 2,
+}
 
 
 def write(tmp_path, name, text, required=True):
@@ -77,16 +85,20 @@ def test_effective_config_round_trips(tmp_path):
     assert again == cfg and again.precision == "fp16"
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("hiden_size: 64\n", "did you mean 'hidden_size'"),
-    ("train_iters: [1]\n", "expected an integer"),
-    ("zero_topo: {preset: zero4}\n", "use one of ddp, zero1"),
-    ("hidden_size: 30\nnum_attention_heads: 4\n", "not divisible"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("hiden_size: 64\n", "did you mean 'hidden_size'"),
+        ("train_iters: [1]\n", "expected an integer"),
+        ("zero_topo: {preset: zero4}\n", "use one of ddp, zero1"),
+        ("hidden_size: 30\nnum_attention_heads: 4\n", "not divisible"),
+    ],
+)
 def test_train_py_exits_with_one_line(tmp_path, text, needle):
     a = write(tmp_path, "bad.yml", text)
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), a], capture_output=True, text=True,
-                       cwd=tmp_path, timeout=120)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train.py"), a], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
     assert r.returncode == 2
     lines = [x for x in r.stderr.strip().splitlines() if x]
     assert len(lines) == 1 and needle in lines[0], r.stderr
@@ -102,6 +114,7 @@ def test_required_keys_have_no_default(tmp_path):
     lines = str(e.value).splitlines()
     assert lines == [
         "num_attention_heads, max_position_embeddings, seq_length are required (GPT-NeoX has no default for them); "
-        "set them in a config file or with --set"], lines
+        "set them in a config file or with --set"
+    ], lines
     cfg = load_config([a], ["num_attention_heads=4", "max_position_embeddings=64", "seq_length=64"])
     assert cfg.model.num_attention_heads == 4

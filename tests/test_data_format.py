@@ -1,6 +1,7 @@
 """MMIDIDX interop: files built byte by byte from the format description read back exactly, our
 writer's files parse with an independent reader, and every kind of damaged index is refused with
 one clear line."""
+
 import os
 import random
 import struct
@@ -17,7 +18,7 @@ from .data_cases import CODES, error_line, pack_index, read_pair, run_tool, vm_r
 @pytest.mark.parametrize("code", sorted(CODES))
 def test_struct_built_files_read_back_exactly(tmp_path, code):
     rng = random.Random(code)
-    lo, hi = {1: (0, 255), 2: (-128, 127), 3: (-32768, 32767), 8: (0, 65535)}.get(code, (-2**31, 2**31 - 1))
+    lo, hi = {1: (0, 255), 2: (-128, 127), 3: (-32768, 32767), 8: (0, 65535)}.get(code, (-(2**31), 2**31 - 1))
     docs = [[rng.randint(lo, hi) for _ in range(rng.randint(0, 40))] for _ in range(25)]
     if code in (6, 7):  # exactly representable values
         docs = [[float(x % 4096) / 8 for x in d] for d in docs]
@@ -108,10 +109,17 @@ def _damage(prefix, kind):
         f.write(idx)
 
 
-EXPECT = {"truncated_header": "truncated index", "truncated_arrays": "truncated index",
-          "wrong_magic": "wrong magic", "unknown_dtype": "unknown dtype code 11",
-          "bad_version": "version 2", "corrupted_sizes": "corrupted index", "corrupted_doc_idx": "corrupted index",
-          "trailing_garbage": "trailing", "short_bin": "truncated .bin"}
+EXPECT = {
+    "truncated_header": "truncated index",
+    "truncated_arrays": "truncated index",
+    "wrong_magic": "wrong magic",
+    "unknown_dtype": "unknown dtype code 11",
+    "bad_version": "version 2",
+    "corrupted_sizes": "corrupted index",
+    "corrupted_doc_idx": "corrupted index",
+    "trailing_garbage": "trailing",
+    "short_bin": "truncated .bin",
+}
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECT))

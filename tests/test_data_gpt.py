@@ -1,5 +1,6 @@
 """GPT samples (Megatron semantics, checked against a port of Megatron-LM's reference loops),
 train/valid/test split, cached indices, blending, the built-in corpus and build_datasets' contract."""
+
 import pickle
 import threading
 
@@ -17,7 +18,7 @@ from .data_cases import write_pair
 # ------------------------------------------------------------------ Megatron-LM reference (ported)
 def _ref_doc_idx(documents, num_epochs, rng, separate_last_epoch):
     if not separate_last_epoch or num_epochs == 1:
-        doc_idx = np.mgrid[0:num_epochs, 0:len(documents)][1]
+        doc_idx = np.mgrid[0:num_epochs, 0 : len(documents)][1]
         doc_idx[:] = documents
         doc_idx = doc_idx.reshape(-1).astype(np.int32)
         rng.shuffle(doc_idx)
@@ -121,9 +122,10 @@ def test_split_ranges_follow_megatron():
             G.split_ranges(bad, 10)
 
 
-@pytest.mark.parametrize("n_docs,zero_every,num_samples,seq_length,seed",
-                         [(40, 0, 10, 16, 1), (40, 5, 200, 16, 2), (25, 3, 37, 7, 3), (60, 0, 1, 128, 4),
-                          (30, 0, 95, 20, 5)])
+@pytest.mark.parametrize(
+    "n_docs,zero_every,num_samples,seq_length,seed",
+    [(40, 0, 10, 16, 1), (40, 5, 200, 16, 2), (25, 3, 37, 7, 3), (60, 0, 1, 128, 4), (30, 0, 95, 20, 5)],
+)
 def test_index_mappings_match_megatron_reference(tmp_path, n_docs, zero_every, num_samples, seq_length, seed):
     docs = _make(tmp_path / "d", n_docs, seed, zero_every=zero_every)
     sizes = np.array([len(d) for d in docs], np.int32)
@@ -133,15 +135,16 @@ def test_index_mappings_match_megatron_reference(tmp_path, n_docs, zero_every, n
     assert np.array_equal(ours["doc_idx"], ref_doc)
     assert np.array_equal(ours["shuffle_idx"], ref_shuffle)
     assert np.array_equal(ours["sample_idx"][1:], ref_sample[1:])  # row 0 may skip leading empty docs
-    ds = GPTDataset("train", MMapIndexedDataset(str(tmp_path / "d")), (3, n_docs), num_samples, seq_length,
-                    seed, cache=None)
+    ds = GPTDataset(
+        "train", MMapIndexedDataset(str(tmp_path / "d")), (3, n_docs), num_samples, seq_length, seed, cache=None
+    )
     stream = np.concatenate([docs[d] for d in ref_doc])  # the epochs' documents, back to back
     assert len(ds) >= num_samples
     for i in range(len(ds)):
         j = int(ref_shuffle[i])
         sample = ds[i]
         assert sample.dtype == np.int64 and sample.shape == (seq_length + 1,)
-        assert np.array_equal(sample, stream[j * seq_length: j * seq_length + seq_length + 1])
+        assert np.array_equal(sample, stream[j * seq_length : j * seq_length + seq_length + 1])
 
 
 def test_build_datasets_split_and_determinism(tmp_path, data):
@@ -195,6 +198,7 @@ def test_barrier_protocol_builder_and_loader(tmp_path, data):
         def barrier():
             counts[is_builder] += 1
             sync.wait()
+
         results[is_builder] = build_datasets(cfg, **kw, is_builder=is_builder, barrier=barrier)
 
     threads = [threading.Thread(target=rank, args=(b,)) for b in (False, True)]
@@ -208,8 +212,15 @@ def test_barrier_protocol_builder_and_loader(tmp_path, data):
 def test_builder_failure_still_releases_the_barrier(tmp_path):
     calls = []
     with pytest.raises(DataError, match="file not found"):
-        build_datasets(_cfg(tmp_path, data_path=str(tmp_path / "missing")), seq_length=8, seed=1,
-                       num_samples=(4, 0, 0), vocab_size=10, is_builder=True, barrier=lambda: calls.append(1))
+        build_datasets(
+            _cfg(tmp_path, data_path=str(tmp_path / "missing")),
+            seq_length=8,
+            seed=1,
+            num_samples=(4, 0, 0),
+            vocab_size=10,
+            is_builder=True,
+            barrier=lambda: calls.append(1),
+        )
     assert calls == [1]
 
 
@@ -218,8 +229,9 @@ def test_blending_tracks_weights(tmp_path):
     _make(a, 30, 1, 0, 100)
     _make(b, 30, 2, 100, 200)
     _make(c, 30, 3, 200, 300)
-    cfg = _cfg(tmp_path, train_data_paths=[str(a), str(b), str(c)], train_data_weights=[5, 3, 2],
-               valid_data_paths=[str(b)])
+    cfg = _cfg(
+        tmp_path, train_data_paths=[str(a), str(b), str(c)], train_data_weights=[5, 3, 2], valid_data_paths=[str(b)]
+    )
     train, valid, test = build_datasets(cfg, seq_length=8, seed=5, num_samples=(500, 10, 10), vocab_size=300)
     assert isinstance(train, BlendedDataset) and len(train) == 500 and test is None
     di, si = _ref_blend([0.5, 0.3, 0.2], 500)
@@ -231,8 +243,13 @@ def test_blending_tracks_weights(tmp_path):
         assert train[i].min() // 100 == train.dataset_index[i]  # each sample comes from its dataset
     assert isinstance(valid, GPTDataset) and 100 <= valid[0].min() and valid[0].max() < 200
     with pytest.raises(DataError, match="2 weights for 3 datasets"):
-        build_datasets(_cfg(tmp_path, train_data_paths=[str(a), str(b), str(c)], train_data_weights=[1, 2]),
-                       seq_length=8, seed=5, num_samples=(10, 0, 0), vocab_size=300)
+        build_datasets(
+            _cfg(tmp_path, train_data_paths=[str(a), str(b), str(c)], train_data_weights=[1, 2]),
+            seq_length=8,
+            seed=5,
+            num_samples=(10, 0, 0),
+            vocab_size=300,
+        )
     assert build_blending_indices([0.25, 0.75], 8)[0].tolist() == _ref_blend([0.25, 0.75], 8)[0]
     clone = pickle.loads(pickle.dumps(train))
     assert len(pickle.dumps(train)) < 50_000 and np.array_equal(clone[123], train[123])

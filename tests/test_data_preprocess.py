@@ -1,5 +1,6 @@
 """tools/preprocess_data.py: every input kind, parallel == serial output, and bad input (one line
 on stderr, exit 1, existing output untouched)."""
+
 import filecmp
 import json
 import os
@@ -34,8 +35,19 @@ def test_all_input_kinds_in_order(tmp_path):
     (d / "b.txt").write_text("file b")
     (d / "sub" / "a.py").write_text("print('a')\n")
     (d / ".hidden").write_text("ignored")
-    proc = run_tool("preprocess_data", "--input", a, z, d, "--output-prefix", tmp_path / "out",
-                    "--tokenizer-type", "ByteLevel", "--append-eod", check=True)
+    proc = run_tool(
+        "preprocess_data",
+        "--input",
+        a,
+        z,
+        d,
+        "--output-prefix",
+        tmp_path / "out",
+        "--tokenizer-type",
+        "ByteLevel",
+        "--append-eod",
+        check=True,
+    )
     assert "B/s" in proc.stderr  # the progress bar reports throughput
     assert "6 documents" in proc.stdout
     code, seqs, doc_idx = read_pair(str(tmp_path / "out_text_document"))
@@ -52,25 +64,49 @@ def test_parallel_output_identical_to_serial(tmp_path):
         st = preprocess([src], str(tmp_path / f"w{w}"), "ByteLevel", workers=w, append_eod=True, progress=False)
         assert (st.documents, st.workers) == (6000, w)
     for suffix in (".bin", ".idx"):
-        assert filecmp.cmp(tmp_path / f"w1_text_document{suffix}", tmp_path / f"w2_text_document{suffix}",
-                           shallow=False)
+        assert filecmp.cmp(
+            tmp_path / f"w1_text_document{suffix}", tmp_path / f"w2_text_document{suffix}", shallow=False
+        )
     ds = MMapIndexedDataset(str(tmp_path / "w2_text_document"))
     assert ds.document(5999).tolist() == _b(docs[5999]["text"]) + [256]
 
 
 def test_several_keys_and_empty_documents(tmp_path):
-    src = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": "body", "title": "T"}, {"text": "", "title": "U"},
-                                                   b"   ", {"text": "b2", "title": "V"}])  # blank line: skipped
-    run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / "o", "--tokenizer-type",
-             "ByteLevel", "--jsonl-keys", "text", "title", check=True)
+    src = write_jsonl(
+        str(tmp_path / "in.jsonl"),
+        [{"text": "body", "title": "T"}, {"text": "", "title": "U"}, b"   ", {"text": "b2", "title": "V"}],
+    )  # blank line: skipped
+    run_tool(
+        "preprocess_data",
+        "--input",
+        src,
+        "--output-prefix",
+        tmp_path / "o",
+        "--tokenizer-type",
+        "ByteLevel",
+        "--jsonl-keys",
+        "text",
+        "title",
+        check=True,
+    )
     assert _docs(MMapIndexedDataset(str(tmp_path / "o_text_document"))) == [_b("body"), _b("b2")]
     assert _docs(MMapIndexedDataset(str(tmp_path / "o_title_document"))) == [_b("T"), _b("U"), _b("V")]
 
 
 def test_char_level_with_large_vocab_writes_int32(tmp_path):
     src = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": "日本"}])
-    run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / "o", "--tokenizer-type",
-             "CharLevelTokenizer", "--vocab-size", 70000, check=True)
+    run_tool(
+        "preprocess_data",
+        "--input",
+        src,
+        "--output-prefix",
+        tmp_path / "o",
+        "--tokenizer-type",
+        "CharLevelTokenizer",
+        "--vocab-size",
+        70000,
+        check=True,
+    )
     code, seqs, _ = read_pair(str(tmp_path / "o_text_document"))
     assert code == 4 and seqs == [list("日本".encode("utf-8"))]  # GPT-NeoX: UTF-8 bytes
 
@@ -80,8 +116,7 @@ def existing(tmp_path):
     """A previous good output that failing runs must leave byte for byte unchanged."""
     prefix = tmp_path / "out"
     src = write_jsonl(str(tmp_path / "good.jsonl"), [{"text": "keep me"}])
-    run_tool("preprocess_data", "--input", src, "--output-prefix", prefix, "--tokenizer-type", "ByteLevel",
-             check=True)
+    run_tool("preprocess_data", "--input", src, "--output-prefix", prefix, "--tokenizer-type", "ByteLevel", check=True)
     files = [tmp_path / f"out_text_document{s}" for s in (".bin", ".idx")]
     snapshot = {f: f.read_bytes() for f in files}
     yield prefix
@@ -91,8 +126,19 @@ def existing(tmp_path):
 
 def _fail(prefix, *inputs, extra=()):
     """The error line of a failing run allowed to replace the previous output (--force)."""
-    return error_line(run_tool("preprocess_data", "--input", *inputs, "--output-prefix", prefix,
-                               "--tokenizer-type", "ByteLevel", "--force", *extra))
+    return error_line(
+        run_tool(
+            "preprocess_data",
+            "--input",
+            *inputs,
+            "--output-prefix",
+            prefix,
+            "--tokenizer-type",
+            "ByteLevel",
+            "--force",
+            *extra,
+        )
+    )
 
 
 def test_invalid_json_line_names_file_and_line(tmp_path, existing):
@@ -104,10 +150,20 @@ def test_invalid_json_line_names_file_and_line(tmp_path, existing):
 
 
 def test_skip_bad_lines_goes_on(tmp_path):
-    src = write_jsonl(str(tmp_path / "bad.jsonl"), [{"text": "a"}, b"not json", {"txt": "wrong key"},
-                                                    {"text": 5}, {"text": "b"}])
-    proc = run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / "o", "--tokenizer-type",
-                    "ByteLevel", "--skip-bad-lines", check=True)
+    src = write_jsonl(
+        str(tmp_path / "bad.jsonl"), [{"text": "a"}, b"not json", {"txt": "wrong key"}, {"text": 5}, {"text": "b"}]
+    )
+    proc = run_tool(
+        "preprocess_data",
+        "--input",
+        src,
+        "--output-prefix",
+        tmp_path / "o",
+        "--tokenizer-type",
+        "ByteLevel",
+        "--skip-bad-lines",
+        check=True,
+    )
     assert "bad.jsonl:2: invalid JSON" in proc.stderr and "bad.jsonl:3: no key 'text'" in proc.stderr
     assert "bad.jsonl:4: key 'text' holds int" in proc.stderr and "skipped 3 bad" in proc.stdout
     assert _docs(MMapIndexedDataset(str(tmp_path / "o_text_document"))) == [_b("a"), _b("b")]
@@ -147,11 +203,24 @@ def test_other_bad_inputs(tmp_path, existing):
     junk.write_bytes(b"not zstd at all" * 10)
     assert "junk.jsonl.zst: cannot read (ZstdError" in _fail(existing, junk)
     s = write_jsonl(str(tmp_path / "c.jsonl"), [{"text": "ok"}, {"text": "日"}])
-    line = error_line(run_tool("preprocess_data", "--input", s, "--output-prefix", existing,
-                               "--tokenizer-type", "CharLevelTokenizer", "--vocab-size", 200, "--force"))
+    line = error_line(
+        run_tool(
+            "preprocess_data",
+            "--input",
+            s,
+            "--output-prefix",
+            existing,
+            "--tokenizer-type",
+            "CharLevelTokenizer",
+            "--vocab-size",
+            200,
+            "--force",
+        )
+    )
     assert "c.jsonl:2: CharLevelTokenizer: byte 230" in line and "200 ids" in line
-    line = error_line(run_tool("preprocess_data", "--input", s, "--output-prefix", existing,
-                               "--tokenizer-type", "Nope"))
+    line = error_line(
+        run_tool("preprocess_data", "--input", s, "--output-prefix", existing, "--tokenizer-type", "Nope")
+    )
     assert "'Nope' is not valid" in line
 
 
@@ -168,6 +237,15 @@ def test_zstd_lines_split_across_reads(tmp_path):
 def test_unwritable_output_is_one_line(tmp_path):
     src = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": "a"}])
     (tmp_path / "file").write_text("")
-    line = error_line(run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / "file" / "o",
-                               "--tokenizer-type", "ByteLevel"))
+    line = error_line(
+        run_tool(
+            "preprocess_data",
+            "--input",
+            src,
+            "--output-prefix",
+            tmp_path / "file" / "o",
+            "--tokenizer-type",
+            "ByteLevel",
+        )
+    )
     assert "file" in line and "Errno" not in line

@@ -1,5 +1,6 @@
 """Tokenizers: exact round trips for every type (tiny BPE and sentencepiece models trained with
 tools/train_tokenizer.py), GPT-NeoX conventions, errors, and preprocessing with each."""
+
 import os
 
 import pytest
@@ -10,21 +11,37 @@ from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer
 
 from .data_cases import SAMPLES, error_line, run_tool, write_corpus, write_jsonl
 
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     d = tmp_path_factory.mktemp("tok")
     corpus = write_corpus(str(d))
     bpe, spm = str(d / "bpe.json"), str(d / "spm.model")
-    run_tool("train_tokenizer", "--input", corpus, "--model-type", "bpe", "--vocab-size", 600, "--output", bpe,
-             check=True)
-    run_tool("train_tokenizer", "--input", corpus, "--model-type", "sentencepiece", "--vocab-size", 600,
-             "--output", spm, check=True)
+    run_tool(
+        "train_tokenizer", "--input", corpus, "--model-type", "bpe", "--vocab-size", 600, "--output", bpe, check=True
+    )
+    run_tool(
+        "train_tokenizer",
+        "--input",
+        corpus,
+        "--model-type",
+        "sentencepiece",
+        "--vocab-size",
+        600,
+        "--output",
+        spm,
+        check=True,
+    )
     return {"dir": d, "corpus": corpus, "HFTokenizer": bpe, "SPMTokenizer": spm}
 
 
 def _tokenizers(trained):
-    return [build_tokenizer("ByteLevel", None), build_tokenizer("CharLevelTokenizer", None),
-            build_tokenizer("HFTokenizer", trained["HFTokenizer"]), build_tokenizer("SPMTokenizer", trained["SPMTokenizer"])]
+    return [
+        build_tokenizer("ByteLevel", None),
+        build_tokenizer("CharLevelTokenizer", None),
+        build_tokenizer("HFTokenizer", trained["HFTokenizer"]),
+        build_tokenizer("SPMTokenizer", trained["SPMTokenizer"]),
+    ]
 
 
 def test_round_trip_every_tokenizer(trained):
@@ -109,12 +126,27 @@ def test_train_tokenizer_errors_keep_existing_output(trained, tmp_path):
     out.write_text('{"previous": true}')  # a tokenizer file that --force may replace; a failed run keeps it
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
-    line = error_line(run_tool("train_tokenizer", "--input", empty, "--model-type", "bpe", "--vocab-size", 300,
-                               "--output", out, "--force"))
+    line = error_line(
+        run_tool(
+            "train_tokenizer", "--input", empty, "--model-type", "bpe", "--vocab-size", 300, "--output", out, "--force"
+        )
+    )
     assert "empty input" in line
     bad = write_jsonl(str(tmp_path / "bad.jsonl"), [{"text": "fine"}, b"{oops"])
-    line = error_line(run_tool("train_tokenizer", "--input", bad, "--model-type", "sentencepiece",
-                               "--vocab-size", 300, "--output", out, "--force"))
+    line = error_line(
+        run_tool(
+            "train_tokenizer",
+            "--input",
+            bad,
+            "--model-type",
+            "sentencepiece",
+            "--vocab-size",
+            300,
+            "--output",
+            out,
+            "--force",
+        )
+    )
     assert "bad.jsonl:2: invalid JSON" in line
     assert out.read_text() == '{"previous": true}'
     assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "empty.jsonl", "tok.json"]

@@ -5,6 +5,7 @@ would run; HF's "auto" values are taken from the rest of the config as the HF Tr
 and named in a note line; batch sizes are derived as DeepSpeed does (any two of train_batch_size,
 micro-batch and accumulation give the third); performance-only keys (overlap_comm false, bucket
 sizes, offload devices) are accepted and named in the note line."""
+
 from __future__ import annotations
 
 import glob
@@ -22,9 +23,11 @@ from megatron_topo.zero_topo.sharding import resolve_plan
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data", "deepspeed")
 # the model config a DeepSpeed file goes with (GPT-NeoX's required keys; lr etc. for the "auto" values)
-MODEL = ("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 32\nmax_position_embeddings: 32\n"
-         "train_iters: 100\nwarmup: 0.05\noptimizer: {params: {lr: 3.0e-4, betas: [0.9, 0.999], eps: 1.0e-6}}\n"
-         "weight_decay: 0.01\ngradient_clipping: 0.5\nprecision: bf16\n")
+MODEL = (
+    "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 32\nmax_position_embeddings: 32\n"
+    "train_iters: 100\nwarmup: 0.05\noptimizer: {params: {lr: 3.0e-4, betas: [0.9, 0.999], eps: 1.0e-6}}\n"
+    "weight_decay: 0.01\ngradient_clipping: 0.5\nprecision: bf16\n"
+)
 NODE = Topology(16, 1, 8)  # 2 nodes x 8 GPUs
 
 # file -> (plan preset at 16 ranks, precision)
@@ -64,7 +67,9 @@ def _load(tmp_path, name, extra=""):
     if any(data.get(b, {}).get("enabled") is True for b in ("fp16", "bf16")):
         drop.append("precision:")  # the file chooses the precision
     model = "".join(line + "\n" for line in MODEL.splitlines() if not line.startswith(tuple(drop)))
-    batch = {k: v for k, v in data.items() if k in ("train_batch_size", "train_micro_batch_size_per_gpu") and v != "auto"}
+    batch = {
+        k: v for k, v in data.items() if k in ("train_batch_size", "train_micro_batch_size_per_gpu") and v != "auto"
+    }
     if not batch:
         model += "train_micro_batch_size_per_gpu: 2\n"  # (what HF's per_device_train_batch_size gives)
     p = tmp_path / "model.yml"
@@ -94,23 +99,32 @@ def test_hf_auto_values_come_from_the_rest_of_the_config(tmp_path):
     cfg = _load(tmp_path, "hf_ds_config_zero3.json")
     check_batch_size(cfg, 16)
     t = cfg.train
-    assert (t.optimizer.params.lr, t.optimizer.params.betas, t.optimizer.params.eps, t.weight_decay,
-            t.gradient_clipping) == (3e-4, [0.9, 0.999], 1e-6, 0.01, 0.5)
+    assert (
+        t.optimizer.params.lr,
+        t.optimizer.params.betas,
+        t.optimizer.params.eps,
+        t.weight_decay,
+        t.gradient_clipping,
+    ) == (3e-4, [0.9, 0.999], 1e-6, 0.01, 0.5)
     # WarmupDecayLR with "auto": linear decay over train_iters, warmup from the config's fraction
     assert (t.lr_decay_style, t.lr_decay_iters, t.warmup, t.min_lr) == ("linear", 100, 0.05, 0.0)
     assert cfg.precision == "bf16" and not t.fp16.enabled  # fp16.enabled "auto" follows precision
     z = cfg.zero_optimization  # HF's sizes from hidden_size 64 (no effect here, named in the note)
-    assert (z.reduce_bucket_size, z.stage3_prefetch_bucket_size, z.stage3_param_persistence_threshold) == \
-        (64 * 64, int(0.9 * 64 * 64), 640)
+    assert (z.reduce_bucket_size, z.stage3_prefetch_bucket_size, z.stage3_param_persistence_threshold) == (
+        64 * 64,
+        int(0.9 * 64 * 64),
+        640,
+    )
     lines = note_lines(cfg)
     assert lines[1] == (
         'note: DeepSpeed "auto" values taken from the rest of the config (as the HF Trainer fills them): '
-        'fp16.enabled=false, gradient_accumulation_steps=1, gradient_clipping=0.5, optimizer.params.betas=[0.9, '
-        '0.999], optimizer.params.eps=1e-06, optimizer.params.lr=0.0003, optimizer.params.weight_decay=0.01, '
-        'scheduler.params.total_num_steps=100, scheduler.params.warmup_max_lr=0.0003, '
-        'scheduler.params.warmup_min_lr=0, scheduler.params.warmup_num_steps=5, train_batch_size=32, '
-        'zero_optimization.reduce_bucket_size=4096, zero_optimization.stage3_param_persistence_threshold=640, '
-        'zero_optimization.stage3_prefetch_bucket_size=3686')
+        "fp16.enabled=false, gradient_accumulation_steps=1, gradient_clipping=0.5, optimizer.params.betas=[0.9, "
+        "0.999], optimizer.params.eps=1e-06, optimizer.params.lr=0.0003, optimizer.params.weight_decay=0.01, "
+        "scheduler.params.total_num_steps=100, scheduler.params.warmup_max_lr=0.0003, "
+        "scheduler.params.warmup_min_lr=0, scheduler.params.warmup_num_steps=5, train_batch_size=32, "
+        "zero_optimization.reduce_bucket_size=4096, zero_optimization.stage3_param_persistence_threshold=640, "
+        "zero_optimization.stage3_prefetch_bucket_size=3686"
+    )
     assert "zero_optimization.offload_param.device=cpu" in lines[0]
 
 
@@ -123,12 +137,15 @@ def test_auto_batch_with_nothing_to_fill_it_takes_the_default_and_names_it(tmp_p
     assert "train_micro_batch_size_per_gpu=4" in note_lines(cfg)[1]
 
 
-@pytest.mark.parametrize("given,world,want", [
-    ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}, 8, (4, 2)),  # accumulation derived
-    ({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 8, (4, 2)),  # micro-batch derived
-    ({"train_batch_size": 64}, 8, (8, 1)),  # alone: accumulation 1
-    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}, 8, (4, 3)),
-])
+@pytest.mark.parametrize(
+    "given,world,want",
+    [
+        ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}, 8, (4, 2)),  # accumulation derived
+        ({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 8, (4, 2)),  # micro-batch derived
+        ({"train_batch_size": 64}, 8, (8, 1)),  # alone: accumulation 1
+        ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3}, 8, (4, 3)),
+    ],
+)
 def test_batch_sizes_are_derived_as_deepspeed_does(tmp_path, given, world, want):
     p = tmp_path / "ds.json"
     p.write_text(json.dumps(given))
@@ -147,33 +164,58 @@ def test_a_batch_no_split_gives_is_one_line(tmp_path):
     cfg = load_config([str(m), str(p)])
     with pytest.raises(ConfigError) as e:
         check_batch_size(cfg, 8)
-    assert str(e.value) == ("train_batch_size 48 cannot be split into train_micro_batch_size_per_gpu x "
-                            "gradient_accumulation_steps 4 x world size 8 (DeepSpeed's rule); use a multiple of 32 "
-                            "or give the micro-batch")
+    assert str(e.value) == (
+        "train_batch_size 48 cannot be split into train_micro_batch_size_per_gpu x "
+        "gradient_accumulation_steps 4 x world size 8 (DeepSpeed's rule); use a multiple of 32 "
+        "or give the micro-batch"
+    )
 
 
 def test_overlap_comm_false_and_contiguous_gradients_false_are_noted(tmp_path):
     m = tmp_path / "m.yml"
     m.write_text(MODEL + "train_micro_batch_size_per_gpu: 2\n")
     p = tmp_path / "ds.json"
-    p.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_comm": False, "contiguous_gradients": False},
-                             "fp16": {"enabled": False, "auto_cast": True}}))
+    p.write_text(
+        json.dumps(
+            {
+                "zero_optimization": {"stage": 2, "overlap_comm": False, "contiguous_gradients": False},
+                "fp16": {"enabled": False, "auto_cast": True},
+            }
+        )
+    )
     cfg = load_config([str(m), str(p)])
-    assert cfg.no_effect == ["fp16.auto_cast=True", "zero_optimization.contiguous_gradients=False",
-                             "zero_optimization.overlap_comm=False"]
+    assert cfg.no_effect == [
+        "fp16.auto_cast=True",
+        "zero_optimization.contiguous_gradients=False",
+        "zero_optimization.overlap_comm=False",
+    ]
 
 
 def test_dry_run_prints_the_auto_note(tmp_path):
     m = tmp_path / "m.yml"
     m.write_text(MODEL + "train_micro_batch_size_per_gpu: 2\n")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), str(m),
-                        os.path.join(DATA, "hf_docs_zero1_bf16_auto.json"), "--dry-run", "--world-size", "4"],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "train.py"),
+            str(m),
+            os.path.join(DATA, "hf_docs_zero1_bf16_auto.json"),
+            "--dry-run",
+            "--world-size",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     notes = [x for x in r.stdout.splitlines() if x.startswith("note:")]
-    assert notes == ['note: DeepSpeed "auto" values taken from the rest of the config (as the HF Trainer fills '
-                     'them): bf16.enabled=true, gradient_accumulation_steps=1, train_batch_size=8']
+    assert notes == [
+        'note: DeepSpeed "auto" values taken from the rest of the config (as the HF Trainer fills '
+        "them): bf16.enabled=true, gradient_accumulation_steps=1, train_batch_size=8"
+    ]
 
 
 def test_an_effective_config_with_a_null_train_batch_size_loads_and_trains_its_batch(tmp_path):
@@ -187,7 +229,7 @@ def test_an_effective_config_with_a_null_train_batch_size_loads_and_trains_its_b
     assert (cfg.train.train_micro_batch_size_per_gpu, cfg.train.gradient_accumulation_steps) == (2, 3)
 
 
-@pytest.mark.parametrize("consecutive,scale_after", [(False, 2.0 ** 15), (True, 2.0 ** 16)])
+@pytest.mark.parametrize("consecutive,scale_after", [(False, 2.0**15), (True, 2.0**16)])
 def test_consecutive_hysteresis_refills_after_a_clean_step(consecutive, scale_after):
     """DeepSpeed's fp16.consecutive_hysteresis: a clean step refills the hysteresis, so overflow, clean,
     overflow does not back the scale off; without it the second overflow does."""

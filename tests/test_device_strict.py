@@ -8,6 +8,7 @@ so everything placed on the runtime device passes and anything left on the host 
 reads of meta tensors (``.item()``, ``.tolist()``, ``.cpu()``) return zeros, standing in for a
 GPU's values. The real trainer paths run: steps with accumulation, eval, logging, periodic and
 final saves, resume, and the overflow path (a step whose agreed flag says non-finite)."""
+
 import json
 
 import pytest
@@ -28,12 +29,19 @@ def gpu_like_group(monkeypatch):
     def zeros_like_host(t):
         return torch.zeros(t.shape, dtype=t.dtype)
 
-    for name, read in (("item", lambda t: zeros_like_host(t).item()), ("tolist", lambda t: zeros_like_host(t).tolist()),
-                       ("cpu", lambda t, *a, **k: zeros_like_host(t))):
+    for name, read in (
+        ("item", lambda t: zeros_like_host(t).item()),
+        ("tolist", lambda t: zeros_like_host(t).tolist()),
+        ("cpu", lambda t, *a, **k: zeros_like_host(t)),
+    ):
         real = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name,
-                            (lambda real, read: lambda self, *a, **k: read(self, *a, **k) if self.is_meta
-                             else real(self, *a, **k))(real, read))
+        monkeypatch.setattr(
+            torch.Tensor,
+            name,
+            (lambda real, read: lambda self, *a, **k: read(self, *a, **k) if self.is_meta else real(self, *a, **k))(
+                real, read
+            ),
+        )
     dist.init_process_group("cuda:fake", store=FakeStore(), rank=RANK, world_size=WORLD)
     try:
         with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):

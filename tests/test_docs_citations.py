@@ -12,6 +12,7 @@ Over the repository's .py/.md/.yml/.sh files (git's tracked and not-ignored file
 * every file path docs/design.md and docs/references.md name (``zero_topo/kernels/reference.py``,
   ``zero_topo/volumes.ring_bytes``) exists.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,7 +31,8 @@ SECTION = r"\d+(?:\.\d+)*"
 DOC_CITATION = re.compile(
     r"(?<![\w./-])(?P<prefix>docs/)?(?P<name>[A-Za-z_][\w-]*)\.md"
     rf"(?P<refs>\s+§\s?{SECTION}(?:\s*[–-]\s*§?{SECTION})?"
-    rf"(?:(?:\s*,\s*|\s+and\s+)§\s?{SECTION}(?:\s*[–-]\s*§?{SECTION})?)*)")
+    rf"(?:(?:\s*,\s*|\s+and\s+)§\s?{SECTION}(?:\s*[–-]\s*§?{SECTION})?)*)"
+)
 SECTION_REF = re.compile(rf"§\s?({SECTION})(?:\s*[–-]\s*§?({SECTION}))?")
 # Bare "§N" after one of these names a section of that paper, not of the document it is written in.
 PAPER_BEFORE = re.compile(r"(?:Singh|ZeRO-topo|ZeRO\+\+|PaRO|AMSP|[Ss]eeds? \d{3}|\[S\d{3}\],?|Ch\. \d+,?)\s*$")
@@ -43,10 +45,14 @@ HEADING = re.compile(rf"^#{{1,6}}\s+({SECTION})\.?\s", re.M)
 
 @lru_cache(maxsize=None)
 def repo_files() -> tuple[str, ...]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                         cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    return tuple(sorted({p for p in out.split("\0")
-                         if p.endswith(SUFFIXES) and p != THIS and (ROOT / p).is_file()}))
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return tuple(sorted({p for p in out.split("\0") if p.endswith(SUFFIXES) and p != THIS and (ROOT / p).is_file()}))
 
 
 @lru_cache(maxsize=None)
@@ -75,7 +81,7 @@ def doc_citations(path: str, t: str):
 def self_citations(doc: str, t: str):
     """(section, line) of the bare "§N" of ``doc`` that name its own sections."""
     for m in SECTION_REF.finditer(t):
-        before = t[max(0, m.start() - 40):m.start()]
+        before = t[max(0, m.start() - 40) : m.start()]
         if re.search(r"\.md\s*$", before) or PAPER_BEFORE.search(before):
             continue
         for sec in filter(None, m.groups()):
@@ -105,14 +111,22 @@ def test_headings_are_parsed():
 
 
 def test_citation_parser():
-    t = ("see docs/design.md §4.8, §7.1 and docs/design.md §4.8's table; docs/design.md §4.8 and §4.10; "
-         "docs/design.md §4.1–4.4 (seed 004 §6.3.1); docs/frontier.md §4.1.")
+    t = (
+        "see docs/design.md §4.8, §7.1 and docs/design.md §4.8's table; docs/design.md §4.8 and §4.10; "
+        "docs/design.md §4.1–4.4 (seed 004 §6.3.1); docs/frontier.md §4.1."
+    )
     got = [(d, s) for d, s, _ in doc_citations("x.py", t)]
-    assert got == [("docs/design.md", "4.8"), ("docs/design.md", "7.1"), ("docs/design.md", "4.8"),
-                   ("docs/design.md", "4.8"), ("docs/design.md", "4.10"), ("docs/design.md", "4.1"),
-                   ("docs/design.md", "4.4"), ("docs/frontier.md", "4.1")]
-    assert [s for s, _ in self_citations("docs/design.md", "(§4.5), Singh §5.2.2, seed 004 §6.2.1, §7")] \
-        == ["4.5", "7"]
+    assert got == [
+        ("docs/design.md", "4.8"),
+        ("docs/design.md", "7.1"),
+        ("docs/design.md", "4.8"),
+        ("docs/design.md", "4.8"),
+        ("docs/design.md", "4.10"),
+        ("docs/design.md", "4.1"),
+        ("docs/design.md", "4.4"),
+        ("docs/frontier.md", "4.1"),
+    ]
+    assert [s for s, _ in self_citations("docs/design.md", "(§4.5), Singh §5.2.2, seed 004 §6.2.1, §7")] == ["4.5", "7"]
 
 
 def test_every_section_citation_names_a_heading():
@@ -130,8 +144,7 @@ def test_a_planted_bad_citation_is_caught(monkeypatch):
 
 
 def test_no_citation_of_the_external_design_notes():
-    bad = [f"{p}:{line_of(text(p), m.start())}: {m[0]!r}"
-           for p in repo_files() for m in OLD_DESIGN.finditer(text(p))]
+    bad = [f"{p}:{line_of(text(p), m.start())}: {m[0]!r}" for p in repo_files() for m in OLD_DESIGN.finditer(text(p))]
     assert not bad, "cite docs/design.md §N instead of:\n" + "\n".join(bad)
 
 

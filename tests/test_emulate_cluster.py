@@ -4,6 +4,7 @@ a 2-node training run, and that nothing is left behind (namespaces, links, qdisc
 Tests that create namespaces are skipped, with the reason printed, where that is not possible
 (not root, no `ip netns`, no htb/veth in the kernel).
 """
+
 import json
 import os
 import re
@@ -14,9 +15,9 @@ import time
 
 import pytest
 
-from megatron_topo.commands import emulate_cluster
 from megatron_topo.analysis.emulation import cluster as C
 from megatron_topo.analysis.emulation.rates import RateError, format_rate, parse_latency_us, parse_rate
+from megatron_topo.commands import emulate_cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, "tools", "emulate_cluster.py")
@@ -65,10 +66,12 @@ def test_spec_placement_and_addresses():
 
 
 def test_parse_tc_class_stats():
-    text = ("class htb 1:10 root leaf 10: prio 0 rate 400Mbit ceil 400Mbit burst 100000b cburst 100000b \n"
-            " Sent 1234 bytes 10 pkt (dropped 1, overlimits 0 requeues 0) \n backlog 0b 0p requeues 0\n"
-            "class htb 1:20 root leaf 20: prio 0 rate 200Mbit ceil 200Mbit burst 67136b cburst 67136b \n"
-            " Sent 99 bytes 1 pkt (dropped 0, overlimits 0 requeues 0) \n")
+    text = (
+        "class htb 1:10 root leaf 10: prio 0 rate 400Mbit ceil 400Mbit burst 100000b cburst 100000b \n"
+        " Sent 1234 bytes 10 pkt (dropped 1, overlimits 0 requeues 0) \n backlog 0b 0p requeues 0\n"
+        "class htb 1:20 root leaf 20: prio 0 rate 200Mbit ceil 200Mbit burst 67136b cburst 67136b \n"
+        " Sent 99 bytes 1 pkt (dropped 0, overlimits 0 requeues 0) \n"
+    )
     assert C.parse_class_stats(text) == ({"intra_node": 1234, "inter_node": 99}, 1)
 
 
@@ -87,13 +90,46 @@ def test_two_node_training_and_clean_teardown(tmp_path):
     before = host_state()
     stats = tmp_path / "stats.json"
     log_dir = tmp_path / "run"
-    cmd = [PY, TOOL, "--nodes", "2", "--gpus-per-node", "1", "--gcds-per-gpu", "2", "--stats-json", str(stats),
-           "--timeout", "150", "--",
-           PY, "train.py", "configs/tiny.yml", "configs/topo.yml", "configs/local_cpu.yml",
-           "--set", "topology.gpus_per_node=1", "--set", "topology.gcds_per_gpu=2",
-           "--set", "train_iters=2", "--set", "log_interval=1", "--set", "eval_interval=0",
-           "--set", "save=null", "--set", f"log_dir={log_dir}", "--set", "progress_bar=false",
-           "--set", "num_layers=2", "--set", "train_micro_batch_size_per_gpu=2"]
+    cmd = [
+        PY,
+        TOOL,
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--gcds-per-gpu",
+        "2",
+        "--stats-json",
+        str(stats),
+        "--timeout",
+        "150",
+        "--",
+        PY,
+        "train.py",
+        "configs/tiny.yml",
+        "configs/topo.yml",
+        "configs/local_cpu.yml",
+        "--set",
+        "topology.gpus_per_node=1",
+        "--set",
+        "topology.gcds_per_gpu=2",
+        "--set",
+        "train_iters=2",
+        "--set",
+        "log_interval=1",
+        "--set",
+        "eval_interval=0",
+        "--set",
+        "save=null",
+        "--set",
+        f"log_dir={log_dir}",
+        "--set",
+        "progress_bar=false",
+        "--set",
+        "num_layers=2",
+        "--set",
+        "train_micro_batch_size_per_gpu=2",
+    ]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert "[r0] done: step 2" in p.stdout
@@ -123,11 +159,38 @@ def test_loopback_inside_a_package_and_shaped_rates(tmp_path):
         "    if r == 0: dist.send(t, peer)\n"
         "    elif r == peer: dist.recv(t, 0)\n"
         "    dist.barrier()\n"
-        "    if r == 0: print(f'peer {peer} {4 * 2**20 * 8 / (time.perf_counter() - t0) / 1e6:.1f}', flush=True)\n")
+        "    if r == 0: print(f'peer {peer} {4 * 2**20 * 8 / (time.perf_counter() - t0) / 1e6:.1f}', flush=True)\n"
+    )
     stats = tmp_path / "s.json"
-    p = subprocess.run([PY, TOOL, "--nodes", "2", "--gpus-per-node", "2", "--gcds-per-gpu", "2", "--inter-node",
-                        "100mbit", "--intra-node", "200mbit", "--stats-json", str(stats), "--stdout-ranks", "0",
-                        "--timeout", "60", "--", PY, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    p = subprocess.run(
+        [
+            PY,
+            TOOL,
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "2",
+            "--gcds-per-gpu",
+            "2",
+            "--inter-node",
+            "100mbit",
+            "--intra-node",
+            "200mbit",
+            "--stats-json",
+            str(stats),
+            "--stdout-ranks",
+            "0",
+            "--timeout",
+            "60",
+            "--",
+            PY,
+            str(script),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     mbit = {int(a): float(b) for a, b in re.findall(r"peer (\d) ([\d.]+)", p.stdout)}
     assert mbit[2] < 200 * 1.1 and mbit[4] < 100 * 1.1, mbit  # never faster than the shaped rate
@@ -144,8 +207,13 @@ def test_loopback_inside_a_package_and_shaped_rates(tmp_path):
 @needs_netns
 def test_ctrl_c_removes_everything():
     before = host_state()
-    p = subprocess.Popen([PY, TOOL, "--nodes", "2", "--gpus-per-node", "1", "--gcds-per-gpu", "2", "--",
-                          "sleep", "60"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [PY, TOOL, "--nodes", "2", "--gpus-per-node", "1", "--gcds-per-gpu", "2", "--", "sleep", "60"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     t0 = time.time()
     while time.time() - t0 < 20 and len(host_state()["namespaces"]) < 3:
         time.sleep(0.1)
@@ -161,8 +229,12 @@ def test_ctrl_c_removes_everything():
 @needs_netns
 def test_leftovers_of_a_killed_run_are_removed():
     before = host_state()
-    p = subprocess.Popen([PY, TOOL, "--nodes", "1", "--gpus-per-node", "1", "--gcds-per-gpu", "2", "--",
-                          "sleep", "60"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [PY, TOOL, "--nodes", "1", "--gpus-per-node", "1", "--gcds-per-gpu", "2", "--", "sleep", "60"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     t0 = time.time()
     while time.time() - t0 < 20 and len(host_state()["namespaces"]) < 2:
         time.sleep(0.1)

@@ -1,6 +1,7 @@
 """megatron_topo.analysis.emulation.predict: the step-time model of the emulated cluster (8 gloo
 ranks on one 2-core CPU, tc-shaped links) against the measured busiest links, the CPU constants
 from unshaped rows, the overlap rules and the measured step times (docs/frontier.md §4.1)."""
+
 from __future__ import annotations
 
 import json
@@ -25,30 +26,53 @@ PERF_PY = os.path.join(REPO, "tools", "predict_perf.py")
 # IDLE: docs/benchmark.md's idle-machine table (10:18-10:43 UTC), engine before 3af3320.
 IDLE = {"ddp": (1.67, 1.34), "zero3": (4.45, 2.39), "zeropp": (3.02, 2.79), "mics": (2.94, 1.90), "topo": (2.51, 2.14)}
 # OVERLAP: runs/bench_sharding_overlap/results.json (from 12:07 UTC, 2 interleaved rounds), the engine of 3af3320.
-OVERLAP = {"ddp": (1.392, 1.013), "zero3": (4.038, 1.853), "zeropp": (2.545, 2.312), "mics": (2.618, 1.614),
-           "topo": (1.931, 1.831)}
-BENCH_SETS = ["num_layers=4", "hidden_size=256", "num_attention_heads=4", "seq_length=128",
-              "max_position_embeddings=128", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=4",
-              "precision=bf16"]
+OVERLAP = {
+    "ddp": (1.392, 1.013),
+    "zero3": (4.038, 1.853),
+    "zeropp": (2.545, 2.312),
+    "mics": (2.618, 1.614),
+    "topo": (1.931, 1.831),
+}
+BENCH_SETS = [
+    "num_layers=4",
+    "hidden_size=256",
+    "num_attention_heads=4",
+    "seq_length=128",
+    "max_position_embeddings=128",
+    "train_micro_batch_size_per_gpu=2",
+    "gradient_accumulation_steps=4",
+    "precision=bf16",
+]
 
 
 def emulated_setup():
-    cfg = load_config([os.path.join(REPO, "configs/tiny.yml"), os.path.join(REPO, "configs/emulated_cpu.yml")],
-                      BENCH_SETS)
+    cfg = load_config(
+        [os.path.join(REPO, "configs/tiny.yml"), os.path.join(REPO, "configs/emulated_cpu.yml")], BENCH_SETS
+    )
     return pm.Shape.from_config(cfg.model), Topology(8, 2, 2), cfg.system
 
 
 def predict_emulated(table, step_overlap, overlap="engine"):
     shape, topo, system = emulated_setup()
     cpu = emu.calibrate_cpu(shape, topo, 2, 4, table["ddp"][1], {p: table[p][1] for p in ("topo", "zeropp")})
-    return {p: emu.estimate_emulated(shape, pm.preset_plan(p, topo), topo, system, 2, 4, cpu, overlap=overlap,
-                                    step_overlap=step_overlap) for p in table}, cpu
+    return {
+        p: emu.estimate_emulated(
+            shape, pm.preset_plan(p, topo), topo, system, 2, 4, cpu, overlap=overlap, step_overlap=step_overlap
+        )
+        for p in table
+    }, cpu
 
 
 # busiest package NIC and intra-node link, MB per step on the wire (L2, ~4 % TCP/IP headers), from
 # runs/bench_sharding_overlap/results.json (busiest_nic_bytes, busiest_intra_node_link_bytes)
-BUSIEST_MB = {"ddp": (12.6, 12.6), "zero3": (50.3, 50.4), "zeropp": (14.8, 30.9), "mics": (3.6, 85.3),
-              "topo": (9.0, 12.9), "paro_iig": (5.4, 85.3)}
+BUSIEST_MB = {
+    "ddp": (12.6, 12.6),
+    "zero3": (50.3, 50.4),
+    "zeropp": (14.8, 30.9),
+    "mics": (3.6, 85.3),
+    "topo": (9.0, 12.9),
+    "paro_iig": (5.4, 85.3),
+}
 
 
 @pytest.mark.parametrize("strategy", sorted(BUSIEST_MB))
@@ -70,11 +94,13 @@ def test_quantized_elements_by_hand():
     e = emu.quant_elements(psi, pm.preset_plan("topo", topo), topo)  # INT8 pair gather, INT8 secondary, INT4 a2a
     assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": pytest.approx(psi + 2 * psi), "step": 0.0}
     e = emu.quant_elements(psi, pm.preset_plan("zeropp", topo), topo)  # + the 2-hop's requantize of 1/P
-    assert e == {"forward": pytest.approx(psi / 8 + psi), "backward": pytest.approx(psi + 2 * psi + 2 * psi / 4),
-                 "step": 0.0}
+    assert e == {
+        "forward": pytest.approx(psi / 8 + psi),
+        "backward": pytest.approx(psi + 2 * psi + 2 * psi / 4),
+        "step": 0.0,
+    }
     for p in ("ddp", "zero3", "mics"):
-        assert emu.quant_elements(psi, pm.preset_plan(p, topo), topo) == {"forward": 0.0, "backward": 0.0,
-                                                                          "step": 0.0}
+        assert emu.quant_elements(psi, pm.preset_plan(p, topo), topo) == {"forward": 0.0, "backward": 0.0, "step": 0.0}
     e = emu.quant_elements(psi, pm.Plan("x", 2, 4, 8, 2, 8, 16, 16), topo)  # bf16 secondary, bf16 gradients
     assert e == {"forward": pytest.approx(psi / 2 + psi), "backward": 0.0, "step": 0.0}
     e = emu.quant_elements(psi, pm.Plan("x", 2, 4, 8, None, 8, 16, 8), topo)  # no secondary: gather again
@@ -114,6 +140,7 @@ def test_emulated_step_collectives_do_their_own_cpu_work_on_the_wire():
     and no plan's prediction exceeds the no-overlap bound t0 + links (the model before this rule put
     ddp's and topo's 1-micro-batch steps above it)."""
     from megatron_topo.analysis.perf_model.step import _pipeline
+
     shape, topo, system = emulated_setup()
     cpu = emu.CpuRates(4.3e10, 0.84, 4e-9, 9e-4, 5e-8)
     plan = pm.preset_plan("ddp", topo)
@@ -142,8 +169,10 @@ def test_stack_overhead_is_fitted_from_unshaped_steps_and_added_in_series():
     shape, topo, system = emulated_setup()
     cpu = emu.CpuRates(4.3e10, 0.84, 4e-9, 9e-4, 5e-8)
     plan = pm.preset_plan("zero3", topo)
-    rows = [(plan, k, emu.estimate_emulated(shape, plan, topo, system, 2, k, cpu, stack_overhead=0.7)["unshaped_s"])
-            for k in (1, 2, 4, 8)]
+    rows = [
+        (plan, k, emu.estimate_emulated(shape, plan, topo, system, 2, k, cpu, stack_overhead=0.7)["unshaped_s"])
+        for k in (1, 2, 4, 8)
+    ]
     assert emu.fit_stack_overhead(shape, topo, 2, rows, cpu) == pytest.approx(0.7)
     ours = emu.estimate_emulated(shape, plan, topo, system, 2, 2, cpu)
     theirs = emu.estimate_emulated(shape, plan, topo, system, 2, 2, cpu, stack_overhead=0.7)
@@ -165,26 +194,46 @@ def test_emulated_alternative_rules_as_documented():
 def test_emulated_cli(tmp_path):
     _, topo, _ = emulated_setup()
     cmd = "python train.py configs/tiny.yml " + " ".join(f"--set {s}" for s in BENCH_SETS)
-    rows = [{"series": "main", "strategy": s, "kind": "train", "world_size": 8, "gpus_per_node": 2, "gcds_per_gpu": 2,
-             "inter_node_rate_bps": 200000000, "intra_node_rate_bps": 400000000, "command": cmd,
-             "step_time_s": m, "unshaped_step_time_s": t0} for s, (m, t0) in OVERLAP.items()]
+    rows = [
+        {
+            "series": "main",
+            "strategy": s,
+            "kind": "train",
+            "world_size": 8,
+            "gpus_per_node": 2,
+            "gcds_per_gpu": 2,
+            "inter_node_rate_bps": 200000000,
+            "intra_node_rate_bps": 400000000,
+            "command": cmd,
+            "step_time_s": m,
+            "unshaped_step_time_s": t0,
+        }
+        for s, (m, t0) in OVERLAP.items()
+    ]
     rows.append({"strategy": "fsdp2_full", "step_time_s": 5.0, "command": cmd})  # not a plan: skipped
     path = tmp_path / "results.json"
     path.write_text(json.dumps(rows))
-    r = subprocess.run([sys.executable, PERF_PY, "--emulated", str(path)], cwd=REPO, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, PERF_PY, "--emulated", str(path)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert "predicted s" in r.stdout and "topo" in r.stdout and "fsdp2" not in r.stdout
-    r = subprocess.run([sys.executable, PERF_PY, "--emulated", str(path), "--json"], cwd=REPO, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, PERF_PY, "--emulated", str(path), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     data = json.loads(r.stdout)
     preds, _ = predict_emulated(OVERLAP, step_overlap=True)
     assert [x["strategy"] for x in data["rows"]] == ["zero3", "zeropp", "mics", "topo", "ddp"]
     for x in data["rows"]:
         assert x["predicted_s"] == pytest.approx(preds[x["strategy"]]["step_s"])
     path.write_text(json.dumps([x for x in rows if x["strategy"] != "ddp"]))
-    r = subprocess.run([sys.executable, PERF_PY, "--emulated", str(path)], cwd=REPO, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, PERF_PY, "--emulated", str(path)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "ddp" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
@@ -198,26 +247,54 @@ def test_accumulation_report_renders_model_and_fsdp2_constants():
 
     shape, topo, system = emulated_setup()
     cpu = emu.CpuRates(3e10, 1.7, 2e-9, 1.2e-3, 3e-9)
-    plans = {"ddp": pm.preset_plan("ddp", topo), "topo": pm.preset_plan("topo", topo),
-             "zeropp": pm.preset_plan("zeropp", topo), "mics": pm.preset_plan("mics", topo),
-             "zero3": pm.preset_plan("zero3", topo), "fsdp2_full": pm.preset_plan("zero3", topo),
-             "auto": pm.preset_plan("topo", topo)}
+    plans = {
+        "ddp": pm.preset_plan("ddp", topo),
+        "topo": pm.preset_plan("topo", topo),
+        "zeropp": pm.preset_plan("zeropp", topo),
+        "mics": pm.preset_plan("mics", topo),
+        "zero3": pm.preset_plan("zero3", topo),
+        "fsdp2_full": pm.preset_plan("zero3", topo),
+        "auto": pm.preset_plan("topo", topo),
+    }
     rows = []
     for s, plan in plans.items():
         over = 0.5 if s == "fsdp2_full" else 0.0
         for k in (1, 2, 4):
             e = emu.estimate_emulated(shape, plan, topo, system, 2, k, cpu, stack_overhead=over)
-            rows.append({"ok": True, "series": "accum", "cluster": "frontier", "strategy": s, "accum": k,
-                         "kind": "fsdp" if s.startswith("fsdp") else "train", "plan": dataclasses.asdict(plan),
-                         "world_size": 8, "gcds_per_gpu": 2, "gpus_per_node": 2, "inter_node_rate_bps": 200e6,
-                         "intra_node_rate_bps": 400e6, "step_time_s": e["step_s"], "timed_s": [e["step_s"]],
-                         "unshaped_step_time_s": e["unshaped_s"], "quant_s": 0.0, "lower_bound_s": 1.0,
-                         "auto_choice": "chose topo (w 2, g 4, os 8)" if s == "auto" else None,
-                         "auto_trials": (f"preset auto: timed 2 plans modelled within 25% of the fastest (median of "
-                                         f"3 steps, slowest rank): topo 0.{k}1 s (model 0.3); zeropp 0.{k}2 s "
-                                         f"(model 0.31); chose topo") if s == "auto" else None})
-    meta = {"model": "configs/tiny.yml", "model_set": [x for x in BENCH_SETS if "accumulation" not in x],
-            "clusters": {"frontier": "2 x 2 x 2"}}
+            rows.append(
+                {
+                    "ok": True,
+                    "series": "accum",
+                    "cluster": "frontier",
+                    "strategy": s,
+                    "accum": k,
+                    "kind": "fsdp" if s.startswith("fsdp") else "train",
+                    "plan": dataclasses.asdict(plan),
+                    "world_size": 8,
+                    "gcds_per_gpu": 2,
+                    "gpus_per_node": 2,
+                    "inter_node_rate_bps": 200e6,
+                    "intra_node_rate_bps": 400e6,
+                    "step_time_s": e["step_s"],
+                    "timed_s": [e["step_s"]],
+                    "unshaped_step_time_s": e["unshaped_s"],
+                    "quant_s": 0.0,
+                    "lower_bound_s": 1.0,
+                    "auto_choice": "chose topo (w 2, g 4, os 8)" if s == "auto" else None,
+                    "auto_trials": (
+                        f"preset auto: timed 2 plans modelled within 25% of the fastest (median of "
+                        f"3 steps, slowest rank): topo 0.{k}1 s (model 0.3); zeropp 0.{k}2 s "
+                        f"(model 0.31); chose topo"
+                    )
+                    if s == "auto"
+                    else None,
+                }
+            )
+    meta = {
+        "model": "configs/tiny.yml",
+        "model_set": [x for x in BENCH_SETS if "accumulation" not in x],
+        "clusters": {"frontier": "2 x 2 x 2"},
+    }
     md = accum_report.render(rows, meta, REPO)
     assert "30.00 GFLOP/s per rank, 1.70 GB/s of gloo copying" in md
     assert "fsdp2_full 1.50x our engine's modelled CPU time" in md

@@ -3,6 +3,7 @@ backward progress), not by timing: reductions finish oldest first, each at a fix
 reduction ``max_in_flight`` units later has been launched), each unit's cross-replica combine
 starts right after its reduction is finished, ZeRO++'s second hop goes out before the next unit's
 first hop. The points are fixed by program position, so every rank has the same trace."""
+
 import pytest
 
 from megatron_topo.config import ZeroTopoConfig
@@ -14,8 +15,7 @@ LAYERS = 6  # 8 units: embedding, 6 layers, head
 
 
 def _trace(rank, world, preset):
-    eng = make_engine(rank, world, ZeroTopoConfig(preset=preset), gcds=2, gpus=1,
-                      cfg=tiny_cfg(num_layers=LAYERS))
+    eng = make_engine(rank, world, ZeroTopoConfig(preset=preset), gcds=2, gpus=1, cfg=tiny_cfg(num_layers=LAYERS))
     for m in range(2):
         x, y = batch(0, rank, m, cfg=eng.module.cfg)
         if m == 1:

@@ -1,5 +1,5 @@
 """Every preset, quantization off, fp32: parameters equal the unsharded reference (8 ranks)."""
-import pytest
+
 import torch
 
 from megatron_topo.config import ZeroTopoConfig
@@ -23,10 +23,7 @@ def _run_presets(rank, world, presets, extra):
     return out
 
 
-CASES = {
-    "topo_sec8": ("topo", {"secondary_degree": 8}),
-    "topo_rs": ("topo", {"inter_node_reduce": "reduce_scatter"}),
-}
+CASES = {"topo_sec8": ("topo", {"secondary_degree": 8}), "topo_rs": ("topo", {"inter_node_reduce": "reduce_scatter"})}
 
 
 def test_every_preset_matches_reference():
@@ -41,8 +38,9 @@ def test_every_preset_matches_reference():
         for rank in (0, world - 1):
             got = results[rank][name]
             for pname, want in ref.items():
-                torch.testing.assert_close(got[pname], want, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m: f"{name} rank {rank} {pname}: {m}")
+                torch.testing.assert_close(
+                    got[pname], want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} rank {rank} {pname}: {m}"
+                )
 
 
 ODD = dict(hidden_size=24, num_attention_heads=3, vocab_size=37, seq_length=16)
@@ -54,8 +52,12 @@ def _run_odd(rank, world, presets):
     out = {}
     for name in presets:
         quant = name.endswith("_q")
-        zc = ZeroTopoConfig(preset=name.removesuffix("_q"), quant_block_size=64, grad_quant_block_size=64,
-                            **({} if quant else UNQUANTIZED))
+        zc = ZeroTopoConfig(
+            preset=name.removesuffix("_q"),
+            quant_block_size=64,
+            grad_quant_block_size=64,
+            **({} if quant else UNQUANTIZED),
+        )
         # 6 ranks = 3 nodes x 1 GPU x 2 GCDs: not a multiple of 8, odd node count
         eng = make_engine(rank, world, zc, gcds=2, gpus=1, cfg=tiny_cfg(**ODD))
         losses = train_steps(eng, rank, steps=5 if not quant else 3)
@@ -80,8 +82,7 @@ def test_odd_sizes_and_world_of_six():
                 assert abs(a - b) / b < 0.02, (name, losses, exact)
             continue
         for pname, want in ref.items():
-            torch.testing.assert_close(got[pname], want, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"{name} {pname}: {m}")
+            torch.testing.assert_close(got[pname], want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} {pname}: {m}")
 
 
 def _run_ckpt(rank, world):
@@ -105,5 +106,6 @@ def test_activation_checkpointing_under_sharding():
     ref = reference(world, steps=3)
     for name in ("zero3", "topo"):
         for pname, want in ref.items():
-            torch.testing.assert_close(results[0][name][pname], want, rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"{name} {pname}: {m}")
+            torch.testing.assert_close(
+                results[0][name][pname], want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name} {pname}: {m}"
+            )

@@ -1,5 +1,6 @@
 """Quantized plans (topo INT8/INT4, zeropp): first-step loss close to unquantized, and the
 backward pass never sees stale weights (after an optimizer step, after a checkpoint load)."""
+
 import torch
 
 from megatron_topo.config import ZeroTopoConfig
@@ -47,7 +48,7 @@ def _flat_weights(eng, unit, dtype):
     names = {id(p): n for n, p in eng.module.named_parameters()}
     flat = torch.zeros(unit.layout.padded, dtype=torch.float32)
     for s in unit.specs:
-        flat[s.offset:s.offset + s.numel] = params[names[id(s.param)]].reshape(-1)
+        flat[s.offset : s.offset + s.numel] = params[names[id(s.param)]].reshape(-1)
     return flat.to(dtype)
 
 
@@ -59,7 +60,7 @@ def _check_secondaries(eng, used):
         n = unit.layout.padded // s
         i = eng.comm.rank % s
         full = _flat_weights(eng, unit, eng.dtype)
-        eq, es = kernels.quantize(full[i * n:(i + 1) * n], 8, unit.plan.quant_block_size)
+        eq, es = kernels.quantize(full[i * n : (i + 1) * n], 8, unit.plan.quant_block_size)
         assert torch.equal(q, eq) and torch.equal(sc, es), f"stale secondary in unit {unit.index}"
         checked += 1
     return checked
@@ -70,15 +71,24 @@ def _freshness(rank, world, tmp, sec):
     orig = ShardedUnit.start_gather
 
     def spy(self, backward):
-        if backward and self.has_secondary and self.secondary is not None and self.gather_handle is None \
-                and not self.gathered:
+        if (
+            backward
+            and self.has_secondary
+            and self.secondary is not None
+            and self.gather_handle is None
+            and not self.gathered
+        ):
             used.append((self, tuple(t.clone() for t in self.secondary)))
         return orig(self, backward)
 
     ShardedUnit.start_gather = spy
     try:
-        eng = make_engine(rank, world, ZeroTopoConfig(preset="topo", secondary_degree=sec, quant_block_size=BLOCK,
-                                                      grad_quant_block_size=BLOCK), precision="bf16")
+        eng = make_engine(
+            rank,
+            world,
+            ZeroTopoConfig(preset="topo", secondary_degree=sec, quant_block_size=BLOCK, grad_quant_block_size=BLOCK),
+            precision="bf16",
+        )
         counts = []
         for step in range(3):  # right after each optimizer step
             used.clear()
@@ -109,8 +119,13 @@ def test_secondary_never_stale_after_step_or_load(tmp_path):
 def _fp16_overflow_one_rank(rank, world):
     from megatron_topo.config import Fp16Block
 
-    eng = make_engine(rank, world, ZeroTopoConfig(preset="topo", quant_block_size=BLOCK, grad_quant_block_size=BLOCK),
-                      precision="fp16", fp16_cfg=Fp16Block(enabled=True, hysteresis=1, initial_scale_power=8))
+    eng = make_engine(
+        rank,
+        world,
+        ZeroTopoConfig(preset="topo", quant_block_size=BLOCK, grad_quant_block_size=BLOCK),
+        precision="fp16",
+        fp16_cfg=Fp16Block(enabled=True, hysteresis=1, initial_scale_power=8),
+    )
     x, y = batch(0, rank, 0)
     eng.backward(loss_fn(eng(x), y))
     ok = eng.step()

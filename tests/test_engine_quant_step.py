@@ -2,6 +2,7 @@
 gradient shards with an INT8 all-to-all reduce-scatter (fp32 sums; an INT8 all-gather of the
 sums when the optimizer shard is wider than a slice), ``publish_bits: 8`` all-gathers the updated
 shards in INT8 while each rank's own shard stays exact. Byte counts are in test_engine_volumes."""
+
 import pytest
 import torch
 
@@ -28,7 +29,7 @@ def _train(rank, world, cases):
         for u, master in zip(eng.units, eng.optimizer.params):
             u.wait_publish()
             a = u.optim_range[0] - u.primary_range[0]
-            own.append(torch.equal(u.primary[a:a + master.numel()], master.detach().to(u.dtype)))
+            own.append(torch.equal(u.primary[a : a + master.numel()], master.detach().to(u.dtype)))
         out[name] = (losses, params, all(own))
         eng.remove_hooks()
     return out
@@ -72,6 +73,7 @@ def test_quantized_plans_align_every_slice_to_whole_blocks():
     topo = Topology(16, 2, 4)
     plan = resolve_plan(ZeroTopoConfig(preset="mics", combine_bits=8, publish_bits=8), topo)
     from megatron_topo.zero_topo.memory import block_sizes
+
     assert block_sizes(plan) == [plan.quant_block_size, plan.grad_quant_block_size]
     align = L.alignment(16, block_sizes(plan))
     for n in (1, 1000, 123457):

@@ -4,8 +4,8 @@ Expectations are derived from the volume table (not from the engine): M = 2L byt
 16 bits (L = the unit's padded length), INT8 halves it, INT4 quarters it, plus one fp32 scale
 per quantization block. 8 ranks = 2 nodes x 2 GPUs x 2 GCDs, bf16, 2 micro-batches, 1 step.
 """
+
 import pytest
-import torch
 
 from megatron_topo.config import ZeroTopoConfig
 
@@ -17,15 +17,20 @@ from .volume_cases import BG, BW, CASES, MICRO, P, W, expected
 def _run(rank, world, cases):
     out = {}
     for name, kw in cases.items():
-        eng = make_engine(rank, world, ZeroTopoConfig(quant_block_size=BW, grad_quant_block_size=BG, **kw),
-                          precision="bf16")
+        eng = make_engine(
+            rank, world, ZeroTopoConfig(quant_block_size=BW, grad_quant_block_size=BG, **kw), precision="bf16"
+        )
         eng.comm.reset_counters()
         for m in range(MICRO):
             x, y = batch(0, rank, m)
             eng.backward(loss_fn(eng(x), y) / MICRO)
         eng.step()
-        out[name] = {"bytes": dict(eng.comm.bytes), "state": dict(eng.state_bytes_before_step),
-                     "L": [u.layout.padded for u in eng.units], "numel": [u.numel for u in eng.units]}
+        out[name] = {
+            "bytes": dict(eng.comm.bytes),
+            "state": dict(eng.state_bytes_before_step),
+            "L": [u.layout.padded for u in eng.units],
+            "numel": [u.numel for u in eng.units],
+        }
         eng.remove_hooks()
     return out
 
@@ -47,11 +52,19 @@ def test_bytes_per_level_equal_formulas(results, kind):
 def memory_formula(kind, L):
     """docs/design.md §4.10 memory per device (bf16 weights, fp32 gradient shards, Adam 12 bytes)."""
     w, g, os_, s = {
-        "ddp": (1, 1, 1, None), "zero1": (1, 1, W, None), "zero2": (1, W, W, None),
-        "zero3": (W, W, W, None), "zeropp": (W, W, W, P), "mics": (P, P, P, None),
-        "topo": (2, P, W, 2), "topo_sec8": (2, P, W, P), "topo_rs": (2, P, W, 2),
-        "paro_iig": (P, P, W, None), "paro_nig": (1, P, W, None),
-        "topo_q": (2, P, W, 2), "mics_q": (P, P, P, None),
+        "ddp": (1, 1, 1, None),
+        "zero1": (1, 1, W, None),
+        "zero2": (1, W, W, None),
+        "zero3": (W, W, W, None),
+        "zeropp": (W, W, W, P),
+        "mics": (P, P, P, None),
+        "topo": (2, P, W, 2),
+        "topo_sec8": (2, P, W, P),
+        "topo_rs": (2, P, W, 2),
+        "paro_iig": (P, P, W, None),
+        "paro_nig": (1, P, W, None),
+        "topo_q": (2, P, W, 2),
+        "mics_q": (P, P, P, None),
     }[kind]
     return {
         "weights": 2 * L / w,

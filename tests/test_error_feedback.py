@@ -2,6 +2,7 @@
 quantization (the in-node INT4 reduction, the INT8 combine) is added to the next one. The
 residuals are real state: they live in checkpoints, so a stop and resume on the same world and
 plan continues bit for bit, and dropping them changes the run."""
+
 import torch
 
 from megatron_topo.topology import Topology
@@ -24,8 +25,10 @@ def _run(rank, world, tmp, tag, until, load, drop_residuals=False):
         for u in tr.engine.units:
             u.reset_residuals()
     tr.train(until=until)
-    res = [(None if u.ef_reduce is None else u.ef_reduce.clone(), None if u.ef_combine is None else u.ef_combine.clone())
-           for u in tr.engine.units]
+    res = [
+        (None if u.ef_reduce is None else u.ef_reduce.clone(), None if u.ef_combine is None else u.ef_combine.clone())
+        for u in tr.engine.units
+    ]
     return tr.engine.full_parameters(), res
 
 

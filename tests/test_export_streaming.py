@@ -3,6 +3,7 @@ the Adam moments) and writes each tensor straight into its safetensors file, so 
 about one unit, not the model. Sharded output (--max-shard-size) follows transformers' layout
 (model-0000K-of-0000N.safetensors + model.safetensors.index.json) and loads with equal logits;
 a single file is byte-identical to safetensors' own save_file."""
+
 import json
 import os
 import subprocess
@@ -42,8 +43,9 @@ def _save_checkpoint(root, model_cfg, seed=0) -> ModelConfig:
 
 def _big_cfg():
     # ~87M parameters, 14 units: full fp32 master 330 MiB (+ moments: 1 GiB on disk); a layer is 27 MiB
-    return ModelConfig(num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=16, vocab_size=1024,
-                       no_weight_tying=True)
+    return ModelConfig(
+        num_layers=12, hidden_size=768, num_attention_heads=12, seq_length=16, vocab_size=1024, no_weight_tying=True
+    )
 
 
 # ru_maxrss is no use in a child of pytest: Linux keeps the parent's peak across fork + exec. VmHWM
@@ -100,8 +102,10 @@ def test_export_peak_memory_is_one_unit_not_the_model(big, tmp_path):
     r = _peak_rss(ck, out)
     used = r["peak"] - r["base"]
     budget = 3 * unit_bytes + 48 * MB
-    print(f"streaming export: peak RSS +{used / MB:.0f} MiB (budget {budget / MB:.0f} MiB, model fp32 "
-          f"{model_bytes / MB:.0f} MiB) in {time.time() - t0:.1f} s")
+    print(
+        f"streaming export: peak RSS +{used / MB:.0f} MiB (budget {budget / MB:.0f} MiB, model fp32 "
+        f"{model_bytes / MB:.0f} MiB) in {time.time() - t0:.1f} s"
+    )
     assert r["rc"] == 0
     assert used < budget, (used / MB, budget / MB)
     assert used < model_bytes / 2
@@ -124,7 +128,7 @@ def test_export_peak_memory_is_one_unit_not_the_model(big, tmp_path):
         flat = ckpt.full_unit_state(str(ck / "global_step1"), meta, i, files, keys=("master",))["master"]
         for name, off, numel, shape in u.params:
             got = handles[index["weight_map"][to_hf_key(name)]].get_tensor(to_hf_key(name))
-            assert torch.equal(got, flat[off:off + numel].view(*shape)), name
+            assert torch.equal(got, flat[off : off + numel].view(*shape)), name
     assert handles[shards[0]].metadata() == {"format": "pt", "source": "megatron_topo", "step": "1"}
 
 
@@ -134,8 +138,9 @@ def test_master_only_reader_never_touches_the_moments(big, monkeypatch):
     meta = ckpt.read_meta(sp)
     seen = []
     real = ckpt._shard_tensors
-    monkeypatch.setattr(ckpt.storage, "_shard_tensors", lambda p, sh, u, keys=ckpt.STATE_KEYS: seen.append(keys) or
-                        real(p, sh, u, keys))
+    monkeypatch.setattr(
+        ckpt.storage, "_shard_tensors", lambda p, sh, u, keys=ckpt.STATE_KEYS: seen.append(keys) or real(p, sh, u, keys)
+    )
     st = ckpt.full_unit_state(sp, meta, 1, keys=("master",))
     assert set(st) == {"master", "step"} and float(st["step"]) == 1.0
     assert seen == [("master",)]
@@ -149,8 +154,9 @@ def test_master_only_reader_never_touches_the_moments(big, monkeypatch):
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("smallexport")
-    cfg = ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64,
-                      no_weight_tying=True)
+    cfg = ModelConfig(
+        num_layers=3, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64, no_weight_tying=True
+    )
     eng = _save_checkpoint(tmp, cfg, seed=1)
     return tmp, eng.module.eval()
 
@@ -160,8 +166,7 @@ def test_sharded_export_loads_in_transformers_with_equal_logits(small, tmp_path)
     tmp, ours = small
     one, many = tmp_path / "one", tmp_path / "many"
     assert convert_to_hf.main(["--checkpoint", str(tmp / "ck"), "--output", str(one)]) == 0
-    assert convert_to_hf.main(["--checkpoint", str(tmp / "ck"), "--output", str(many), "--max-shard-size",
-                               "20KB"]) == 0
+    assert convert_to_hf.main(["--checkpoint", str(tmp / "ck"), "--output", str(many), "--max-shard-size", "20KB"]) == 0
     assert "model.safetensors" in os.listdir(one) and "model.safetensors.index.json" not in os.listdir(one)
     shards = sorted(f for f in os.listdir(many) if f.endswith(".safetensors"))
     assert len(shards) > 3 and shards[0].startswith("model-00001-of-")
@@ -173,23 +178,33 @@ def test_sharded_export_loads_in_transformers_with_equal_logits(small, tmp_path)
             torch.testing.assert_close(hf(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
     # bf16: the same layout, half the bytes
     b16 = tmp_path / "b16"
-    assert convert_to_hf.main(["--checkpoint", str(tmp / "ck"), "--output", str(b16), "--dtype", "bf16",
-                               "--max-shard-size", "10KB"]) == 0
+    assert (
+        convert_to_hf.main(
+            ["--checkpoint", str(tmp / "ck"), "--output", str(b16), "--dtype", "bf16", "--max-shard-size", "10KB"]
+        )
+        == 0
+    )
     idx = json.load(open(b16 / "model.safetensors.index.json"))
-    assert idx["metadata"]["total_size"] * 2 == json.load(open(many / "model.safetensors.index.json"))[
-        "metadata"]["total_size"]
+    assert (
+        idx["metadata"]["total_size"] * 2
+        == json.load(open(many / "model.safetensors.index.json"))["metadata"]["total_size"]
+    )
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(b16), dtype=torch.bfloat16)
     assert hf.gpt_neox.layers[0].attention.dense.weight.dtype == torch.bfloat16
     # a bad size is one line, exit 2, nothing written
-    assert convert_to_hf.main(["--checkpoint", str(tmp / "ck"), "--output", str(tmp_path / "x"),
-                               "--max-shard-size", "lots"]) == 2
+    assert (
+        convert_to_hf.main(
+            ["--checkpoint", str(tmp / "ck"), "--output", str(tmp_path / "x"), "--max-shard-size", "lots"]
+        )
+        == 2
+    )
     assert not (tmp_path / "x").exists()
 
 
 def _parts(path):
     raw = open(path, "rb").read()
     n = int.from_bytes(raw[:8], "little")
-    return n, json.loads(raw[8:8 + n]), raw[8 + n:]
+    return n, json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -199,8 +214,13 @@ def test_writer_writes_what_save_file_writes(tmp_path, dtype):
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(0)
-    tensors = {"b.weight": torch.randn(3, 5, generator=g), "a.bias": torch.randn(7, generator=g),
-               "gpt_neox.x": torch.randn(2, 2, 2, generator=g), "empty": torch.zeros(0, 4), "s": torch.tensor(3.0)}
+    tensors = {
+        "b.weight": torch.randn(3, 5, generator=g),
+        "a.bias": torch.randn(7, generator=g),
+        "gpt_neox.x": torch.randn(2, 2, 2, generator=g),
+        "empty": torch.zeros(0, 4),
+        "s": torch.tensor(3.0),
+    }
     tensors = {k: v.to(dtype) for k, v in tensors.items()}
     table = {k: (tuple(v.shape), dtype) for k, v in tensors.items()}
     for md in ({"format": "pt", "source": "megatron_topo", "step": "7"}, {"format": "pt"}):
@@ -236,8 +256,9 @@ def _save_on_two_ranks(rank, world, root):
 
     from .engine_cases import train_steps
 
-    cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64,
-                      no_weight_tying=True)
+    cfg = ModelConfig(
+        num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64, no_weight_tying=True
+    )
     eng = make_engine(rank, world, ZeroTopoConfig(preset="zero3"), gcds=1, gpus=2, cfg=cfg)
     train_steps(eng, rank, steps=1, accum=1)
     yaml = small_config(root).to_flat_yaml() if rank == 0 else ""
@@ -248,14 +269,17 @@ def _save_on_two_ranks(rank, world, root):
     opened, read = [], []
     real_load, real_tensors = ckpt.load_rank_file, ckpt._shard_tensors
     ckpt.storage.load_rank_file = lambda sp, r, *a, **k: opened.append(r) or real_load(sp, r, *a, **k)
-    ckpt.storage._shard_tensors = lambda path, sh, unit, keys=ckpt.STATE_KEYS: read.append(
-        (os.path.basename(path), unit, tuple(keys))) or real_tensors(path, sh, unit, keys)
+    ckpt.storage._shard_tensors = lambda path, sh, unit, keys=ckpt.STATE_KEYS: (
+        read.append((os.path.basename(path), unit, tuple(keys))) or real_tensors(path, sh, unit, keys)
+    )
     try:
         ckpt.load(other, str(root / "ck"), rank)
     finally:
         ckpt.storage.load_rank_file, ckpt.storage._shard_tensors = real_load, real_tensors
-    same = all(torch.equal(a["master"], b["master"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
-               for a, b in zip(ckpt.gather_full_state(eng), ckpt.gather_full_state(other)))
+    same = all(
+        torch.equal(a["master"], b["master"]) and torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+        for a, b in zip(ckpt.gather_full_state(eng), ckpt.gather_full_state(other))
+    )
     reshard = eng.plan != other.plan and eng.plan.optimizer_factor == other.plan.optimizer_factor == 2
     return {"opened": sorted(set(opened)), "read": read, "units": len(eng.units), "same": same, "reshard": reshard}
 
@@ -279,8 +303,10 @@ def test_export_of_a_checkpoint_sharded_over_ranks(tmp_path):
     meta = ckpt.read_meta(ckpt.resolve(str(tmp_path / "ck")))
     assert meta.shard_holders == 2 and meta.world_size == 2
     out = tmp_path / "hf"
-    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out), "--max-shard-size",
-                               "30KB"]) == 0
+    assert (
+        convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out), "--max-shard-size", "30KB"])
+        == 0
+    )
     full = ckpt.read_full_state(str(tmp_path / "ck"))
     from safetensors.torch import load_file
 

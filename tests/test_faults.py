@@ -5,6 +5,7 @@ Multi-process cases run ``train.py`` on configs/tiny.yml as real processes over 
 RANK/WORLD_SIZE/MASTER_ADDR like torchrun gives them); faults are injected with the
 ``MEGATRON_TOPO_FAULT`` hook (megatron_topo/training/fault_injection.py).
 """
+
 import json
 import os
 import shutil
@@ -42,12 +43,25 @@ def cache(tmp_path_factory):
 
 
 def _args(cache, tmp, *configs, steps=4, **sets):
-    base = {"train_iters": steps, "eval_interval": 0, "log_interval": 1, "progress_bar": "false",
-            "data_cache_dir": cache, "builtin_corpus_bytes": 100000, "log_dir": str(tmp / "run"),
-            "save": None, "distributed.backend": "gloo", "distributed.device": "cpu",
-            "distributed.collective_timeout_s": 30}
+    base = {
+        "train_iters": steps,
+        "eval_interval": 0,
+        "log_interval": 1,
+        "progress_bar": "false",
+        "data_cache_dir": cache,
+        "builtin_corpus_bytes": 100000,
+        "log_dir": str(tmp / "run"),
+        "save": None,
+        "distributed.backend": "gloo",
+        "distributed.device": "cpu",
+        "distributed.collective_timeout_s": 30,
+    }
     base.update(sets)
-    out = [os.path.join(ROOT, "train.py"), os.path.join(CONFIGS, "tiny.yml"), *[os.path.join(CONFIGS, c) for c in configs]]
+    out = [
+        os.path.join(ROOT, "train.py"),
+        os.path.join(CONFIGS, "tiny.yml"),
+        *[os.path.join(CONFIGS, c) for c in configs],
+    ]
     for k, v in base.items():
         out += ["--set", f"{k}={'null' if v is None else v}"]
     return out
@@ -58,9 +72,17 @@ def _launch(world, args, tmp, fault=None, netns=None, master="127.0.0.1", ifname
     port = _port()
     procs = []
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r % 2 if netns else r),
-                   LOCAL_WORLD_SIZE=str(2 if netns else world), MASTER_ADDR=master, MASTER_PORT=str(port),
-                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(r % 2 if netns else r),
+            LOCAL_WORLD_SIZE=str(2 if netns else world),
+            MASTER_ADDR=master,
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+        )
         env.pop(fault_injection.ENV, None)
         if fault:
             env[fault_injection.ENV] = fault
@@ -71,8 +93,11 @@ def _launch(world, args, tmp, fault=None, netns=None, master="127.0.0.1", ifname
             cmd = ["ip", "netns", "exec", ns, *cmd]
         elif ifname:
             env["GLOO_SOCKET_IFNAME"] = ifname
-        procs.append(subprocess.Popen(cmd, env=env, cwd=str(tmp), stdout=open(tmp / f"out{r}", "w"),
-                                      stderr=open(tmp / f"err{r}", "w")))
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, cwd=str(tmp), stdout=open(tmp / f"out{r}", "w"), stderr=open(tmp / f"err{r}", "w")
+            )
+        )
     return procs
 
 
@@ -157,8 +182,9 @@ def test_sigkill_during_checkpoint_save_keeps_previous_and_resume_works(cache, t
 # ------------------------------------------------------------------------------ NaN / inf
 def _nan_trainer(tmp_path, monkeypatch, precision, fault, max_bad=3, steps=8):
     monkeypatch.setenv(fault_injection.ENV, fault)
-    cfg = small_config(tmp_path, **{"train.precision": precision, "train.max_bad_steps": max_bad,
-                                    "train.train_iters": steps})
+    cfg = small_config(
+        tmp_path, **{"train.precision": precision, "train.max_bad_steps": max_bad, "train.train_iters": steps}
+    )
     return Trainer(cfg, local_runtime(0, 1), datasets=datasets(cfg), log=lambda *a, **k: None)
 
 
@@ -232,8 +258,12 @@ def test_nan_on_one_rank_is_reported_by_every_rank(tmp_path):
 
 
 def test_fault_spec_errors_are_one_line(monkeypatch):
-    for spec, needle in (("explode:step=1", "unknown"), ("kill:rank=x:step=1", "not an integer"),
-                         ("kill:rank=1", "needs step"), ("kill:step=1:at=lunch", "at=lunch")):
+    for spec, needle in (
+        ("explode:step=1", "unknown"),
+        ("kill:rank=x:step=1", "not an integer"),
+        ("kill:rank=1", "needs step"),
+        ("kill:step=1:at=lunch", "at=lunch"),
+    ):
         with pytest.raises(ConfigError, match=needle):
             fault_injection.parse(spec)
 
@@ -266,8 +296,12 @@ def _lossy_link(tag: str, subnet: str):
             _sh("ip", "-n", ns[i], "addr", "add", f"{subnet}.{i + 1}/24", "dev", devs[i])
             _sh("ip", "-n", ns[i], "link", "set", "lo", "up")
             _sh("ip", "-n", ns[i], "link", "set", devs[i], "up")
-            if _sh("tc", "-n", ns[i], "qdisc", "add", "dev", devs[i], "root", "netem", "loss", "1%",
-                   check=False).returncode == 0:
+            if (
+                _sh(
+                    "tc", "-n", ns[i], "qdisc", "add", "dev", devs[i], "root", "netem", "loss", "1%", check=False
+                ).returncode
+                == 0
+            ):
                 continue
             method = "u32 IP-ID filter into a dropping class (~1%; netem is not in this kernel)"
             _sh("ip", "-n", ns[i], "link", "set", "dev", devs[i], "gso_max_segs", "1")  # one packet per skb
@@ -278,8 +312,28 @@ def _lossy_link(tag: str, subnet: str):
             _sh(*tc, "qdisc", "add", "dev", devs[i], "parent", "1:2", "handle", "20:", "pfifo", "limit", "0")
             # residues are non-zero: ID 0 (SYN-ACKs, RSTs) always passes, so connections open
             for val, mask in (("0x0040", "0x007f"), ("0x0101", "0x01ff")):
-                _sh(*tc, "filter", "add", "dev", devs[i], "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                    "match", "u16", val, mask, "at", "4", "flowid", "1:2")
+                _sh(
+                    *tc,
+                    "filter",
+                    "add",
+                    "dev",
+                    devs[i],
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    "1",
+                    "u32",
+                    "match",
+                    "u16",
+                    val,
+                    mask,
+                    "at",
+                    "4",
+                    "flowid",
+                    "1:2",
+                )
     except (RuntimeError, subprocess.SubprocessError) as e:
         _teardown(ns)
         pytest.skip(f"cannot build the lossy link: {e}")
@@ -323,8 +377,13 @@ def test_one_percent_packet_loss_between_nodes_trains_identically(cache, tmp_pat
     bit for bit."""
     tag = f"mtf{os.getpid() % 100000}"
     subnet = f"10.213.{os.getpid() % 250 + 1}"
-    sets = {"topology.gcds_per_gpu": 2, "topology.gpus_per_node": 1, "zero_topo.preset": "topo",
-            "zero_topo.quant_block_size": 256, "zero_topo.grad_quant_block_size": 256}
+    sets = {
+        "topology.gcds_per_gpu": 2,
+        "topology.gpus_per_node": 1,
+        "zero_topo.preset": "topo",
+        "zero_topo.quant_block_size": 256,
+        "zero_topo.grad_quant_block_size": 256,
+    }
     loop = tmp_path / "loopback"
     loop.mkdir()
     rcs, _ = _wait(_launch(4, _args(cache, loop, steps=3, **sets), loop, ifname="lo"), 240)
@@ -335,14 +394,15 @@ def test_one_percent_packet_loss_between_nodes_trains_identically(cache, tmp_pat
     lossy.mkdir()
     try:
         place = [(ns[0], devs[0]), (ns[0], devs[0]), (ns[1], devs[1]), (ns[1], devs[1])]
-        rcs, _ = _wait(_launch(4, _args(cache, lossy, steps=3, **sets), lossy, netns=place,
-                               master=f"{subnet}.1"), 300)
+        rcs, _ = _wait(_launch(4, _args(cache, lossy, steps=3, **sets), lossy, netns=place, master=f"{subnet}.1"), 300)
         sent, dropped = _link_stats(ns, devs)
     finally:
         _teardown(ns)
     assert rcs == [0] * 4, (lossy / "err0").read_text()[-2000:]
-    print(f"inter-node link: {dropped} of {sent + dropped} packets dropped "
-          f"({100 * dropped / max(1, sent + dropped):.2f}%)")
+    print(
+        f"inter-node link: {dropped} of {sent + dropped} packets dropped "
+        f"({100 * dropped / max(1, sent + dropped):.2f}%)"
+    )
     assert dropped > 0 and 0.002 < dropped / (sent + dropped) < 0.03
     la = [json.loads(x)["loss"] for x in open(loop / "run" / "metrics.jsonl")]
     lb = [json.loads(x)["loss"] for x in open(lossy / "run" / "metrics.jsonl")]

@@ -2,6 +2,7 @@
 changes: the accumulation count is derived as DeepSpeed does (train_batch_size = micro-batch x
 accumulation x data-parallel size), the change is printed, and a world that cannot reach the
 global batch is one line naming the nearest node counts that can."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,10 @@ def test_a_resume_on_another_world_size_keeps_the_global_batch(cache, tmp_path):
     assert "global batch 16 x" in out
     rc, out, err = _run(_args(cache, tmp_path, 3, auto_resume="true"), tmp_path, tag="b")
     assert rc == 0, out + err
-    assert ("global batch 16 (the checkpoint's, saved on 2 ranks) on 1 ranks x micro-batch 4: "
-            "gradient_accumulation_steps 2 -> 4") in out, out
+    assert (
+        "global batch 16 (the checkpoint's, saved on 2 ranks) on 1 ranks x micro-batch 4: "
+        "gradient_accumulation_steps 2 -> 4"
+    ) in out, out
     assert "global batch 16 x" in out
     meta = json.loads((tmp_path / "ckpt" / "global_step3" / "meta.json").read_text())
     assert meta["trainer"]["consumed_samples"] == 3 * 16 and meta["trainer"]["global_batch"] == 16
@@ -82,10 +85,29 @@ def test_an_error_under_the_launcher_is_one_line_without_torchrun_traceback(tmp_
 
     from .test_lifecycle import ROOT
 
-    r = subprocess.run([sys.executable, "-m", "megatron_topo.launch", "--standalone", "--nproc_per_node", "2",
-                        os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs", "tiny.yml"),
-                        "--set", f"log_dir={tmp_path / 'run'}", "--set", "save=null", "--set", "train_batch_size=12"],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_topo.launch",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            os.path.join(ROOT, "train.py"),
+            os.path.join(ROOT, "configs", "tiny.yml"),
+            "--set",
+            f"log_dir={tmp_path / 'run'}",
+            "--set",
+            "save=null",
+            "--set",
+            "train_batch_size=12",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     text = r.stdout + r.stderr
     assert r.returncode == 2, text
     errors = [ln for ln in text.splitlines() if ln.startswith("error:")]

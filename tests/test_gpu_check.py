@@ -2,6 +2,7 @@
 gloo, cpu_fast against the reference kernels, every communicator type live at once, one
 training step with the job's plan and random per-rank delays before every collective (one
 collective order on every rank), replicated shards equal bit for bit; a hang is reported."""
+
 import os
 import subprocess
 import sys
@@ -14,13 +15,27 @@ from megatron_topo.zero_topo.comm import Handle
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(REPO, "tools/gpu_check.py")
 CFG = [os.path.join(REPO, f"configs/{f}.yml") for f in ("tiny", "topo", "local_cpu")]
-ROWS = ("triton", "kernels", "kernel speed", "network plugin", "communicators", "collective order",
-        "replicated shards", "memory")
+ROWS = (
+    "triton",
+    "kernels",
+    "kernel speed",
+    "network plugin",
+    "communicators",
+    "collective order",
+    "replicated shards",
+    "memory",
+)
 
 
 def _run(*args, timeout=600, cfg=CFG):
-    return subprocess.run([sys.executable, TOOL, *cfg, "--small", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run(
+        [sys.executable, TOOL, *cfg, "--small", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 # Before the one collective schedule (issue 27 item 1) a unit's combine went out when is_completed()
@@ -29,8 +44,12 @@ def _run(*args, timeout=600, cfg=CFG):
 _ORDER_BY_PROGRESS = hasattr(Handle, "landed")
 
 
-@pytest.mark.xfail(_ORDER_BY_PROGRESS, strict=True, reason="the engine launches collectives on is_completed(): "
-                   "the collective order differs between ranks (issue 27 item 1)")
+@pytest.mark.xfail(
+    _ORDER_BY_PROGRESS,
+    strict=True,
+    reason="the engine launches collectives on is_completed(): "
+    "the collective order differs between ranks (issue 27 item 1)",
+)
 def test_gpu_check_passes_on_8_cpu_ranks():
     out = _run("--spawn", "8", "--timeout", "240")
     lines = out.stdout.strip().splitlines()
@@ -54,12 +73,15 @@ def test_a_hang_is_reported_not_waited_out():
 
 
 def test_the_trace_comparison_names_the_first_difference():
-    a = [{"seq": 0, "op": "all_gather", "group": [0, 1], "bytes": 8, "dtype": "int8"},
-         {"seq": 1, "op": "all_reduce", "group": [0, 1], "bytes": 64, "dtype": "bfloat16"}]
+    a = [
+        {"seq": 0, "op": "all_gather", "group": [0, 1], "bytes": 8, "dtype": "int8"},
+        {"seq": 1, "op": "all_reduce", "group": [0, 1], "bytes": 64, "dtype": "bfloat16"},
+    ]
     b = [a[1], a[0]]
     assert C.compare_traces([a, a]) is None
-    assert C.compare_traces([a, b]) == ("rank 1's collective 0 is ('all_reduce', 2, 64, 'bfloat16'), rank 0's "
-                                        "('all_gather', 2, 8, 'int8')")
+    assert C.compare_traces([a, b]) == (
+        "rank 1's collective 0 is ('all_reduce', 2, 64, 'bfloat16'), rank 0's ('all_gather', 2, 8, 'int8')"
+    )
     c = [dict(e, group=[0, 2]) for e in a]  # same sequence, but rank 1 is not in rank 0's groups
     assert "issued different collectives" in C.compare_traces([a, c])
 
@@ -68,6 +90,7 @@ def test_old_triton_fails_on_nvidia_only(monkeypatch):
     import types
 
     import torch
+
     monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="3.5.1"))
     monkeypatch.setattr(torch.version, "hip", None)
     row = C.triton_row(torch.device("cuda", 0))
@@ -82,6 +105,7 @@ def test_old_triton_fails_on_nvidia_only(monkeypatch):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_the_kernel_inputs_have_subnormal_scales_ties_and_specials(dtype):
     import torch
+
     dt = getattr(torch, dtype)
     x = C.special_input(6 * 256, dt, 256, seed=1).float()
     blocks = x.view(6, 256)
@@ -108,6 +132,8 @@ def test_check_job_under_fake_slurm(fake_slurm):  # noqa: F811
     assert env["RANK"] == "7" and env["WORLD_SIZE"] == "8"
     r = fake_slurm["submit"]("frontier_check.sh", "configs/10B.yml", "configs/zeropp.yml", "--layers", "4")
     args, _ = _launched(log, 7)
-    assert r.returncode == 0 and args[2:] == [*[os.path.join(REPO, f"configs/{f}.yml") for f in ("10B", "zeropp",
-                                                                                              "frontier")],
-                                              "--layers", "4"]
+    assert r.returncode == 0 and args[2:] == [
+        *[os.path.join(REPO, f"configs/{f}.yml") for f in ("10B", "zeropp", "frontier")],
+        "--layers",
+        "4",
+    ]

@@ -2,6 +2,7 @@
 that ``AutoTokenizer`` + ``AutoModelForCausalLM`` + ``pipeline("text-generation")`` use directly.
 For every tokenizer type the exported tokenizer gives our ids and our text; bos/eos/pad are our
 EOD (not transformers' default 2); greedy generation equals tools/generate.py's."""
+
 import json
 import os
 
@@ -19,8 +20,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 transformers = pytest.importorskip("transformers")
 VOCAB = 720  # >= every tokenizer below (600/700 BPE/SPM, 257 ByteLevel, 512 CharLevel, 501 HFGPT2)
-EXTRA = ["x <|endoftext|> y", "  double  spaces  ", "\n\nleading newlines", "mixed 日本 and ascii", " ", "\n",
-         "  x  \n  y", "ＡＢＣ full width ①"]
+EXTRA = [
+    "x <|endoftext|> y",
+    "  double  spaces  ",
+    "\n\nleading newlines",
+    "mixed 日本 and ascii",
+    " ",
+    "\n",
+    "  x  \n  y",
+    "ＡＢＣ full width ①",
+]
 
 
 def _gpt2_files(directory, corpus_texts):
@@ -29,8 +38,12 @@ def _gpt2_files(directory, corpus_texts):
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=500,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus_texts, trainer)
     vocab, merges = tok.model.save(str(directory))
     assert os.path.basename(vocab) == "vocab.json" and os.path.basename(merges) == "merges.txt"
@@ -48,17 +61,45 @@ def setup(tmp_path_factory):
     files["bpe"] = str(tmp / "bpe.json")
     files["spm"] = str(tmp / "spm.model")
     files["spm_bpe"] = str(tmp / "spm_bpe.model")
-    assert train_tokenizer.main(["--input", corpus, "--model-type", "bpe", "--vocab-size", "600",
-                                 "--output", files["bpe"]]) == 0
-    assert train_tokenizer.main(["--input", corpus, "--model-type", "sentencepiece", "--vocab-size", "600",
-                                 "--output", files["spm"]]) == 0
-    assert train_tokenizer.main(["--input", corpus, "--model-type", "sentencepiece", "--spm-model-type", "bpe",
-                                 "--vocab-size", "600", "--output", files["spm_bpe"]]) == 0
+    assert (
+        train_tokenizer.main(
+            ["--input", corpus, "--model-type", "bpe", "--vocab-size", "600", "--output", files["bpe"]]
+        )
+        == 0
+    )
+    assert (
+        train_tokenizer.main(
+            ["--input", corpus, "--model-type", "sentencepiece", "--vocab-size", "600", "--output", files["spm"]]
+        )
+        == 0
+    )
+    assert (
+        train_tokenizer.main(
+            [
+                "--input",
+                corpus,
+                "--model-type",
+                "sentencepiece",
+                "--spm-model-type",
+                "bpe",
+                "--vocab-size",
+                "600",
+                "--output",
+                files["spm_bpe"],
+            ]
+        )
+        == 0
+    )
     files["vocab"], files["merges"] = _gpt2_files(tmp, texts)
     import sentencepiece as spm  # sentencepiece's defaults (Llama-like): nmt_nfkc, dummy prefix, no byte fallback
 
-    spm.SentencePieceTrainer.train(sentence_iterator=iter([t[:4000] for t in texts]), model_prefix=str(tmp / "spm_def"),
-                                   vocab_size=700, minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([t[:4000] for t in texts]),
+        model_prefix=str(tmp / "spm_def"),
+        vocab_size=700,
+        minloglevel=2,
+        num_threads=1,
+    )
     files["spm_default"] = str(tmp / "spm_def.model")
     cfg = small_config(tmp, **{"train.train_iters": 2})
     cfg.model.vocab_size = VOCAB
@@ -90,8 +131,7 @@ def _export(setup, tmp_path, kind):
     if mkey:
         args += ["--merge-file", files[mkey]]
     assert convert_to_hf.main(args) == 0
-    ours = build_tokenizer(ttype, files.get(vkey), VOCAB if ttype == "CharLevelTokenizer" else None,
-                           files.get(mkey))
+    ours = build_tokenizer(ttype, files.get(vkey), VOCAB if ttype == "CharLevelTokenizer" else None, files.get(mkey))
     return str(out), ours
 
 
@@ -125,18 +165,26 @@ def test_pipeline_generates_like_tools_generate(setup, tmp_path, capsys):
     out = tmp_path / "hf"
     assert convert_to_hf.main(["--checkpoint", str(tmp / "ck"), "--output", str(out)]) == 0
     names = sorted(os.listdir(out))
-    assert names == ["config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
-                     "tokenizer.json", "tokenizer_config.json"]
+    assert names == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     prompt, n = "def f(x):", 7  # 16 tokens in all: within seq_length, where generate.py slides its window
     capsys.readouterr()
-    assert generate.main(["--checkpoint", str(tmp / "ck"), "--prompt", prompt, "--max-new-tokens", str(n),
-                          "--greedy"]) == 0
+    assert (
+        generate.main(["--checkpoint", str(tmp / "ck"), "--prompt", prompt, "--max-new-tokens", str(n), "--greedy"])
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     want_ids = [int(x) for x in lines[0].split()[1:]]
     assert len(want_ids) == n
     eod = 256
     if eod in want_ids:  # HF stops at eos (our EOD): compare up to it
-        want_ids = want_ids[:want_ids.index(eod) + 1]
+        want_ids = want_ids[: want_ids.index(eod) + 1]
     byte_level = build_tokenizer("ByteLevel")
     tok = transformers.AutoTokenizer.from_pretrained(str(out))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out)).eval()
@@ -144,7 +192,7 @@ def test_pipeline_generates_like_tools_generate(setup, tmp_path, capsys):
     assert ids[0].tolist() == byte_level.tokenize(prompt)
     with torch.no_grad():
         got = model.generate(ids, max_new_tokens=n, do_sample=False)
-    assert got[0, ids.shape[1]:].tolist() == want_ids
+    assert got[0, ids.shape[1] :].tolist() == want_ids
     pipe = transformers.pipeline("text-generation", model=str(out), device="cpu")
     res = pipe(prompt, max_new_tokens=n, do_sample=False, return_full_text=False)
     # the pipeline decodes without special tokens (our EOD)
@@ -175,23 +223,54 @@ def test_tokenizer_problems(setup, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("warning: no tokenizer written") and "tok.json" in err[0]
     assert sorted(os.listdir(out / "a")) == ["config.json", "model.safetensors"]
     # the override fixes it
-    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "b"), "--vocab-file",
-                               files["bpe"]]) == 0
+    assert (
+        convert_to_hf.main(
+            ["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "b"), "--vocab-file", files["bpe"]]
+        )
+        == 0
+    )
     hf = transformers.AutoTokenizer.from_pretrained(str(out / "b"))
     assert hf("return the string")["input_ids"] == build_tokenizer("HFTokenizer", files["bpe"]).tokenize(
-        "return the string")
+        "return the string"
+    )
     # a tokenizer larger than the model's vocabulary
     big = str(tmp_path / "big.json")
-    assert train_tokenizer.main(["--input", write_jsonl(str(tmp_path / "c.jsonl"), [{"text": t} for t in
-                                 files["corpus_texts"]]), "--model-type", "bpe", "--vocab-size", "800",
-                                 "--output", big]) == 0
+    assert (
+        train_tokenizer.main(
+            [
+                "--input",
+                write_jsonl(str(tmp_path / "c.jsonl"), [{"text": t} for t in files["corpus_texts"]]),
+                "--model-type",
+                "bpe",
+                "--vocab-size",
+                "800",
+                "--output",
+                big,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "c"), "--vocab-file",
-                               big]) == 2
+    assert (
+        convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "c"), "--vocab-file", big]) == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "800 ids, more than the model's 720" in err[0]
-    assert convert_to_hf.main(["--checkpoint", str(tmp_path / "ck"), "--output", str(out / "d"),
-                               "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", files["vocab"]]) == 2
+    assert (
+        convert_to_hf.main(
+            [
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--output",
+                str(out / "d"),
+                "--tokenizer-type",
+                "GPT2BPETokenizer",
+                "--vocab-file",
+                files["vocab"],
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: tokenizer:") and "merge_file" in err[0]
     assert sorted(os.listdir(out)) == ["a", "b"]

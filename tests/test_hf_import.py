@@ -1,6 +1,7 @@
 """Continue training from a HuggingFace GPT-NeoX folder (finetune_from / load of an HF folder):
 the architecture comes from its config.json, the weights go into the sharded engine unit by unit,
 step 0 and a fresh optimizer; the engine's step-0 logits equal the HF model's."""
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,17 @@ from megatron_topo.config import ConfigError, load_config
 
 from .dist_utils import run_distributed
 
-HF_KW = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-             rotary_pct=0.25, max_position_embeddings=64, use_parallel_residual=True, tie_word_embeddings=False)
+HF_KW = dict(
+    vocab_size=96,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    rotary_pct=0.25,
+    max_position_embeddings=64,
+    use_parallel_residual=True,
+    tie_word_embeddings=False,
+)
 
 
 def make_hf(path, safe=True, **kw):
@@ -33,17 +43,23 @@ def make_hf(path, safe=True, **kw):
 
 def write_cfg(tmp, hf_dir, preset, extra=""):
     p = tmp / f"ft_{preset}.yml"
-    p.write_text(f"finetune_from: {hf_dir}\nseq_length: 16\ntrain_micro_batch_size_per_gpu: 2\ntrain_iters: 2\n"
-                 f"precision: fp32\noptimizer: {{params: {{lr: 1.0e-3, eps: 1.0e-4}}}}\n"
-                 f"log_dir: {tmp / ('run_' + preset)}\nlog_interval: 1\neval_interval: 0\nprogress_bar: false\n"
-                 f"zero_topo: {{preset: {preset}, weight_bits: 16, secondary_bits: 16, grad_bits: 16}}\n" + extra)
+    p.write_text(
+        f"finetune_from: {hf_dir}\nseq_length: 16\ntrain_micro_batch_size_per_gpu: 2\ntrain_iters: 2\n"
+        f"precision: fp32\noptimizer: {{params: {{lr: 1.0e-3, eps: 1.0e-4}}}}\n"
+        f"log_dir: {tmp / ('run_' + preset)}\nlog_interval: 1\neval_interval: 0\nprogress_bar: false\n"
+        f"zero_topo: {{preset: {preset}, weight_bits: 16, secondary_bits: 16, grad_bits: 16}}\n" + extra
+    )
     return str(p)
 
 
 def fresh_optimizer(tr) -> bool:
     opt = tr.engine.optimizer
-    return all(float(opt.opt.state[p]["step"]) == 0 and not opt.opt.state[p]["exp_avg"].any()
-               and not opt.opt.state[p]["exp_avg_sq"].any() for p in opt.params)
+    return all(
+        float(opt.opt.state[p]["step"]) == 0
+        and not opt.opt.state[p]["exp_avg"].any()
+        and not opt.opt.state[p]["exp_avg_sq"].any()
+        for p in opt.params
+    )
 
 
 def IDS(vocab):
@@ -73,8 +89,14 @@ def _check(hf, results, preset):
     for logits, step, loss, got_preset, model in results:
         torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)
         assert step == 2 and loss == loss and got_preset == preset
-        assert (model.num_layers, model.hidden_size, model.vocab_size, model.rotary_pct, model.gpt_j_residual,
-                model.no_weight_tying) == (2, 32, 96, 0.25, True, True)  # taken from the HF config
+        assert (
+            model.num_layers,
+            model.hidden_size,
+            model.vocab_size,
+            model.rotary_pct,
+            model.gpt_j_residual,
+            model.no_weight_tying,
+        ) == (2, 32, 96, 0.25, True, True)  # taken from the HF config
 
 
 def test_hf_folder_continues_under_topo_on_4_ranks(tmp_path):
@@ -131,7 +153,11 @@ def test_finetune_from_our_checkpoint_is_weights_only_at_step_0(tmp_path):
     for finetune, step in ((True, 0), (False, 3)):  # finetune: step 0; no_load_optim alone keeps the step
         cfg2 = small_config(tmp_path, **{"train.train_iters": 5})
         cfg2.logging.log_dir = str(tmp_path / f"run{finetune}")
-        cfg2.checkpoint.load, cfg2.checkpoint.finetune, cfg2.checkpoint.no_load_optim = str(tmp_path / "ck"), finetune, True
+        cfg2.checkpoint.load, cfg2.checkpoint.finetune, cfg2.checkpoint.no_load_optim = (
+            str(tmp_path / "ck"),
+            finetune,
+            True,
+        )
         tr = Trainer(cfg2, rt, datasets=datasets(cfg2))
         assert tr.state.step == step
         assert fresh_optimizer(tr)

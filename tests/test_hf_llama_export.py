@@ -4,6 +4,7 @@ LlamaForCausalLM / MistralForCausalLM with our logits, and the folder imported b
 gives them again; the rotary settings are written under the legacy key names transformers 4.x
 reads (rotary_pct / rotary_emb_base for GPT-NeoX, rope_theta for Llama) and the 5.x ones, in
 agreement, so either set alone builds the same model."""
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,23 @@ from .train_utils import datasets, local_runtime, small_config
 
 transformers = pytest.importorskip("transformers")
 
-LLAMA = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=96, norm="rmsnorm",
-             use_bias_in_norms=False, activation="swiglu", num_kv_heads=2, rms_norm_epsilon=1e-5,
-             use_bias_in_attn_linear=False, use_bias_in_mlp=True, no_weight_tying=True, rotary_emb_base=50000,
-             intermediate_size=96)  # GPT-NeoX's swiglu sizing: inner width int(96 * 2/3) // 2 = 32
+LLAMA = dict(
+    num_layers=2,
+    hidden_size=32,
+    num_attention_heads=4,
+    seq_length=16,
+    vocab_size=96,
+    norm="rmsnorm",
+    use_bias_in_norms=False,
+    activation="swiglu",
+    num_kv_heads=2,
+    rms_norm_epsilon=1e-5,
+    use_bias_in_attn_linear=False,
+    use_bias_in_mlp=True,
+    no_weight_tying=True,
+    rotary_emb_base=50000,
+    intermediate_size=96,
+)  # GPT-NeoX's swiglu sizing: inner width int(96 * 2/3) // 2 = 32
 # the 5.x names: dropping them leaves what transformers 4.38 / 4.57 read (they do not know these)
 V5_KEYS = ("rope_parameters", "partial_rotary_factor")
 
@@ -97,8 +111,17 @@ def test_gpt_neox_config_json_has_the_legacy_rotary_keys(tmp_path):
     """rotary_pct 1.0 is not transformers 4.x's default (0.25): without rotary_pct in config.json
     4.38 / 4.57 build another model (logits off by up to 0.24 in the issue). Read with the 4.x
     names only, the export gives our logits."""
-    m = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=96,
-                    rotary_pct=1.0, rotary_emb_base=20000, gpt_j_residual=False, no_weight_tying=True)
+    m = ModelConfig(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        seq_length=16,
+        vocab_size=96,
+        rotary_pct=1.0,
+        rotary_emb_base=20000,
+        gpt_j_residual=False,
+        no_weight_tying=True,
+    )
     tr = _train(tmp_path, m)
     want = _ours(tr, 96)
     out = tmp_path / "hf"

@@ -1,6 +1,7 @@
 """Files changed under a run or a save (issue 14): data rewritten in place at the same size and
 mtime, a resume under another plan, and a full disk during a save, which keeps the previous
 checkpoint."""
+
 import errno
 import os
 import subprocess
@@ -60,8 +61,22 @@ def test_resume_under_another_plan_is_not_an_error(world, tmp_path, monkeypatch)
     """Plan and world size may change on resume (resharding); only the architecture may not."""
     d = scratch(world, tmp_path, monkeypatch)
     before = snapshot(d / "ck", skip=("cache",))
-    assert train_cli.main(LOAD + ["--set", "zero_topo.preset=zero1", "--set", "train_iters=3",
-                                  "--set", "hidden_dropout=0.1", "--set", "seq_length=8"]) == 0
+    assert (
+        train_cli.main(
+            LOAD
+            + [
+                "--set",
+                "zero_topo.preset=zero1",
+                "--set",
+                "train_iters=3",
+                "--set",
+                "hidden_dropout=0.1",
+                "--set",
+                "seq_length=8",
+            ]
+        )
+        == 0
+    )
     assert snapshot(d / "ck", skip=("cache",)) == before
 
 
@@ -79,8 +94,10 @@ def _fill_disk_on(step_to_fail, monkeypatch, how):
         seen["step"] = obj.get("step") if isinstance(obj, dict) else None
         if how == "rank" and seen["step"] == step_to_fail:
             f.write(b"PK\x03\x04" + b"\0" * 4096)  # the part that fit
-            raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing "
-                               "file data/3: file write failed")
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing "
+                "file data/3: file write failed"
+            )
         return real_save(obj, f, *a, **k)
 
     def write(path, data):
@@ -122,8 +139,19 @@ def test_full_disk_on_a_real_tiny_filesystem(world, tmp_path, monkeypatch, capfd
         scratch(world, tmp_path, monkeypatch)
         save = str(mnt / "ck")
         capfd.readouterr()
-        rc = train_cli.main(["cfg.yml", "--set", f"save={save}", "--set", "checkpoint_factor=1",
-                             "--set", "train_iters=3", "--set", "log_dir=log3"])
+        rc = train_cli.main(
+            [
+                "cfg.yml",
+                "--set",
+                f"save={save}",
+                "--set",
+                "checkpoint_factor=1",
+                "--set",
+                "train_iters=3",
+                "--set",
+                "log_dir=log3",
+            ]
+        )
         line = one_error_line(capfd)
         assert rc == 2 and "saving step 2" in line and "previous checkpoint (global_step1) is intact" in line, line
         assert sorted(os.listdir(save)) == ["global_step1", "latest"]

@@ -4,6 +4,7 @@ the one recorded at its build. Two users are simulated with a folder of another 
 chown it to nobody) or of a mode others can write, each holding a planted library under the name
 the build would look for (and a record that matches it); loading it would create a marker file.
 Each check runs in a fresh interpreter (the library is process-global once loaded)."""
+
 import os
 import shutil
 import subprocess
@@ -15,8 +16,9 @@ from megatron_topo.zero_topo.kernels import cpu_fast as CF
 
 from .kernel_cases import ROOT
 
-pytestmark = pytest.mark.skipif(not any(shutil.which(c) for c in ("cc", "gcc", "clang")),
-                                reason="no C compiler on this machine")
+pytestmark = pytest.mark.skipif(
+    not any(shutil.which(c) for c in ("cc", "gcc", "clang")), reason="no C compiler on this machine"
+)
 
 PLANT_C = r"""
 #include <stdio.h>
@@ -29,9 +31,11 @@ __attribute__((constructor)) static void planted(void) {
 int mt_abi_version(void) { return 1; }
 """
 
-PROBE = ("from megatron_topo.zero_topo.kernels import cpu_fast as CF\n"
-         "ok = CF.available()\n"
-         "print('available' if ok else 'unavailable', CF.library_path() if ok else CF.unavailable_reason())\n")
+PROBE = (
+    "from megatron_topo.zero_topo.kernels import cpu_fast as CF\n"
+    "ok = CF.available()\n"
+    "print('available' if ok else 'unavailable', CF.library_path() if ok else CF.unavailable_reason())\n"
+)
 
 
 def _run(env_extra, tmp_path):

@@ -3,6 +3,7 @@ folders of killed tools cleaned, and worker pools that die with their parent.
 
 A crash is a real one where it matters (``os._exit`` in a child process at the chosen point, or
 SIGKILL): nothing in the dying process gets to clean up."""
+
 import os
 import signal
 import subprocess
@@ -41,8 +42,9 @@ def _same(got, want):
 
 def _run_child(code, timeout=60):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 CRASH_AT_RENAME = """
@@ -79,8 +81,9 @@ def test_dataset_pair_killed_during_its_replacement_is_never_mixed(at, tmp_path)
 def test_dataset_pair_killed_before_the_switch_keeps_the_previous_one(tmp_path):
     prefix = tmp_path / "ds"
     _write(prefix, 1)
-    code = CRASH_AT_RENAME.replace("pair_commit.os.replace = replace",
-                                   "pair_commit.write_text = lambda *a, **k: os._exit(9)")
+    code = CRASH_AT_RENAME.replace(
+        "pair_commit.os.replace = replace", "pair_commit.write_text = lambda *a, **k: os._exit(9)"
+    )
     r = _run_child(code.format(root=ROOT, at=0, prefix=str(prefix)))
     assert r.returncode == 9, r.stderr[-2000:]
     assert not os.path.exists(journal_path(str(prefix)))
@@ -101,6 +104,7 @@ def test_dataset_pair_error_between_renames_does_not_discard_the_journalled_file
         if n[0] == 2:
             raise OSError(5, "Input/output error")
         return real(a, b)
+
     monkeypatch.setattr(pair_commit.os, "replace", replace)
     with pytest.raises(OSError):
         _write(prefix, 2)
@@ -156,9 +160,11 @@ def test_convert_force_killed_while_replacing_never_loses_the_output(how, world,
     if how == "exchange":  # killed after the atomic swap, before the old copy is removed
         patch = "H.shutil.rmtree = lambda p, **k: os._exit(9) if os.path.exists(p) else None"
     else:  # no renameat2: killed between moving the old output aside and moving the new one in
-        patch = ("H._exchange = lambda a, b: False\nreal = os.replace\nn = [0]\n"
-                 "def rep(a, b):\n    n[0] += 1\n    if n[0] == 2: os._exit(9)\n    return real(a, b)\n"
-                 "H.os.replace = rep")
+        patch = (
+            "H._exchange = lambda a, b: False\nreal = os.replace\nn = [0]\n"
+            "def rep(a, b):\n    n[0] += 1\n    if n[0] == 2: os._exit(9)\n    return real(a, b)\n"
+            "H.os.replace = rep"
+        )
     r = _run_child(CONVERT_CRASH.format(root=ROOT, cwd=str(d), patch=patch))
     assert r.returncode == 9, r.stderr[-2000:]
     hidden = [n for n in os.listdir(d) if n.startswith(".hf.tmp.")]
@@ -228,9 +234,14 @@ def test_killed_preprocess_takes_its_workers_with_it(tmp_path):
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"text": "hello"}\n')
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    p = subprocess.Popen([sys.executable, "-c", PREPROCESS_BLOCKED.format(root=ROOT, inp=str(inp),
-                                                                         out=str(tmp_path / "out"))],
-                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", PREPROCESS_BLOCKED.format(root=ROOT, inp=str(inp), out=str(tmp_path / "out"))],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     workers = []
     try:
         assert p.stdout.readline().strip() == "READY", p.stderr.read()[-2000:] if p.poll() is not None else ""

@@ -8,6 +8,7 @@ did not create (a user's file, an input, a FIFO, a link, a folder that is not an
 checkpoint step); FIFOs and devices among inputs; sizes that never end (tokens to generate,
 workers, vocabulary, model dimensions); launcher variables that contradict each other; meta.json
 and HF fields still used unvalidated; tools that skipped without a word (docs/reliability.md §7b)."""
+
 import json
 import os
 import time
@@ -15,8 +16,24 @@ import time
 import pytest
 
 from .cli_cases import ROOT, call, one_error_line, scratch
-from .test_hostile_inputs_r3 import (C, G, GEN, H, PM, S, STEP, T, _delete, _fifo, _hf_config, _link, _meta, _set,
-                                     _write, snap, world)  # noqa: F401
+from .test_hostile_inputs_r3 import (
+    GEN,
+    PM,
+    STEP,
+    C,
+    G,
+    H,
+    S,
+    T,
+    _delete,
+    _fifo,
+    _hf_config,
+    _link,
+    _meta,
+    _set,
+    _write,
+    snap,
+)  # noqa: F401
 from .tool_loader import load_tool
 
 PP = load_tool("preprocess_data").main
@@ -35,132 +52,422 @@ def _both(*fs):
     def f(d):
         for g in fs:
             g(d)
+
     return f
 
 
 def _metrics(d):
     (d / "log").mkdir(exist_ok=True)
-    (d / "log" / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "loss": 4.0 / i}) + "\n" for i in (1, 2, 3)))
+    (d / "log" / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": i, "loss": 4.0 / i}) + "\n" for i in (1, 2, 3))
+    )
 
 
 def _st_dtype(dtype):
     """hf/model.safetensors with its first tensor's dtype changed in the header (same bytes)."""
+
     def f(d):
         import struct
 
         p = d / "hf" / "model.safetensors"
         raw = p.read_bytes()
         n = struct.unpack("<Q", raw[:8])[0]
-        hdr = json.loads(raw[8:8 + n])
+        hdr = json.loads(raw[8 : 8 + n])
         hdr[min(k for k in hdr if k != "__metadata__")]["dtype"] = dtype
         h = json.dumps(hdr).encode()
         h += b" " * (-len(h) % 8)
-        p.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+        p.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n :])
+
     return f
+
 
 # (id, entry point, argv, mutation, exit code, text the one stderr line contains)
 CASES = [
     # ---- evaluation asked for (eval_interval > 0) must run: batches and a validation split with data
-    ("eval-iters-zero", T, S("eval_interval=1", "eval_iters=0", "split=90,10,0"), None, 2,
-     "eval_iters is 0 but eval_interval 1 evaluates every 1 steps on 0 batches"),
-    ("eval-iters-zero-default-interval", T, S("eval_interval=100", "train_iters=100", "eval_iters=0", "split=9,1"), None, 2,
-     "set eval_iters >= 1 (micro-batches per evaluation), or set eval_interval: 0 to turn evaluation off"),
-    ("eval-split-without-validation", T, S("eval_interval=1", "eval_iters=1"), None, 2,
-     "split '100,0,0' gives the validation split no share of data/toy, but eval_interval 1 evaluates on it"),
-    ("eval-split-two-parts", T, S("eval_interval=2", "eval_iters=1", "split=9,0"), None, 2,
-     "split '9,0' gives the validation split no share of data/toy"),
-    ("eval-split-rounds-to-zero-docs", T, S("eval_interval=1", "eval_iters=1", "split=999,1,0"), None, 2,
-     "data/toy: split '999,1,0' gives the validation split 0 of the 64 documents, but eval_interval 1 evaluates"),
-    ("eval-train-paths-without-valid", T, S("train_data_paths=[data/toy]", "data_path=null", "eval_interval=1",
-                                            "eval_iters=1"), None, 2,
-     "eval_interval 1 evaluates on valid_data_paths, which is not set"),
+    (
+        "eval-iters-zero",
+        T,
+        S("eval_interval=1", "eval_iters=0", "split=90,10,0"),
+        None,
+        2,
+        "eval_iters is 0 but eval_interval 1 evaluates every 1 steps on 0 batches",
+    ),
+    (
+        "eval-iters-zero-default-interval",
+        T,
+        S("eval_interval=100", "train_iters=100", "eval_iters=0", "split=9,1"),
+        None,
+        2,
+        "set eval_iters >= 1 (micro-batches per evaluation), or set eval_interval: 0 to turn evaluation off",
+    ),
+    (
+        "eval-split-without-validation",
+        T,
+        S("eval_interval=1", "eval_iters=1"),
+        None,
+        2,
+        "split '100,0,0' gives the validation split no share of data/toy, but eval_interval 1 evaluates on it",
+    ),
+    (
+        "eval-split-two-parts",
+        T,
+        S("eval_interval=2", "eval_iters=1", "split=9,0"),
+        None,
+        2,
+        "split '9,0' gives the validation split no share of data/toy",
+    ),
+    (
+        "eval-split-rounds-to-zero-docs",
+        T,
+        S("eval_interval=1", "eval_iters=1", "split=999,1,0"),
+        None,
+        2,
+        "data/toy: split '999,1,0' gives the validation split 0 of the 64 documents, but eval_interval 1 evaluates",
+    ),
+    (
+        "eval-train-paths-without-valid",
+        T,
+        S("train_data_paths=[data/toy]", "data_path=null", "eval_interval=1", "eval_iters=1"),
+        None,
+        2,
+        "eval_interval 1 evaluates on valid_data_paths, which is not set",
+    ),
     ("eval-interval-negative", T, S("eval_interval=-1"), None, 2, "eval_interval must be >= 0, got -1"),
-    ("eval-iters-negative", T, S("eval_interval=1", "eval_iters=-2", "split=90,10,0"), None, 2,
-     "eval_iters must be >= 0, got -2"),
+    (
+        "eval-iters-negative",
+        T,
+        S("eval_interval=1", "eval_iters=-2", "split=90,10,0"),
+        None,
+        2,
+        "eval_iters must be >= 0, got -2",
+    ),
     # ---- the offline tools refuse a checkpoint without file records, naming their own flag
-    ("unverified-convert-refused", H, CONV, NO_RECORDS, 2,
-     "no size and SHA-256 recorded for rank_00000.pt, so its bytes cannot be verified; refusing to load it "
-     "(pass --load-unverified to load it anyway)"),
+    (
+        "unverified-convert-refused",
+        H,
+        CONV,
+        NO_RECORDS,
+        2,
+        "no size and SHA-256 recorded for rank_00000.pt, so its bytes cannot be verified; refusing to load it "
+        "(pass --load-unverified to load it anyway)",
+    ),
     ("unverified-consolidate-refused", C, CONS_ARGS, NO_RECORDS, 2, "(pass --load-unverified to load it anyway)"),
     ("unverified-generate-refused", G, GEN, NO_RECORDS, 2, "(pass --load-unverified to load it anyway)"),
     # ---- every tool's outputs: never over a file the run did not create
-    ("plot-out-over-a-config", PM, ["log", "--out", "cfg.yml"], _metrics, 2, "--out cfg.yml: the output must be a .png"),
-    ("plot-out-over-a-users-png", PM, ["log", "--out", "mine.png"], _both(_metrics, _write("mine.png", b"\x89PNG\r\n\x1a\nx")), 2,
-     "--out mine.png already exists; pass --force to replace it"),
-    ("plot-out-force-over-not-a-png", PM, ["log", "--out", "f.png", "--force"], _both(_metrics, _write("f.png", "text")),
-     2, "--out f.png exists and is not a PNG image; it is not replaced, even with --force"),
-    ("plot-out-a-fifo", PM, ["log", "--out", "o.png"], _both(_metrics, _fifo("o.png")), 2, "--out o.png is a FIFO, not a file"),
-    ("plot-out-a-symlink", PM, ["log", "--out", "o.png", "--force"], _both(_metrics, _link("o.png", "cfg.yml")), 2,
-     "--out o.png is a symbolic link; it is not replaced"),
-    ("plot-out-in-a-checkpoint", PM, ["log", "--out", f"{STEP}/o.png"], _metrics, 2, "lies inside the checkpoint folder"),
-    ("tokenizer-out-is-its-input", TT, TOK + ["--output", "text/in.jsonl", "--force"], TEXT, 1,
-     "--output text/in.jsonl is an input of this run"),
-    ("tokenizer-out-over-a-users-file", TT, TOK + ["--output", "cfg.yml", "--force"], TEXT, 1,
-     "--output cfg.yml exists and is not a tokenizers JSON file; it is not replaced, even with --force"),
-    ("tokenizer-out-exists", TT, TOK + ["--output", "t.json"], _both(TEXT, _write("t.json", "{}")), 1,
-     "--output t.json already exists; pass --force to replace it"),
-    ("preprocess-out-exists", PP, PRE, _both(TEXT, _write("out/x_text_document.bin", b""), _write("out/x_text_document.idx",
-                                                                                                 b"MMIDIDX\x00\x00")), 1,
-     "--output-prefix out/x_text_document.bin already exists; pass --force to replace it"),
-    ("preprocess-out-over-not-a-dataset", PP, PRE + ["--force"], _both(TEXT, _write("out/x_text_document.bin", "mine")), 1,
-     "is not part of a dataset (no dataset index out/x_text_document.idx beside it)"),
-    ("preprocess-out-is-its-input", PP, ["--input", "text/x_text_document.bin"] + PRE[2:3] + ["text/x"] + PRE[4:] + ["--force"],
-     _write("text/x_text_document.bin", "some text"), 1, "is an input of this run"),
-    ("preprocess-out-in-a-checkpoint", PP, PRE[:3] + [f"{STEP}/x"] + PRE[4:], TEXT, 1, "lies inside the checkpoint folder"),
-    ("consolidate-out-not-pt-or-safetensors", C, ["--checkpoint", "ck", "--output", "cfg.yml", "--force"], None, 2,
-     "give FILE.pt or FILE.safetensors"),
-    ("consolidate-force-over-a-foreign-pt", C, ["--checkpoint", "ck", "--output", "x.pt", "--force"], _write("x.pt", "mine"),
-     2, "--output x.pt exists and is not a torch archive; it is not replaced, even with --force"),
-    ("consolidate-force-over-an-hf-export", C, ["--checkpoint", "ck", "--output", "hf/model.safetensors", "--force"], None, 2,
-     "is not a safetensors file written by consolidation"),
+    (
+        "plot-out-over-a-config",
+        PM,
+        ["log", "--out", "cfg.yml"],
+        _metrics,
+        2,
+        "--out cfg.yml: the output must be a .png",
+    ),
+    (
+        "plot-out-over-a-users-png",
+        PM,
+        ["log", "--out", "mine.png"],
+        _both(_metrics, _write("mine.png", b"\x89PNG\r\n\x1a\nx")),
+        2,
+        "--out mine.png already exists; pass --force to replace it",
+    ),
+    (
+        "plot-out-force-over-not-a-png",
+        PM,
+        ["log", "--out", "f.png", "--force"],
+        _both(_metrics, _write("f.png", "text")),
+        2,
+        "--out f.png exists and is not a PNG image; it is not replaced, even with --force",
+    ),
+    (
+        "plot-out-a-fifo",
+        PM,
+        ["log", "--out", "o.png"],
+        _both(_metrics, _fifo("o.png")),
+        2,
+        "--out o.png is a FIFO, not a file",
+    ),
+    (
+        "plot-out-a-symlink",
+        PM,
+        ["log", "--out", "o.png", "--force"],
+        _both(_metrics, _link("o.png", "cfg.yml")),
+        2,
+        "--out o.png is a symbolic link; it is not replaced",
+    ),
+    (
+        "plot-out-in-a-checkpoint",
+        PM,
+        ["log", "--out", f"{STEP}/o.png"],
+        _metrics,
+        2,
+        "lies inside the checkpoint folder",
+    ),
+    (
+        "tokenizer-out-is-its-input",
+        TT,
+        TOK + ["--output", "text/in.jsonl", "--force"],
+        TEXT,
+        1,
+        "--output text/in.jsonl is an input of this run",
+    ),
+    (
+        "tokenizer-out-over-a-users-file",
+        TT,
+        TOK + ["--output", "cfg.yml", "--force"],
+        TEXT,
+        1,
+        "--output cfg.yml exists and is not a tokenizers JSON file; it is not replaced, even with --force",
+    ),
+    (
+        "tokenizer-out-exists",
+        TT,
+        TOK + ["--output", "t.json"],
+        _both(TEXT, _write("t.json", "{}")),
+        1,
+        "--output t.json already exists; pass --force to replace it",
+    ),
+    (
+        "preprocess-out-exists",
+        PP,
+        PRE,
+        _both(TEXT, _write("out/x_text_document.bin", b""), _write("out/x_text_document.idx", b"MMIDIDX\x00\x00")),
+        1,
+        "--output-prefix out/x_text_document.bin already exists; pass --force to replace it",
+    ),
+    (
+        "preprocess-out-over-not-a-dataset",
+        PP,
+        PRE + ["--force"],
+        _both(TEXT, _write("out/x_text_document.bin", "mine")),
+        1,
+        "is not part of a dataset (no dataset index out/x_text_document.idx beside it)",
+    ),
+    (
+        "preprocess-out-is-its-input",
+        PP,
+        ["--input", "text/x_text_document.bin"] + PRE[2:3] + ["text/x"] + PRE[4:] + ["--force"],
+        _write("text/x_text_document.bin", "some text"),
+        1,
+        "is an input of this run",
+    ),
+    (
+        "preprocess-out-in-a-checkpoint",
+        PP,
+        PRE[:3] + [f"{STEP}/x"] + PRE[4:],
+        TEXT,
+        1,
+        "lies inside the checkpoint folder",
+    ),
+    (
+        "consolidate-out-not-pt-or-safetensors",
+        C,
+        ["--checkpoint", "ck", "--output", "cfg.yml", "--force"],
+        None,
+        2,
+        "give FILE.pt or FILE.safetensors",
+    ),
+    (
+        "consolidate-force-over-a-foreign-pt",
+        C,
+        ["--checkpoint", "ck", "--output", "x.pt", "--force"],
+        _write("x.pt", "mine"),
+        2,
+        "--output x.pt exists and is not a torch archive; it is not replaced, even with --force",
+    ),
+    (
+        "consolidate-force-over-an-hf-export",
+        C,
+        ["--checkpoint", "ck", "--output", "hf/model.safetensors", "--force"],
+        None,
+        2,
+        "is not a safetensors file written by consolidation",
+    ),
     ("consolidate-out-a-symlink", C, CONS_ARGS + ["--force"], _link("o.pt", "cfg.yml"), 2, "is a symbolic link"),
-    ("convert-force-over-a-data-folder", H, ["--checkpoint", "ck", "--output", "data", "--force"], None, 2,
-     "--output data holds 'other.bin' and 3 more, which no conversion writes; it is not replaced, even with --force"),
-    ("convert-force-over-an-export-with-notes", H, ["--checkpoint", "ck", "--output", "hf", "--force"],
-     _write("hf/NOTES.md", "mine"), 2, "--output hf holds 'NOTES.md', which no conversion writes"),
-    ("convert-out-a-symlink", H, ["--checkpoint", "ck", "--output", "h3", "--force"], _link("h3", "hf"), 2,
-     "--output h3 is a symbolic link; it is not replaced"),
-    ("train-metrics-a-fifo", T, S("log_dir=lg"), _both(lambda d: (d / "lg").mkdir(), _fifo("lg/metrics.jsonl")), 2,
-     "log_dir lg: metrics.jsonl is a FIFO, not a file; the run appends its records there"),
-    ("train-metrics-a-symlink", T, S("log_dir=lg"), _both(_write("notes.txt", "mine\n"), lambda d: (d / "lg").mkdir(), _link("lg/metrics.jsonl", "notes.txt")),
-     2, "log_dir lg: metrics.jsonl is a symbolic link"),
-    ("train-tensorboard-in-a-checkpoint", T, S(f"tensorboard_dir={STEP}/tb"), None, 2,
-     f"tensorboard_dir {STEP}/tb lies inside the checkpoint folder"),
+    (
+        "convert-force-over-a-data-folder",
+        H,
+        ["--checkpoint", "ck", "--output", "data", "--force"],
+        None,
+        2,
+        "--output data holds 'other.bin' and 3 more, which no conversion writes; it is not replaced, even with --force",
+    ),
+    (
+        "convert-force-over-an-export-with-notes",
+        H,
+        ["--checkpoint", "ck", "--output", "hf", "--force"],
+        _write("hf/NOTES.md", "mine"),
+        2,
+        "--output hf holds 'NOTES.md', which no conversion writes",
+    ),
+    (
+        "convert-out-a-symlink",
+        H,
+        ["--checkpoint", "ck", "--output", "h3", "--force"],
+        _link("h3", "hf"),
+        2,
+        "--output h3 is a symbolic link; it is not replaced",
+    ),
+    (
+        "train-metrics-a-fifo",
+        T,
+        S("log_dir=lg"),
+        _both(lambda d: (d / "lg").mkdir(), _fifo("lg/metrics.jsonl")),
+        2,
+        "log_dir lg: metrics.jsonl is a FIFO, not a file; the run appends its records there",
+    ),
+    (
+        "train-metrics-a-symlink",
+        T,
+        S("log_dir=lg"),
+        _both(_write("notes.txt", "mine\n"), lambda d: (d / "lg").mkdir(), _link("lg/metrics.jsonl", "notes.txt")),
+        2,
+        "log_dir lg: metrics.jsonl is a symbolic link",
+    ),
+    (
+        "train-tensorboard-in-a-checkpoint",
+        T,
+        S(f"tensorboard_dir={STEP}/tb"),
+        None,
+        2,
+        f"tensorboard_dir {STEP}/tb lies inside the checkpoint folder",
+    ),
     ("train-data-cache-in-a-checkpoint", T, S(f"data_cache_dir={STEP}/c"), None, 2, "data_cache_dir"),
     # ---- inputs that block or never end; sizes that make a run never end
-    ("preprocess-input-folder-with-a-fifo", PP, ["--input", "text"] + PRE[2:], _both(TEXT, _fifo("text/p.txt")), 1,
-     "text/p.txt is a FIFO, not a file"),
-    ("preprocess-input-a-fifo", PP, ["--input", "p.jsonl"] + PRE[2:], _fifo("p.jsonl"), 1, "p.jsonl is a FIFO, not a file"),
-    ("preprocess-input-a-device", PP, ["--input", "z.txt"] + PRE[2:], _link("z.txt", "/dev/zero"), 1, "z.txt is a device"),
-    ("gen-max-new-tokens-1e9", G, GEN[:4] + ["--max-new-tokens", "1000000000"], None, 2,
-     "--max-new-tokens 1000000000: must lie in [0, 1,048,576]"),
+    (
+        "preprocess-input-folder-with-a-fifo",
+        PP,
+        ["--input", "text"] + PRE[2:],
+        _both(TEXT, _fifo("text/p.txt")),
+        1,
+        "text/p.txt is a FIFO, not a file",
+    ),
+    (
+        "preprocess-input-a-fifo",
+        PP,
+        ["--input", "p.jsonl"] + PRE[2:],
+        _fifo("p.jsonl"),
+        1,
+        "p.jsonl is a FIFO, not a file",
+    ),
+    (
+        "preprocess-input-a-device",
+        PP,
+        ["--input", "z.txt"] + PRE[2:],
+        _link("z.txt", "/dev/zero"),
+        1,
+        "z.txt is a device",
+    ),
+    (
+        "gen-max-new-tokens-1e9",
+        G,
+        GEN[:4] + ["--max-new-tokens", "1000000000"],
+        None,
+        2,
+        "--max-new-tokens 1000000000: must lie in [0, 1,048,576]",
+    ),
     ("preprocess-workers-1e5", PP, PRE + ["--workers", "100000"], TEXT, 1, "--workers 100000: must lie in [1,"),
-    ("preprocess-char-vocab-zero", PP, PRE + ["--vocab-size", "0"], TEXT, 1, "--vocab-size 0: must lie in [1, 2,147,483,648]"),
-    ("preprocess-char-vocab-1e13", PP, PRE + ["--vocab-size", "10000000000000"], TEXT, 1, "--vocab-size 10000000000000"),
-    ("tokenizer-vocab-1e12", TT, TOK[:-1] + ["1000000000000", "--output", "t.json"], TEXT, 1, "must lie in [259, 16,777,216]"),
-    ("tokenizer-min-frequency-negative", TT, TOK + ["--min-frequency", "-1", "--output", "t.json"], TEXT, 1,
-     "--min-frequency -1: must be >= 0"),
+    (
+        "preprocess-char-vocab-zero",
+        PP,
+        PRE + ["--vocab-size", "0"],
+        TEXT,
+        1,
+        "--vocab-size 0: must lie in [1, 2,147,483,648]",
+    ),
+    (
+        "preprocess-char-vocab-1e13",
+        PP,
+        PRE + ["--vocab-size", "10000000000000"],
+        TEXT,
+        1,
+        "--vocab-size 10000000000000",
+    ),
+    (
+        "tokenizer-vocab-1e12",
+        TT,
+        TOK[:-1] + ["1000000000000", "--output", "t.json"],
+        TEXT,
+        1,
+        "must lie in [259, 16,777,216]",
+    ),
+    (
+        "tokenizer-min-frequency-negative",
+        TT,
+        TOK + ["--min-frequency", "-1", "--output", "t.json"],
+        TEXT,
+        1,
+        "--min-frequency -1: must be >= 0",
+    ),
     ("train-layers-1e8", T, S("num_layers=100000000"), None, 2, "num_layers must lie in [1, 4096]"),
     ("train-hidden-1e9", T, S("hidden_size=1000000000"), None, 2, "hidden_size must lie in [1, 262144]"),
-    ("train-heads-32768", T, S("num_attention_heads=32768", "hidden_size=32768"), None, 2,
-     "num_attention_heads must lie in [1, 16384]"),
-    ("convert-max-shard-size-1e400", H, CONV + ["--max-shard-size", "1e400"], None, 2, "--max-shard-size: '1e400' is not a size"),
+    (
+        "train-heads-32768",
+        T,
+        S("num_attention_heads=32768", "hidden_size=32768"),
+        None,
+        2,
+        "num_attention_heads must lie in [1, 16384]",
+    ),
+    (
+        "convert-max-shard-size-1e400",
+        H,
+        CONV + ["--max-shard-size", "1e400"],
+        None,
+        2,
+        "--max-shard-size: '1e400' is not a size",
+    ),
     # ---- meta.json and HF fields still used unvalidated
-    ("meta-shard-holders-zero", C, CONS_ARGS, _meta(_set(["shard_holders"], 0)), 2, "shard_holders: must lie in [1, 1]"),
-    ("meta-global-batch-string", T, S("load=ck", "train_iters=3"), _meta(_set(["trainer", "global_batch"], "x")), 2,
-     "trainer.global_batch: expected an integer, got str 'x'"),
-    ("hf-single-weights-symlink-out", T, S("finetune_from=hf"), lambda d: (os.rename(d / "hf" / "model.safetensors", d / "m.st"),
-                                                                           _link("hf/model.safetensors", "m.st")(d)), 2,
-     "'model.safetensors' is a symbolic link out of hf"),
+    (
+        "meta-shard-holders-zero",
+        C,
+        CONS_ARGS,
+        _meta(_set(["shard_holders"], 0)),
+        2,
+        "shard_holders: must lie in [1, 1]",
+    ),
+    (
+        "meta-global-batch-string",
+        T,
+        S("load=ck", "train_iters=3"),
+        _meta(_set(["trainer", "global_batch"], "x")),
+        2,
+        "trainer.global_batch: expected an integer, got str 'x'",
+    ),
+    (
+        "hf-single-weights-symlink-out",
+        T,
+        S("finetune_from=hf"),
+        lambda d: (os.rename(d / "hf" / "model.safetensors", d / "m.st"), _link("hf/model.safetensors", "m.st")(d)),
+        2,
+        "'model.safetensors' is a symbolic link out of hf",
+    ),
     ("hf-weights-int32", T, S("finetune_from=hf"), _st_dtype("I32"), 2, "is torch.int32, not a floating-point tensor"),
     ("hf-weights-uint32", T, S("finetune_from=hf"), _st_dtype("U32"), 2, "not a floating-point tensor"),
-    ("hf-rope-scaling-old-type", T, S("finetune_from=hf"), _hf_config(_set(["rope_scaling"], {"type": "yarn", "factor": 2})),
-     2, "rope_type 'yarn' is not supported (plain rotary only)"),
+    (
+        "hf-rope-scaling-old-type",
+        T,
+        S("finetune_from=hf"),
+        _hf_config(_set(["rope_scaling"], {"type": "yarn", "factor": 2})),
+        2,
+        "rope_type 'yarn' is not supported (plain rotary only)",
+    ),
     # ---- tools that skipped without a word
-    ("plot-metrics-not-in-any-run", PM, ["log", "--out", "o.png", "--metrics", "nope"], _metrics, 2,
-     "--metrics: no run has 'nope' (the records' keys: loss)"),
-    ("plot-metrics-only-garbage", PM, ["g", "--out", "o.png"], _write("g/metrics.jsonl", "x\ny\n"), 2,
-     "g/metrics.jsonl: no records (no line of its 4 bytes is a record)"),
+    (
+        "plot-metrics-not-in-any-run",
+        PM,
+        ["log", "--out", "o.png", "--metrics", "nope"],
+        _metrics,
+        2,
+        "--metrics: no run has 'nope' (the records' keys: loss)",
+    ),
+    (
+        "plot-metrics-only-garbage",
+        PM,
+        ["g", "--out", "o.png"],
+        _write("g/metrics.jsonl", "x\ny\n"),
+        2,
+        "g/metrics.jsonl: no records (no line of its 4 bytes is a record)",
+    ),
 ]
 
 
@@ -196,12 +503,26 @@ def _plot_error_line(capfd):
 ENV = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29581"}
 ENV_CASES = [  # launcher variables that contradict each other: one line, before any rendezvous
     ("env-world-size-without-rank", {"WORLD_SIZE": "2", **ENV}, "WORLD_SIZE=2 but RANK is not set"),
-    ("env-local-rank-negative", {"LOCAL_RANK": "-3", "RANK": "0", "WORLD_SIZE": "1"}, "LOCAL_RANK=-3 is not a rank on this node"),
-    ("env-local-rank-beyond-the-node", {"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "1"},
-     "LOCAL_RANK=5 is not a rank on this node; valid: 0..1"),
-    ("env-local-world-size-zero", {"LOCAL_WORLD_SIZE": "0", "RANK": "0", "WORLD_SIZE": "1"}, "LOCAL_WORLD_SIZE=0; it must be >= 1"),
-    ("env-master-addr-unresolvable", {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no such host !!", "MASTER_PORT": "29581"},
-     "MASTER_ADDR='no such host !!' cannot be resolved"),
+    (
+        "env-local-rank-negative",
+        {"LOCAL_RANK": "-3", "RANK": "0", "WORLD_SIZE": "1"},
+        "LOCAL_RANK=-3 is not a rank on this node",
+    ),
+    (
+        "env-local-rank-beyond-the-node",
+        {"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "1"},
+        "LOCAL_RANK=5 is not a rank on this node; valid: 0..1",
+    ),
+    (
+        "env-local-world-size-zero",
+        {"LOCAL_WORLD_SIZE": "0", "RANK": "0", "WORLD_SIZE": "1"},
+        "LOCAL_WORLD_SIZE=0; it must be >= 1",
+    ),
+    (
+        "env-master-addr-unresolvable",
+        {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no such host !!", "MASTER_PORT": "29581"},
+        "MASTER_ADDR='no such host !!' cannot be resolved",
+    ),
 ]
 
 

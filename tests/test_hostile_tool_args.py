@@ -1,5 +1,6 @@
 """Every script in tools/ refuses an unknown option with one ``error:`` line and writes nothing
 (issue 14)."""
+
 import os
 
 import pytest

@@ -1,7 +1,9 @@
 """Block INT8/INT4 quantization: properties of the reference (the format definition)."""
+
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from megatron_topo.zero_topo.kernels import reference as R
 
@@ -14,7 +16,7 @@ def padded_fp32(x, block_size):
     flat = x.reshape(-1).float()
     nb = R.num_blocks(flat.numel(), block_size)
     out = torch.zeros(nb * block_size)
-    out[:flat.numel()] = flat
+    out[: flat.numel()] = flat
     return out.view(nb, block_size)
 
 
@@ -33,7 +35,7 @@ def check_roundtrip(x, bits, block_size):
     assert d.shape == (n,) and d.dtype == torch.float32
     # |x - deq| <= scale/2, up to the fp32 rounding of x/scale and of q*scale (~2**-17 relative)
     err = (xp.double() - padded_fp32(d, block_size).double()).abs()
-    bound = s.double()[:, None] * (0.5 + 2.0 ** -15)
+    bound = s.double()[:, None] * (0.5 + 2.0**-15)
     normal = s >= torch.finfo(torch.float32).tiny
     assert bool((err[normal] <= bound[normal]).all()), float((err - bound)[normal].max())
     for dt in (torch.bfloat16, torch.float16):
@@ -50,10 +52,15 @@ def test_roundtrip_sweep(bits, dtype, block_size):
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 40000), bits=st.sampled_from([8, 4]), dtype=st.sampled_from(DTYPES),
-       log_b=st.integers(6, 13), seed=st.integers(0, 2 ** 31))
+@given(
+    n=st.integers(0, 40000),
+    bits=st.sampled_from([8, 4]),
+    dtype=st.sampled_from(DTYPES),
+    log_b=st.integers(6, 13),
+    seed=st.integers(0, 2**31),
+)
 def test_roundtrip_hypothesis(n, bits, dtype, log_b, seed):
-    check_roundtrip(make_input(n, dtype, seed), bits, 2 ** log_b)
+    check_roundtrip(make_input(n, dtype, seed), bits, 2**log_b)
 
 
 def test_any_shape_and_strides_flatten():
@@ -114,7 +121,7 @@ def test_all_zero_blocks_exact(bits, dtype):
     q, s, d = check_roundtrip(x, bits, 64)
     for blk in (1, 4, 6):
         assert s[blk].item() == 0.0 and not torch.signbit(s[blk])
-        assert (d[blk * 64:(blk + 1) * 64].view(torch.int32) == 0).all()  # exact +0.0
+        assert (d[blk * 64 : (blk + 1) * 64].view(torch.int32) == 0).all()  # exact +0.0
     assert (s[[0, 2, 3, 5]] > 0).all()
 
 
@@ -126,7 +133,7 @@ def test_non_finite_propagates_as_nan_blocks(bits, dtype, bad):
     x = make_input(B * 5 + 7, dtype, 11)
     clean = x.clone()
     x[B + 3] = bad
-    x[4 * B + 1:4 * B + 9] = bad
+    x[4 * B + 1 : 4 * B + 9] = bad
     x[5 * B + 2] = bad  # ragged block
     q, s = R.quantize(x, bits, B)
     assert s[[1, 4, 5]].isnan().all() and not s[[0, 2, 3]].isnan().any()
@@ -134,14 +141,14 @@ def test_non_finite_propagates_as_nan_blocks(bits, dtype, bad):
     qr = q.view(-1, width)
     assert (qr[[1, 4, 5]] == 0).all()
     d = R.dequantize(q, s, bits, B, x.numel()).view(-1)
-    assert d[B:2 * B].isnan().all() and d[4 * B:].isnan().all()
+    assert d[B : 2 * B].isnan().all() and d[4 * B :].isnan().all()
     qc, sc = R.quantize(clean, bits, B)  # untouched blocks are unaffected
     for blk in (0, 2, 3):
         assert torch.equal(qr[blk], qc.view(-1, width)[blk]) and s[blk] == sc[blk]
     # NaN survives the fused reduction and the requantization
     qs, ss = torch.stack([q, qc]), torch.stack([s, sc])
     tot = R.dequantize_sum(qs, ss, bits, B, x.numel())
-    assert tot[B:2 * B].isnan().all() and not tot[:B].isnan().any()
+    assert tot[B : 2 * B].isnan().all() and not tot[:B].isnan().any()
     q2, s2 = R.dequantize_sum_requantize(qs, ss, bits, B)
     assert s2[[1, 4, 5]].isnan().all() and not s2[[0, 2, 3]].isnan().any()
 
@@ -152,8 +159,9 @@ def _stack(n, bits, B, k, dtype, seed):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("B,n,k", [(64, 1000, 1), (64, 4099, 3), (512, 3 * 512, 8),
-                                   (8192, 9000, 2), (2048, 2 ** 20 + 5, 4)])
+@pytest.mark.parametrize(
+    "B,n,k", [(64, 1000, 1), (64, 4099, 3), (512, 3 * 512, 8), (8192, 9000, 2), (2048, 2**20 + 5, 4)]
+)
 def test_dequantize_sum_equals_separate_ops(bits, B, n, k):
     q_stack, s_stack = _stack(n, bits, B, k, torch.bfloat16, seed=n + k)
     ref = R.dequantize(q_stack[0], s_stack[0], bits, B, n)

@@ -1,5 +1,6 @@
 """Block INT8/INT4 quantization: the dispatching API (sizes, argument checks, backend choice,
 lazy Triton import, timing) and the tools that read it."""
+
 import json
 import os
 import subprocess
@@ -102,8 +103,10 @@ def test_backend_resolution(monkeypatch):
         kernels.quantize(x, 8, 64, backend="fast")
     monkeypatch.setenv(kernels.ENV_VAR, "reference")
     q, s = kernels.quantize(make_input(300, torch.float32, 1), 4, 64)
-    assert_bitwise_equal(kernels.dequantize_sum_requantize(q[None], s[None], 4, 64)[1],
-                         R.dequantize_sum_requantize(q[None], s[None], 4, 64)[1])
+    assert_bitwise_equal(
+        kernels.dequantize_sum_requantize(q[None], s[None], 4, 64)[1],
+        R.dequantize_sum_requantize(q[None], s[None], 4, 64)[1],
+    )
 
 
 def test_imports_and_falls_back_without_triton():
@@ -122,9 +125,9 @@ def test_imports_and_falls_back_without_triton():
         "    assert 'failed to import' in str(e)\n"
         "else:\n"
         "    raise SystemExit('forced triton without triton did not raise')\n"
-        "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+        "print('ok')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
@@ -142,10 +145,10 @@ def test_lazy_triton_import_and_cpu_without_interpreter():
         "    assert 'TRITON_INTERPRET=1' in str(e), e\n"
         "else:\n"
         "    raise SystemExit('triton on CPU without the interpreter did not raise')\n"
-        "print('ok')\n")
+        "print('ok')\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", kernels.ENV_VAR)}
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=180)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
@@ -173,11 +176,13 @@ def test_kernel_timer(tmp_path, monkeypatch):
     kernels.quantize(torch.zeros(64), 8, 64)
     assert t.calls == before  # disabled: nothing counted
     out = tmp_path / "times"
-    code = ("import torch\n"
-            "from megatron_topo.zero_topo import kernels\n"
-            "q, s = kernels.quantize(torch.randn(1000), 4, 64)\n"
-            "kernels.dequantize_sum(q[None], s[None], 4, 64, 1000)\n"
-            "print('ok')\n")
+    code = (
+        "import torch\n"
+        "from megatron_topo.zero_topo import kernels\n"
+        "q, s = kernels.quantize(torch.randn(1000), 4, 64)\n"
+        "kernels.dequantize_sum(q[None], s[None], 4, 64, 1000)\n"
+        "print('ok')\n"
+    )
     run_py(code, {kernels.TIMES_ENV: str(out), "RANK": "3"})
     files = list(out.glob("kernel_times.3.*.json"))
     assert len(files) == 1
@@ -191,8 +196,7 @@ def test_bench_sharding_reads_kernel_times(tmp_path):
     from megatron_topo.analysis.bench import measure as BS
 
     assert BS.KERNEL_TIMES_ENV == kernels.TIMES_ENV
-    assert BS.read_kernel_times(str(tmp_path / "absent"), 8) == {"quant_s": 0.0, "quant_s_max": 0.0,
-                                                                  "quant_ranks": 0}
+    assert BS.read_kernel_times(str(tmp_path / "absent"), 8) == {"quant_s": 0.0, "quant_s_max": 0.0, "quant_ranks": 0}
     t = kernels.KernelTimer()
     for rank, secs in (("0", 0.8), ("1", 1.6)):
         t.reset()
@@ -209,8 +213,32 @@ def test_bench_sharding_reads_kernel_times(tmp_path):
 def test_bench_kernels_smoke(tmp_path):
     """tools/bench_kernels.py runs both CPU backends side by side and writes its JSON."""
     out = tmp_path / "k.json"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_kernels.py"), "--device", "cpu",
-                        "--sizes-mib", "0.25", "--repeats", "1", "--warmup", "0", "--rounds", "2",
-                        "--threads", "1", "--block-size", "256", "--dtype", "bfloat16", "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "tools", "bench_kernels.py"),
+            "--device",
+            "cpu",
+            "--sizes-mib",
+            "0.25",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--rounds",
+            "2",
+            "--threads",
+            "1",
+            "--block-size",
+            "256",
+            "--dtype",
+            "bfloat16",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr

@@ -1,17 +1,18 @@
 """The cpu_fast backend (one C pass per block) equals the reference bit for bit; it builds, caches
 and falls back as documented."""
+
 import shutil
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from megatron_topo.zero_topo import kernels
 from megatron_topo.zero_topo.kernels import cpu_fast as CF
 from megatron_topo.zero_topo.kernels import reference as R
 
-from .kernel_cases import (DTYPES, assert_bitwise_equal, assert_same_ops, make_input, raw_bits,
-                           run_py, special_input)
+from .kernel_cases import DTYPES, assert_bitwise_equal, assert_same_ops, make_input, raw_bits, run_py, special_input
 
 needs_fast = pytest.mark.skipif(not CF.available(), reason=f"cpu_fast unavailable: {CF.unavailable_reason()}")
 
@@ -22,29 +23,42 @@ needs_fast = pytest.mark.skipif(not CF.available(), reason=f"cpu_fast unavailabl
 @pytest.mark.parametrize("block_size", [64, 128, 1024, 8192])
 def test_cpu_fast_bit_exact_special_values(bits, dtype, block_size):
     for i, n in enumerate([1, 63, block_size - 1, block_size, block_size + 1, 3017, 3 * block_size + 5]):
-        assert_same_ops(special_input(n, dtype, block_size, seed=block_size + i), bits, block_size,
-                        k=1 + i % 3, seed=i)
+        assert_same_ops(special_input(n, dtype, block_size, seed=block_size + i), bits, block_size, k=1 + i % 3, seed=i)
 
 
 @needs_fast
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 20000), bits=st.sampled_from([8, 4]), dtype=st.sampled_from(DTYPES),
-       log_b=st.integers(6, 13), k=st.integers(1, 5), seed=st.integers(0, 2 ** 31),
-       kind=st.sampled_from(["special", "raw", "random"]))
+@given(
+    n=st.integers(1, 20000),
+    bits=st.sampled_from([8, 4]),
+    dtype=st.sampled_from(DTYPES),
+    log_b=st.integers(6, 13),
+    k=st.integers(1, 5),
+    seed=st.integers(0, 2**31),
+    kind=st.sampled_from(["special", "raw", "random"]),
+)
 def test_cpu_fast_hypothesis(n, bits, dtype, log_b, k, seed, kind):
-    x = {"special": special_input, "raw": lambda n, d, b, s: raw_bits(n, d, s),
-         "random": lambda n, d, b, s: make_input(n, d, s)}[kind](n, dtype, 2 ** log_b, seed)
-    assert_same_ops(x, bits, 2 ** log_b, k=k, seed=seed)
+    x = {
+        "special": special_input,
+        "raw": lambda n, d, b, s: raw_bits(n, d, s),
+        "random": lambda n, d, b, s: make_input(n, d, s),
+    }[kind](n, dtype, 2**log_b, seed)
+    assert_same_ops(x, bits, 2**log_b, k=k, seed=seed)
 
 
 @needs_fast
 @settings(max_examples=40, deadline=None)
-@given(nb=st.integers(1, 40), bits=st.sampled_from([8, 4]), log_b=st.integers(6, 9),
-       k=st.integers(1, 4), seed=st.integers(0, 2 ** 31))
+@given(
+    nb=st.integers(1, 40),
+    bits=st.sampled_from([8, 4]),
+    log_b=st.integers(6, 9),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+)
 def test_cpu_fast_arbitrary_payloads_and_scales(nb, bits, log_b, k, seed):
     """Dequantization paths on payloads/scales no quantizer would produce: any byte, any fp32 scale
     (negative, NaN, inf, subnormal, huge: products and sums overflow)."""
-    B = 2 ** log_b
+    B = 2**log_b
     g = torch.Generator().manual_seed(seed)
     width = B if bits == 8 else B // 2
     q = torch.randint(0, 256, (k, nb * width), generator=g, dtype=torch.int32).to(torch.uint8)
@@ -60,8 +74,10 @@ def test_cpu_fast_arbitrary_payloads_and_scales(nb, bits, log_b, k, seed):
     CF.dequantize_sum(q, s, bits, B, n, out=o_f, accumulate=True)
     assert_bitwise_equal(o_f, o_r)
     for ob in (8, 4):
-        a, b = CF.dequantize_sum_requantize(q, s, bits, B, out_bits=ob), R.dequantize_sum_requantize(
-            q, s, bits, B, out_bits=ob)
+        a, b = (
+            CF.dequantize_sum_requantize(q, s, bits, B, out_bits=ob),
+            R.dequantize_sum_requantize(q, s, bits, B, out_bits=ob),
+        )
         assert_bitwise_equal(a[0], b[0])
         assert_bitwise_equal(a[1], b[1])
 
@@ -70,7 +86,7 @@ def test_cpu_fast_arbitrary_payloads_and_scales(nb, bits, log_b, k, seed):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cpu_fast_every_16bit_pattern(dtype):
     """All 65536 input bit patterns quantized; every fp32 product rounded to the 16-bit dtype."""
-    x = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    x = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
     for bits in (8, 4):
         for B in (64, 2048):
             qr, sr = R.quantize(x, bits, B)
@@ -81,13 +97,13 @@ def test_cpu_fast_every_16bit_pattern(dtype):
     # including products that land on exact ties, in the subnormal range and overflow
     q = torch.arange(-127, 128, dtype=torch.int8).repeat(4)[:1024]
     scales = raw_bits(4096, torch.float32, 5).abs()
-    scales[:8] = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 2 ** -24, 2 ** -25, 3 * 2 ** -26,
-                               65520.0 / 127, 65504.0 / 127, 1e-45])
+    scales[:8] = torch.tensor(
+        [1.0 + 2**-8, 1.0 + 3 * 2**-8, 2**-24, 2**-25, 3 * 2**-26, 65520.0 / 127, 65504.0 / 127, 1e-45]
+    )
     for i in range(0, 4096, 64):
-        s = scales[i:i + 64]
-        qq = q.repeat(64)[:64 * 64]
-        assert_bitwise_equal(CF.dequantize(qq, s, 8, 64, 64 * 64, dtype),
-                             R.dequantize(qq, s, 8, 64, 64 * 64, dtype))
+        s = scales[i : i + 64]
+        qq = q.repeat(64)[: 64 * 64]
+        assert_bitwise_equal(CF.dequantize(qq, s, 8, 64, 64 * 64, dtype), R.dequantize(qq, s, 8, 64, 64 * 64, dtype))
 
 
 @needs_fast
@@ -100,7 +116,7 @@ def test_cpu_fast_quantize_reordered(bits, dtype, perm):
     assert_bitwise_equal(a[0], b[0])
     assert_bitwise_equal(a[1], b[1])
     with pytest.raises(ValueError, match="not divisible by block_size"):
-        CF.quantize_reordered(x[:len(perm) * 96], bits, 128, perm)
+        CF.quantize_reordered(x[: len(perm) * 96], bits, 128, perm)
 
 
 @needs_fast
@@ -113,8 +129,9 @@ def test_cpu_fast_strided_inputs_and_threads(monkeypatch):
         qs, ss = zip(*(R.quantize(make_input(4000, torch.bfloat16, i), bits, 64) for i in range(3)))
         q_nc, s_nc = torch.stack(qs, 1).t(), torch.stack(ss, 1).t()  # [k, ...], not contiguous
         assert not q_nc.is_contiguous()
-        assert_bitwise_equal(CF.dequantize_sum(q_nc, s_nc, bits, 64, 4000),
-                             R.dequantize_sum(q_nc, s_nc, bits, 64, 4000))
+        assert_bitwise_equal(
+            CF.dequantize_sum(q_nc, s_nc, bits, 64, 4000), R.dequantize_sum(q_nc, s_nc, bits, 64, 4000)
+        )
     # splitting the blocks between threads changes nothing
     monkeypatch.setattr(CF, "MIN_ELEMS_PER_THREAD", 64)
     prev = torch.get_num_threads()
@@ -144,9 +161,12 @@ def test_cpu_fast_is_the_cpu_default_and_errors_match(monkeypatch):
     kernels.quantize(x, 8, 64)
     assert calls == [1]
     monkeypatch.undo()
-    for fn, args in (("quantize", (x.double(), 8, 64)), ("quantize", (x, 3, 64)),
-                     ("dequantize", (q, s, 8, 64, 2000)),
-                     ("dequantize_sum", (torch.stack([q, q]), s[None], 8, 64, 700))):
+    for fn, args in (
+        ("quantize", (x.double(), 8, 64)),
+        ("quantize", (x, 3, 64)),
+        ("dequantize", (q, s, 8, 64, 2000)),
+        ("dequantize_sum", (torch.stack([q, q]), s[None], 8, 64, 700)),
+    ):
         with pytest.raises(ValueError) as fast_err:
             getattr(CF, fn)(*args)
         with pytest.raises(ValueError) as ref_err:
@@ -179,7 +199,8 @@ def test_cpu_fast_falls_back_without_a_compiler(tmp_path):
         "    assert 'cpu_fast kernels unavailable' in str(e), e\n"
         "else:\n"
         "    raise SystemExit('forced cpu_fast without a compiler did not raise')\n"
-        "print('ok')\n")
+        "print('ok')\n"
+    )
     env = {"PATH": str(tmp_path / "nothing"), CF.CACHE_ENV: str(tmp_path / "cache"), "CC": ""}
     run_py(code, env)
 
@@ -202,18 +223,24 @@ def test_cpu_fast_portable_builds(cflags, tmp_path):
         "    for bits in (8, 4):\n"
         "        for n in (1, 3017, 3 * B + 5):\n"
         "            assert_same_ops(special_input(n, torch.float16, B, n), bits, B, k=3, seed=n)\n"
-        "print('ok')\n")
+        "print('ok')\n"
+    )
     run_py(code, {CF.CFLAGS_ENV: cflags, CF.CACHE_ENV: str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"})
+
 
 def test_cpu_fast_cache_falls_back_to_the_temp_dir(tmp_path):
     if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
         pytest.skip("no C compiler on this machine")
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("")  # the user cache cannot be created under a file
-    code = ("from megatron_topo.zero_topo.kernels import cpu_fast as CF\n"
-            "assert CF.available(), CF.unavailable_reason()\n"
-            f"assert CF.library_path().startswith({str(tmp_path / 'tmp')!r}), CF.library_path()\n"
-            "print('ok')\n")
+    code = (
+        "from megatron_topo.zero_topo.kernels import cpu_fast as CF\n"
+        "assert CF.available(), CF.unavailable_reason()\n"
+        f"assert CF.library_path().startswith({str(tmp_path / 'tmp')!r}), CF.library_path()\n"
+        "print('ok')\n"
+    )
     (tmp_path / "tmp").mkdir()
-    run_py(code, {"XDG_CACHE_HOME": str(blocker), "TMPDIR": str(tmp_path / "tmp"), CF.CACHE_ENV: "",
-                   "OMP_NUM_THREADS": "1"})
+    run_py(
+        code,
+        {"XDG_CACHE_HOME": str(blocker), "TMPDIR": str(tmp_path / "tmp"), CF.CACHE_ENV: "", "OMP_NUM_THREADS": "1"},
+    )

@@ -5,18 +5,21 @@ zero_topo.kernels.triton_kernels is first imported, and while the kernels run; t
 import and its tests (restoring the previous value in between and afterwards) and skips, with
 the reason, when that is impossible or triton does not import.
 """
+
 import os
 import sys
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 _prev = os.environ.get("TRITON_INTERPRET")
 _already = "triton" in sys.modules
 os.environ["TRITON_INTERPRET"] = "1"
 try:
     import triton  # noqa: F401
+
     from megatron_topo.zero_topo.kernels import triton_kernels as T
 except Exception as e:  # pragma: no cover - depends on the install
     print(f"SKIP test_kernels_triton: triton does not import: {e!r}", file=sys.stderr)
@@ -28,15 +31,19 @@ finally:
         os.environ["TRITON_INTERPRET"] = _prev
 
 if not T.available() or not T.interpreted():
-    _why = (f"triton was imported before TRITON_INTERPRET=1 could be set (tests/conftest.py sets "
-            f"it; triton already imported: {_already})" if T.available() else f"{T.IMPORT_ERROR!r}")
+    _why = (
+        f"triton was imported before TRITON_INTERPRET=1 could be set (tests/conftest.py sets "
+        f"it; triton already imported: {_already})"
+        if T.available()
+        else f"{T.IMPORT_ERROR!r}"
+    )
     print(f"SKIP test_kernels_triton: {_why}", file=sys.stderr)
     pytest.skip(_why, allow_module_level=True)
 
 from megatron_topo.zero_topo import kernels  # noqa: E402
 from megatron_topo.zero_topo.kernels import reference as R  # noqa: E402
-from .kernel_cases import DTYPES, assert_bitwise_equal, make_input, special_input  # noqa: E402
 
+from .kernel_cases import DTYPES, assert_bitwise_equal, make_input, special_input  # noqa: E402
 
 # inputs near the fp32 maximum legitimately overflow to inf (fp16 outputs, sums); numpy says so
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -80,19 +87,18 @@ def test_quantize_dequantize_bit_exact(bits, dtype, block_size):
 
 def test_dequantize_bf16_ties_round_to_even():
     # q*scale exactly halfway between two bf16 values: 1 + 2**-8 -> 1.0, 1 + 3*2**-8 -> 1 + 2**-6
-    s = torch.tensor([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8] + [1.0] * 6)
+    s = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8] + [1.0] * 6)
     q = torch.zeros(8 * 64, dtype=torch.int8)
     q[0], q[64] = 1, 1
     q[128:256] = torch.arange(-64, 64, dtype=torch.int8)
     for dt in DTYPES:
         assert_pair_equal(*both("dequantize", q, s, 8, 64, 8 * 64, dt))
     got = T.dequantize(q, s, 8, 64, 8 * 64, torch.bfloat16)
-    assert got[0].item() == 1.0 and got[64].item() == 1.0 + 2 ** -6
+    assert got[0].item() == 1.0 and got[64].item() == 1.0 + 2**-6
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("block_size,n,k", [(64, 1000, 1), (64, 3017, 3), (256, 2048, 8),
-                                            (8192, 9000, 2)])
+@pytest.mark.parametrize("block_size,n,k", [(64, 1000, 1), (64, 3017, 3), (256, 2048, 8), (8192, 9000, 2)])
 def test_dequantize_sum_bit_exact(bits, block_size, n, k):
     xs = [special_input(n, torch.bfloat16, block_size, seed=50 + i) for i in range(k)]
     qs, ss = zip(*(R.quantize(x, bits, block_size) for x in xs))
@@ -104,8 +110,7 @@ def test_dequantize_sum_bit_exact(bits, block_size, n, k):
     assert T.dequantize_sum(q_stack, s_stack, bits, block_size, n, out=o_t, accumulate=True) is o_t
     assert_bitwise_equal(o_t, o_r)
     for out_bits in (4, 8):
-        assert_pair_equal(*both("dequantize_sum_requantize", q_stack, s_stack, bits, block_size,
-                                out_bits=out_bits))
+        assert_pair_equal(*both("dequantize_sum_requantize", q_stack, s_stack, bits, block_size, out_bits=out_bits))
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -119,22 +124,26 @@ def test_quantize_reordered_bit_exact(bits, dtype, perm):
     sl = x.view(len(perm), -1)
     assert_pair_equal((q, s), R.quantize(torch.cat([sl[p] for p in perm]), bits, block_size))
     with pytest.raises(ValueError, match="not divisible by block_size"):
-        T.quantize_reordered(x[:len(perm) * 96], bits, block_size, perm)
+        T.quantize_reordered(x[: len(perm) * 96], bits, block_size, perm)
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 5000), bits=st.sampled_from([8, 4]), dtype=st.sampled_from(DTYPES),
-       log_b=st.integers(6, 13), k=st.integers(1, 4), seed=st.integers(0, 2 ** 31))
+@given(
+    n=st.integers(1, 5000),
+    bits=st.sampled_from([8, 4]),
+    dtype=st.sampled_from(DTYPES),
+    log_b=st.integers(6, 13),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**31),
+)
 def test_all_ops_hypothesis(n, bits, dtype, log_b, k, seed):
-    B = 2 ** log_b
+    B = 2**log_b
     x = special_input(n, dtype, B, seed)
     (qr, sr), (qt, st_) = both("quantize", x, bits, B)
     assert_pair_equal((qt, st_), (qr, sr))
     assert_pair_equal(*both("dequantize", qr, sr, bits, B, n, dtype))
-    qs = torch.stack([qr] + [R.quantize(make_input(n, dtype, seed + i), bits, B)[0]
-                             for i in range(1, k)])
-    ss = torch.stack([sr] + [R.quantize(make_input(n, dtype, seed + i), bits, B)[1]
-                             for i in range(1, k)])
+    qs = torch.stack([qr] + [R.quantize(make_input(n, dtype, seed + i), bits, B)[0] for i in range(1, k)])
+    ss = torch.stack([sr] + [R.quantize(make_input(n, dtype, seed + i), bits, B)[1] for i in range(1, k)])
     assert_pair_equal(*both("dequantize_sum", qs, ss, bits, B, n))
     assert_pair_equal(*both("dequantize_sum_requantize", qs, ss, bits, B, out_bits=12 - bits))
 

@@ -4,6 +4,7 @@ fresh-run refusal, and metrics.jsonl belonging to its run.
 Process cases run ``train.py`` on a shrunken configs/tiny.yml as real processes (1 rank, or 2
 gloo ranks started the way srun starts them) and send real signals.
 """
+
 from __future__ import annotations
 
 import json
@@ -85,10 +86,22 @@ def cache(tmp_path_factory):
 
 
 def _args(cache, tmp, steps, *extra, **sets):
-    base = {"train_iters": steps, "eval_interval": 0, "log_interval": 1, "progress_bar": "false",
-            "data_cache_dir": cache, "builtin_corpus_bytes": 100000, "log_dir": str(tmp / "run"),
-            "save": str(tmp / "ckpt"), "checkpoint_factor": 0, "num_layers": 2, "hidden_size": 64,
-            "distributed.backend": "gloo", "distributed.device": "cpu", "distributed.collective_timeout_s": 60}
+    base = {
+        "train_iters": steps,
+        "eval_interval": 0,
+        "log_interval": 1,
+        "progress_bar": "false",
+        "data_cache_dir": cache,
+        "builtin_corpus_bytes": 100000,
+        "log_dir": str(tmp / "run"),
+        "save": str(tmp / "ckpt"),
+        "checkpoint_factor": 0,
+        "num_layers": 2,
+        "hidden_size": 64,
+        "distributed.backend": "gloo",
+        "distributed.device": "cpu",
+        "distributed.collective_timeout_s": 60,
+    }
     base.update(sets)
     out = [os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs", "tiny.yml"), *extra]
     for k, v in base.items():
@@ -108,10 +121,23 @@ def _start(args, tmp, world=1, tag="a"):
     for r in range(world):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         if world > 1:
-            env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([PY, *args], env=env, cwd=str(tmp), stdout=open(tmp / f"{tag}.out{r}", "w"),
-                                      stderr=open(tmp / f"{tag}.err{r}", "w")))
+            env.update(
+                RANK=str(r),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(r),
+                LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+        procs.append(
+            subprocess.Popen(
+                [PY, *args],
+                env=env,
+                cwd=str(tmp),
+                stdout=open(tmp / f"{tag}.out{r}", "w"),
+                stderr=open(tmp / f"{tag}.err{r}", "w"),
+            )
+        )
     return procs
 
 
@@ -139,7 +165,7 @@ def _wait_for_steps(tmp, n, procs, timeout=180):
 def _latest_step(tmp) -> int:
     name = (tmp / "ckpt" / "latest").read_text().strip()
     assert name.startswith("global_step")
-    return int(name[len("global_step"):])
+    return int(name[len("global_step") :])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGINT])
@@ -157,8 +183,9 @@ def test_signal_stops_after_the_step_saves_and_a_resumed_run_appends(cache, tmp_
     assert len(stopped) == 1, out
     n = _latest_step(tmp_path)
     assert 2 <= n < 100000
-    assert stopped[0] == (f"stopped by {signal.Signals(sig).name} at step {n}; "
-                          f"checkpoint {tmp_path / 'ckpt' / f'global_step{n}'}")
+    assert stopped[0] == (
+        f"stopped by {signal.Signals(sig).name} at step {n}; checkpoint {tmp_path / 'ckpt' / f'global_step{n}'}"
+    )
     before = _records(tmp_path)
     assert before[-1]["step"] == n  # the partial logging window was flushed at the stop
 
@@ -167,7 +194,7 @@ def test_signal_stops_after_the_step_saves_and_a_resumed_run_appends(cache, tmp_
     assert f"resumed from {tmp_path / 'ckpt' / f'global_step{n}'} at step {n}" in out
     after = _records(tmp_path)
     assert after[: len(before)] == before  # appended, not moved aside
-    assert [r["step"] for r in after[len(before):]] == [n + 1, n + 2]
+    assert [r["step"] for r in after[len(before) :]] == [n + 1, n + 2]
     assert not (tmp_path / "run" / "metrics.jsonl.1").exists()
     assert _latest_step(tmp_path) == n + 2
 
@@ -210,22 +237,32 @@ def test_fresh_run_into_a_used_save_folder_stops_and_touches_nothing(cache, tmp_
     rc, out, err = _run(_args(cache, tmp_path, 3, auto_resume="true"), tmp_path, tag="again")
     assert rc == 0 and "done: step 3 (train_iters reached before this run: nothing to train)" in out, out + err
     assert meta.stat().st_mtime_ns == before  # nothing trained: the checkpoint is not written again
-    snapshot = {p: os.stat(os.path.join(d, p)).st_mtime_ns
-                for d in (tmp_path / "ckpt", tmp_path / "run") for p in os.listdir(d)}
+    snapshot = {
+        p: os.stat(os.path.join(d, p)).st_mtime_ns for d in (tmp_path / "ckpt", tmp_path / "run") for p in os.listdir(d)
+    }
 
     rc, out, err = _run(_args(cache, tmp_path, 5), tmp_path, tag="b")
     assert rc == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for needed in (str(tmp_path / "ckpt"), "latest step 3", f"--set load={tmp_path / 'ckpt'}",
-                   "--set auto_resume=true", "--set save="):
+    for needed in (
+        str(tmp_path / "ckpt"),
+        "latest step 3",
+        f"--set load={tmp_path / 'ckpt'}",
+        "--set auto_resume=true",
+        "--set save=",
+    ):
         assert needed in lines[0], (needed, lines[0])
-    assert snapshot == {p: os.stat(os.path.join(d, p)).st_mtime_ns
-                        for d in (tmp_path / "ckpt", tmp_path / "run") for p in os.listdir(d)}
+    assert snapshot == {
+        p: os.stat(os.path.join(d, p)).st_mtime_ns for d in (tmp_path / "ckpt", tmp_path / "run") for p in os.listdir(d)
+    }
 
     # an explicit load wins over auto_resume's folder; a fresh run elsewhere keeps the old metrics aside
-    rc, out, err = _run(_args(cache, tmp_path, 4, save=str(tmp_path / "other"), load=str(tmp_path / "ckpt"),
-                              auto_resume="true"), tmp_path, tag="c")
+    rc, out, err = _run(
+        _args(cache, tmp_path, 4, save=str(tmp_path / "other"), load=str(tmp_path / "ckpt"), auto_resume="true"),
+        tmp_path,
+        tag="c",
+    )
     assert rc == 0 and "at step 3" in out, out + err
     rc, out, err = _run(_args(cache, tmp_path, 2, save=str(tmp_path / "third")), tmp_path, tag="d")
     assert rc == 0, out + err

@@ -1,6 +1,7 @@
 """The llama model spec: logits equal HF LlamaForCausalLM / MistralForCausalLM (single process and
 under every preset on 8 ranks, weights loaded from an HF folder), GPT-NeoX's MLP sizing rule, the
 parameter counts of GPT-NeoX's Llama-family configs, sharded init equal to the whole model's."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,22 @@ from megatron_topo.model.spec import spec_for
 
 from .dist_utils import run_distributed
 
-LLAMA = dict(num_layers=2, hidden_size=48, num_attention_heads=6, seq_length=16, vocab_size=97, norm="rmsnorm",
-             use_bias_in_norms=False, activation="swiglu", rms_norm_epsilon=1e-5, use_bias_in_attn_linear=False,
-             use_bias_in_mlp=False, no_weight_tying=True, num_kv_heads=2, rotary_emb_base=500000)
+LLAMA = dict(
+    num_layers=2,
+    hidden_size=48,
+    num_attention_heads=6,
+    seq_length=16,
+    vocab_size=97,
+    norm="rmsnorm",
+    use_bias_in_norms=False,
+    activation="swiglu",
+    rms_norm_epsilon=1e-5,
+    use_bias_in_attn_linear=False,
+    use_bias_in_mlp=False,
+    no_weight_tying=True,
+    num_kv_heads=2,
+    rotary_emb_base=500000,
+)
 
 
 def llama_cfg(**kw) -> ModelConfig:
@@ -32,12 +46,16 @@ def hf_model(cfg, ours):
     return hf
 
 
-@pytest.mark.parametrize("kw", [
-    {},                                                                 # GQA, untied, no biases (Llama 2 70B-like)
-    dict(num_kv_heads=1, use_bias_in_attn_linear=True, use_bias_in_mlp=True),  # MQA, every bias
-    dict(num_kv_heads=None, no_weight_tying=False, mlp_type="llama", activation="silu"),  # MHA, tied, LLaMA MLP
-    dict(sliding_window_width=5),                                       # Mistral: window shorter than the sequence
-], ids=["gqa", "mqa_bias", "mha_tied", "mistral_window"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},  # GQA, untied, no biases (Llama 2 70B-like)
+        dict(num_kv_heads=1, use_bias_in_attn_linear=True, use_bias_in_mlp=True),  # MQA, every bias
+        dict(num_kv_heads=None, no_weight_tying=False, mlp_type="llama", activation="silu"),  # MHA, tied, LLaMA MLP
+        dict(sliding_window_width=5),  # Mistral: window shorter than the sequence
+    ],
+    ids=["gqa", "mqa_bias", "mha_tied", "mistral_window"],
+)
 def test_logits_equal_hf(kw):
     cfg = llama_cfg(**kw)
     assert spec_for(cfg).name == "llama" and not spec_for(cfg).check(cfg)
@@ -63,17 +81,20 @@ def test_sliding_window_changes_the_logits():
 
 # GPT-NeoX's sizing (megatron/model/transformer.py) on the shapes of its own Llama configs, and the
 # widths Meta's / Mistral's checkpoints have
-@pytest.mark.parametrize("h,kw,width", [
-    (4096, dict(mlp_type="llama", activation="silu"), 11008),            # llama/7B.yml (LLaMAParallelMLP)
-    (5120, dict(mlp_type="llama", activation="silu"), 13824),            # llama/13B.yml
-    (8192, dict(mlp_type="llama", activation="silu"), 22016),            # llama/65B.yml, codellama_34B.yml
-    (4096, dict(mlp_type="llama", activation="silu", intermediate_size=14336), 14336),  # mistral/7B.yml
-    (6656, dict(activation="swiglu", intermediate_size=53248, mlp_multiple_of=256), 17920),  # llama/30B.yml
-    (4096, dict(activation="swiglu", intermediate_size=32768, mlp_multiple_of=256), 11008),  # llama2/7B.yml
-    (5120, dict(activation="swiglu", intermediate_size=41472, mlp_multiple_of=256), 13824),  # llama2/13B.yml
-    (8192, dict(activation="swiglu", intermediate_size=86016, mlp_multiple_of=256), 28672),  # llama2/70B.yml
-    (4096, dict(activation="swiglu"), 5461),                             # swiglu, defaults: int(2/3 * 4h) // 2
-])
+@pytest.mark.parametrize(
+    "h,kw,width",
+    [
+        (4096, dict(mlp_type="llama", activation="silu"), 11008),  # llama/7B.yml (LLaMAParallelMLP)
+        (5120, dict(mlp_type="llama", activation="silu"), 13824),  # llama/13B.yml
+        (8192, dict(mlp_type="llama", activation="silu"), 22016),  # llama/65B.yml, codellama_34B.yml
+        (4096, dict(mlp_type="llama", activation="silu", intermediate_size=14336), 14336),  # mistral/7B.yml
+        (6656, dict(activation="swiglu", intermediate_size=53248, mlp_multiple_of=256), 17920),  # llama/30B.yml
+        (4096, dict(activation="swiglu", intermediate_size=32768, mlp_multiple_of=256), 11008),  # llama2/7B.yml
+        (5120, dict(activation="swiglu", intermediate_size=41472, mlp_multiple_of=256), 13824),  # llama2/13B.yml
+        (8192, dict(activation="swiglu", intermediate_size=86016, mlp_multiple_of=256), 28672),  # llama2/70B.yml
+        (4096, dict(activation="swiglu"), 5461),  # swiglu, defaults: int(2/3 * 4h) // 2
+    ],
+)
 def test_mlp_width_follows_gpt_neox(h, kw, width):
     cfg = ModelConfig(hidden_size=h, num_attention_heads=32, norm="rmsnorm", use_bias_in_norms=False, **kw)
     assert mlp_width(cfg) == width
@@ -83,9 +104,11 @@ def test_inconsistent_swiglu_width_is_one_clear_error(tmp_path):
     from megatron_topo.config import load_config
 
     p = tmp_path / "bad.yml"
-    p.write_text("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 16\nmax_position_embeddings: 16\n"
-                 "norm: rmsnorm\nuse_bias_in_norms: false\nactivation: swiglu\nintermediate_size: 17\n"
-                 "vocab_size: 128\nnum_kv_heads: 3\n")
+    p.write_text(
+        "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 16\nmax_position_embeddings: 16\n"
+        "norm: rmsnorm\nuse_bias_in_norms: false\nactivation: swiglu\nintermediate_size: 17\n"
+        "vocab_size: 128\nnum_kv_heads: 3\n"
+    )
     with pytest.raises(ConfigError) as e:
         load_config([str(p)])
     msg = str(e.value)
@@ -101,35 +124,98 @@ _OLD = dict(mlp_type="llama", activation="silu")
 NEOX_LLAMA = {
     "llama/7B": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=2048, **_OLD),
     "llama/13B": dict(num_layers=40, hidden_size=5120, num_attention_heads=40, seq_length=2048, **_OLD),
-    "llama/30B": dict(num_layers=60, hidden_size=6656, num_attention_heads=52, seq_length=2048, intermediate_size=53248,
-                      activation="swiglu", mlp_multiple_of=256),
+    "llama/30B": dict(
+        num_layers=60,
+        hidden_size=6656,
+        num_attention_heads=52,
+        seq_length=2048,
+        intermediate_size=53248,
+        activation="swiglu",
+        mlp_multiple_of=256,
+    ),
     "llama/65B": dict(num_layers=80, hidden_size=8192, num_attention_heads=64, seq_length=2048, **_OLD),
-    "llama2/7B": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096, intermediate_size=32768,
-                      activation="swiglu", mlp_multiple_of=256),
-    "llama2/13B": dict(num_layers=40, hidden_size=5120, num_attention_heads=40, seq_length=4096,
-                       intermediate_size=41472, activation="swiglu", mlp_multiple_of=256),
-    "llama2/70B": dict(num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8, seq_length=4096,
-                       intermediate_size=86016, activation="swiglu", mlp_multiple_of=256, rotary_emb_base=1000000),
-    "llama2/codellama_7B": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096,
-                                rotary_emb_base=1000000, **_OLD),
-    "llama2/codellama_34B": dict(num_layers=48, hidden_size=8192, num_attention_heads=64, num_kv_heads=8,
-                                 seq_length=4096, rotary_emb_base=1000000, **_OLD),
+    "llama2/7B": dict(
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        seq_length=4096,
+        intermediate_size=32768,
+        activation="swiglu",
+        mlp_multiple_of=256,
+    ),
+    "llama2/13B": dict(
+        num_layers=40,
+        hidden_size=5120,
+        num_attention_heads=40,
+        seq_length=4096,
+        intermediate_size=41472,
+        activation="swiglu",
+        mlp_multiple_of=256,
+    ),
+    "llama2/70B": dict(
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        seq_length=4096,
+        intermediate_size=86016,
+        activation="swiglu",
+        mlp_multiple_of=256,
+        rotary_emb_base=1000000,
+    ),
+    "llama2/codellama_7B": dict(
+        num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096, rotary_emb_base=1000000, **_OLD
+    ),
+    "llama2/codellama_34B": dict(
+        num_layers=48,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        seq_length=4096,
+        rotary_emb_base=1000000,
+        **_OLD,
+    ),
     "llemma/7B": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, seq_length=4096, **_OLD),
-    "llemma/34B": dict(num_layers=48, hidden_size=8192, num_attention_heads=64, num_kv_heads=8, seq_length=4096,
-                       rotary_emb_base=1000000, **_OLD),
-    "mistral/7B": dict(num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, seq_length=8192,
-                       intermediate_size=14336, sliding_window_width=4096, **_OLD),
+    "llemma/34B": dict(
+        num_layers=48,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        seq_length=4096,
+        rotary_emb_base=1000000,
+        **_OLD,
+    ),
+    "mistral/7B": dict(
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_kv_heads=8,
+        seq_length=8192,
+        intermediate_size=14336,
+        sliding_window_width=4096,
+        **_OLD,
+    ),
 }
 # published sizes of the bias-free ones (Meta's and Mistral's model cards / HF num_parameters())
-PUBLISHED = {"llama/7B": 6_738_415_616, "llama/13B": 13_015_864_320, "llama2/codellama_34B": 33_743_970_304,
-             "mistral/7B": 7_241_732_096}
+PUBLISHED = {
+    "llama/7B": 6_738_415_616,
+    "llama/13B": 13_015_864_320,
+    "llama2/codellama_34B": 33_743_970_304,
+    "mistral/7B": 7_241_732_096,
+}
 
 
 @pytest.mark.parametrize("name", sorted(NEOX_LLAMA))
 def test_neox_llama_configs_count_like_hf(name):
     transformers = pytest.importorskip("transformers")
-    cfg = ModelConfig(vocab_size=32000, norm="rmsnorm", use_bias_in_norms=False, use_bias_in_attn_linear=False,
-                      no_weight_tying=True, **NEOX_LLAMA[name])
+    cfg = ModelConfig(
+        vocab_size=32000,
+        norm="rmsnorm",
+        use_bias_in_norms=False,
+        use_bias_in_attn_linear=False,
+        no_weight_tying=True,
+        **NEOX_LLAMA[name],
+    )
     spec = spec_for(cfg)
     assert spec.name == "llama" and not spec.check(cfg)
     ours = build_model(cfg, device="meta")
@@ -142,8 +228,9 @@ def test_neox_llama_configs_count_like_hf(name):
     if name in PUBLISHED:
         assert want == PUBLISHED[name]
     if cfg.activation == "swiglu":  # GPT-NeoX's ParallelMLP keeps its biases unless use_bias_in_mlp: false
-        assert want - spec.param_count(ModelConfig(**{**vars(cfg), "use_bias_in_mlp": False})) == \
-            cfg.num_layers * (2 * mlp_width(cfg) + cfg.hidden_size)
+        assert want - spec.param_count(ModelConfig(**{**vars(cfg), "use_bias_in_mlp": False})) == cfg.num_layers * (
+            2 * mlp_width(cfg) + cfg.hidden_size
+        )
 
 
 def test_sharded_init_equals_whole_model_init():
@@ -180,16 +267,23 @@ def _presets(rank, world, hf_dir, ids):
         plan = resolve_plan(ZeroTopoConfig(preset=preset, weight_bits=16, secondary_bits=16, grad_bits=16), topo)
         model = build_model(cfg, device="meta")
         model.init_buffers("cpu")
-        eng = ZeroTopoEngine(model, model.shard_units(), plan, Comm(topo, rank), device="cpu",
-                             init=lambda u, m=model: m.init_parameters(u, 1))
+        eng = ZeroTopoEngine(
+            model,
+            model.shard_units(),
+            plan,
+            Comm(topo, rank),
+            device="cpu",
+            init=lambda u, m=model: m.init_parameters(u, 1),
+        )
         load_hf_into_engine(eng, hf_dir, cfg)
         eng.eval()
         with torch.no_grad():
             logits = eng(ids).clone()
         eng.train()
         eng.remove_hooks()
-        eng = make_engine(rank, world, ZeroTopoConfig(preset=preset, weight_bits=16, secondary_bits=16, grad_bits=16),
-                          cfg=cfg)
+        eng = make_engine(
+            rank, world, ZeroTopoConfig(preset=preset, weight_bits=16, secondary_bits=16, grad_bits=16), cfg=cfg
+        )
         train_steps(eng, rank, steps=2)
         out[preset] = (logits, eng.full_parameters())
         eng.remove_hooks()
@@ -263,13 +357,31 @@ def test_neox_llama_files_dry_run_at_8_ranks(tmp_path, name):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run([sys.executable, os.path.join(root, "train.py"), str(_neox_file(tmp_path, name)),
-                        "--dry-run", "--world-size", "8"], cwd=tmp_path, capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "train.py"),
+            str(_neox_file(tmp_path, name)),
+            "--dry-run",
+            "--world-size",
+            "8",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads(r.stdout.strip().splitlines()[-1])
-    cfg = ModelConfig(vocab_size=32000, norm="rmsnorm", use_bias_in_norms=False, use_bias_in_attn_linear=False,
-                      no_weight_tying=True, **NEOX_LLAMA[name])
+    cfg = ModelConfig(
+        vocab_size=32000,
+        norm="rmsnorm",
+        use_bias_in_norms=False,
+        use_bias_in_attn_linear=False,
+        no_weight_tying=True,
+        **NEOX_LLAMA[name],
+    )
     assert report["parameters"] == spec_for(cfg).param_count(cfg)
 
 
@@ -282,25 +394,38 @@ def test_frontier_llama_20b_config():
     cfg = load_config([os.path.join(root, "configs", n) for n in ("llama_20B.yml", "topo.yml", "frontier.yml")])
     m = cfg.model
     assert spec_for(m).name == "llama" and (m.num_layers, m.hidden_size, m.num_kv_heads, mlp_width(m)) == (
-        48, 6144, 8, 17920)
+        48,
+        6144,
+        8,
+        17920,
+    )
     assert spec_for(m).param_count(m) == num_params(build_model(m, device="meta")) == 20_702_631_936
 
 
-@pytest.mark.parametrize("kw,arch,problem", [
-    (dict(), "gpt_neox", None),
-    (dict(norm="rmsnorm", use_bias_in_norms=False, activation="swiglu"), "llama", None),
-    (dict(mlp_type="llama", activation="silu", norm="rmsnorm", use_bias_in_norms=False), "llama", None),
-    (dict(arch="gpt_neox", norm="rmsnorm"), "gpt_neox", "arch: gpt_neox builds LayerNorm"),
-    (dict(activation="swiglu"), "llama", "norm='layernorm' with a gated MLP"),
-    (dict(norm="rmsnorm", activation="swiglu"), "llama", "use_bias_in_norms=true is not valid with norm: rmsnorm"),
-    (dict(norm="rmsnorm", use_bias_in_norms=False, activation="silu"), "llama", "activation='silu' with "
-     "mlp_type='regular' is not valid"),
-    (dict(num_kv_heads=2), "gpt_neox", "num_kv_heads 2 is not valid for the gpt_neox architecture"),
-    (dict(sliding_window_width=8), "gpt_neox", "sliding_window_width is not valid for the gpt_neox"),
-    (dict(use_bias_in_mlp=False), "gpt_neox", "use_bias_in_mlp=false is not valid for the gpt_neox"),
-    (dict(norm="rmsnorm", use_bias_in_norms=False, activation="swiglu", gpt_j_residual=True), "llama",
-     "gpt_j_residual=true is not valid for the llama"),
-])
+@pytest.mark.parametrize(
+    "kw,arch,problem",
+    [
+        (dict(), "gpt_neox", None),
+        (dict(norm="rmsnorm", use_bias_in_norms=False, activation="swiglu"), "llama", None),
+        (dict(mlp_type="llama", activation="silu", norm="rmsnorm", use_bias_in_norms=False), "llama", None),
+        (dict(arch="gpt_neox", norm="rmsnorm"), "gpt_neox", "arch: gpt_neox builds LayerNorm"),
+        (dict(activation="swiglu"), "llama", "norm='layernorm' with a gated MLP"),
+        (dict(norm="rmsnorm", activation="swiglu"), "llama", "use_bias_in_norms=true is not valid with norm: rmsnorm"),
+        (
+            dict(norm="rmsnorm", use_bias_in_norms=False, activation="silu"),
+            "llama",
+            "activation='silu' with mlp_type='regular' is not valid",
+        ),
+        (dict(num_kv_heads=2), "gpt_neox", "num_kv_heads 2 is not valid for the gpt_neox architecture"),
+        (dict(sliding_window_width=8), "gpt_neox", "sliding_window_width is not valid for the gpt_neox"),
+        (dict(use_bias_in_mlp=False), "gpt_neox", "use_bias_in_mlp=false is not valid for the gpt_neox"),
+        (
+            dict(norm="rmsnorm", use_bias_in_norms=False, activation="swiglu", gpt_j_residual=True),
+            "llama",
+            "gpt_j_residual=true is not valid for the llama",
+        ),
+    ],
+)
 def test_the_spec_is_derived_from_neox_keys_and_checks_them(kw, arch, problem):
     cfg = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, **kw)
     spec = spec_for(cfg)
@@ -323,15 +448,26 @@ def test_llama_dry_run_counts_activations_with_its_spec():
     # GPT-NeoX's layer through the same accounting: 34 s b h + 5 a s^2 b (the memory module's formula)
     from megatron_topo.zero_topo.memory import activation_bytes
 
-    neox = ModelConfig(num_layers=3, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=128,
-                       norm="rmsnorm", use_bias_in_norms=False, activation="swiglu", intermediate_size=384)
+    neox = ModelConfig(
+        num_layers=3,
+        hidden_size=64,
+        num_attention_heads=4,
+        seq_length=32,
+        vocab_size=128,
+        norm="rmsnorm",
+        use_bias_in_norms=False,
+        activation="swiglu",
+        intermediate_size=384,
+    )
     assert mlp_width(neox) == 128  # swiglu: int(384 * 2/3) // 2
     got = spec_for(neox).activation_bytes(neox, 2, "bf16", False)
     s, b, h, f = 32, 2, 64, 128
     per_layer = s * b * (14 * h + 4 * h + 8 * f) + 5 * 4 * s * s * b
     assert got == 3 * per_layer + b * s * 128 * (2 + 4 + 4)
-    assert activation_bytes(64, 4, 3, 32, 128, 2, "bf16", False) == 3 * (s * b * h * 34 + 5 * 4 * s * s * b) + \
-        b * s * 128 * 10
+    assert (
+        activation_bytes(64, 4, 3, 32, 128, 2, "bf16", False)
+        == 3 * (s * b * h * 34 + 5 * 4 * s * s * b) + b * s * 128 * 10
+    )
 
 
 def test_activation_checkpointing_same_gradients():
@@ -348,17 +484,26 @@ def test_activation_checkpointing_same_gradients():
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("bad,needle", [
-    ({}, "hidden_size: missing"),
-    (dict(rms_norm_eps="abc"), "rms_norm_eps: expected a finite number > 0, got str 'abc'"),
-    (dict(hidden_act="gelu"), "hidden_act 'gelu' (ours is silu)"),
-    (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "rope_type 'llama3' is not supported"),
-])
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        ({}, "hidden_size: missing"),
+        (dict(rms_norm_eps="abc"), "rms_norm_eps: expected a finite number > 0, got str 'abc'"),
+        (dict(hidden_act="gelu"), "hidden_act 'gelu' (ours is silu)"),
+        (dict(rope_parameters={"rope_type": "llama3", "rope_theta": 5e5}), "rope_type 'llama3' is not supported"),
+    ],
+)
 def test_unreadable_hf_llama_config_is_one_line(bad, needle):
     from megatron_topo.config.hf_config import model_keys_from_hf
 
-    hf = {"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
-          "intermediate_size": 64, "vocab_size": 50}
+    hf = {
+        "model_type": "llama",
+        "hidden_size": 32,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 64,
+        "vocab_size": 50,
+    }
     hf = {} if not bad else {**hf, **bad}
     with pytest.raises(ConfigError) as e:
         model_keys_from_hf({"model_type": "llama", **hf}, "hf/config.json")
@@ -370,9 +515,18 @@ def test_flops_are_gpt_neox_formula_with_the_layers_own_weights():
     from megatron_topo.model.gpt_neox import gpt_flops
 
     # MHA + an MLP of inner width 8h/3 has GPT-NeoX's 12 h^2 matmul weights per layer: the same count
-    cfg = ModelConfig(num_layers=3, hidden_size=96, num_attention_heads=4, seq_length=64, vocab_size=500,
-                      norm="rmsnorm", use_bias_in_norms=False, mlp_type="llama", activation="silu",
-                      intermediate_size=256)
+    cfg = ModelConfig(
+        num_layers=3,
+        hidden_size=96,
+        num_attention_heads=4,
+        seq_length=64,
+        vocab_size=500,
+        norm="rmsnorm",
+        use_bias_in_norms=False,
+        mlp_type="llama",
+        activation="silu",
+        intermediate_size=256,
+    )
     spec = spec_for(cfg)
     assert spec.layer_matmul_params(cfg) == 12 * 96 * 96
     assert spec.forward_flops(cfg, 8, passes=3.0) == pytest.approx(gpt_flops(3.0, 8, 64, 3, 96, 500), rel=1e-12)

@@ -2,6 +2,7 @@
 a collective is done (no reference cycle waits for Python's collector), the preflight counts every
 buffer the engine holds at its peak (upper bound of the dry run's measured peak, phase by phase)
 and keeps a stated reserve per system file for what no tensor counts."""
+
 import gc
 import os
 import weakref
@@ -46,8 +47,6 @@ def test_a_finished_two_stage_handle_is_freed_without_the_cyclic_collector():
             gc.enable()
 
 
-
-
 import pytest  # noqa: E402
 
 from megatron_topo import preflight  # noqa: E402
@@ -58,23 +57,40 @@ from megatron_topo.zero_topo import memory  # noqa: E402
 from megatron_topo.zero_topo.sharding import resolve_plan  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = {"num_layers": 4, "hidden_size": 512, "num_attention_heads": 8, "seq_length": 256,
-         "max_position_embeddings": 256, "vocab_size": 4096, "no_weight_tying": True,
-         "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, "precision": "bf16",
-         "checkpoint_activations": True, "zero_topo.quant_block_size": 256, "zero_topo.grad_quant_block_size": 256}
+SMALL = {
+    "num_layers": 4,
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "seq_length": 256,
+    "max_position_embeddings": 256,
+    "vocab_size": 4096,
+    "no_weight_tying": True,
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 2,
+    "precision": "bf16",
+    "checkpoint_activations": True,
+    "zero_topo.quant_block_size": 256,
+    "zero_topo.grad_quant_block_size": 256,
+}
 
 
 def _small(preset, *sets):
     over = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in SMALL.items()] + list(sets)
-    return load_config([os.path.join(REPO, f"configs/{preset}.yml"), os.path.join(REPO, "configs/frontier.yml")],
-                       over)
+    return load_config([os.path.join(REPO, f"configs/{preset}.yml"), os.path.join(REPO, "configs/frontier.yml")], over)
 
 
-@pytest.mark.parametrize("preset,sets", [
-    ("topo", ()), ("zeropp", ()), ("mics", ("precision=fp16",)), ("ddp", ()),
-    ("topo", ("zero_topo.combine_bits=8", "zero_topo.publish_bits=8")),
-    ("zero3", ("checkpoint_activations=false",)), ("topo", ("zero_topo.error_feedback=true", "precision=fp32")),
-])
+@pytest.mark.parametrize(
+    "preset,sets",
+    [
+        ("topo", ()),
+        ("zeropp", ()),
+        ("mics", ("precision=fp16",)),
+        ("ddp", ()),
+        ("topo", ("zero_topo.combine_bits=8", "zero_topo.publish_bits=8")),
+        ("zero3", ("checkpoint_activations=false",)),
+        ("topo", ("zero_topo.error_feedback=true", "precision=fp32")),
+    ],
+)
 def test_the_estimate_counts_every_buffer_the_dry_run_allocates(preset, sets):
     """The preflight's estimate bounds what the engine's step allocates (measured on meta tensors
     by the dry run: every storage the step creates), overall and in the step, where no
@@ -98,12 +114,14 @@ def _padded(cfg, r):
     from megatron_topo.model import unit_numels
     from megatron_topo.zero_topo import memory
     from megatron_topo.zero_topo.sharding import Plan
+
     return memory.padded_units(unit_numels(cfg.model), Plan(**r["plan"]), r["world_size"])
 
 
 def memory_unit(cfg, r, P):
     from megatron_topo.zero_topo import memory
     from megatron_topo.zero_topo.sharding import Plan
+
     return memory.unit_buffers(P, Plan(**r["plan"]), r["world_size"], cfg.precision, 8)
 
 
@@ -122,8 +140,10 @@ def test_20b_topo_on_16_gcds_is_refused_only_because_of_the_reserve():
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("20.6B parameters under topo on 16 ranks need 52.7 GiB of model states per rank (+ ")
-    assert ("+ 5.2 GiB reserve for context, communicators and fragmentation (system.memory_reserve_gib), "
-            "64.0 GiB available (it fits the device only without the reserve): use >= 24 ranks") in msg
+    assert (
+        "+ 5.2 GiB reserve for context, communicators and fragmentation (system.memory_reserve_gib), "
+        "64.0 GiB available (it fits the device only without the reserve): use >= 24 ranks"
+    ) in msg
     est = preflight.check(load_config(CFG20, ["system.memory_reserve_gib=0"]), plan, topo, torch.device("cpu"))
     assert est["reserve"] == 0 and 60 * 2**30 < est["total"] <= 64 * 2**30
 
@@ -134,8 +154,11 @@ def test_a_system_block_without_a_reserve_keeps_8_percent_and_a_reserve_too_larg
     cfg.system.memory_reserve_gib = None
     assert preflight.reserve_bytes(cfg, 100 * 2**30) == int(0.08 * 100 * 2**30)
     cfg.system.memory_reserve_gib = 100.0
-    with pytest.raises(ConfigError, match=r"^system.memory_reserve_gib 100 leaves nothing of the 100 GiB per "
-                                          r"device; valid: 0 <= memory_reserve_gib < device_memory_gib$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^system.memory_reserve_gib 100 leaves nothing of the 100 GiB per "
+        r"device; valid: 0 <= memory_reserve_gib < device_memory_gib$",
+    ):
         preflight.reserve_bytes(cfg, 100 * 2**30)
     with pytest.raises(ConfigError, match="memory_reserve_gib"):
         load_config(CFG20, ["system.memory_reserve_gib=-1"])
@@ -143,4 +166,5 @@ def test_a_system_block_without_a_reserve_keeps_8_percent_and_a_reserve_too_larg
 
 def test_list_keys_lists_the_reserve():
     from megatron_topo.config import describe_keys
+
     assert "system.memory_reserve_gib" in describe_keys()

@@ -1,4 +1,5 @@
 """metrics.py: GPT-NeoX FLOPs formula, TFLOPS, metrics.jsonl + TensorBoard writer, reader."""
+
 from __future__ import annotations
 
 import glob
@@ -10,16 +11,25 @@ import pytest
 import torch
 
 from megatron_topo.config import ModelConfig
-from megatron_topo.metrics import (MetricsWriter, drop_superseded, flops_per_iteration, mfu, peak_memory_bytes, read_metrics,
-                                   tflops_per_gpu)
+from megatron_topo.metrics import (
+    MetricsWriter,
+    drop_superseded,
+    flops_per_iteration,
+    mfu,
+    peak_memory_bytes,
+    read_metrics,
+    tflops_per_gpu,
+)
 
 SMALL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=64, vocab_size=512)
 
 
 def _strict(line: str) -> dict:
     """json.loads that refuses the non-standard NaN/Infinity tokens."""
+
     def bad(tok):
         raise ValueError(f"non-standard JSON constant {tok}")
+
     return json.loads(line, parse_constant=bad)
 
 
@@ -85,6 +95,7 @@ def test_writer_jsonl_append_and_tensorboard(tmp_path):
     events = glob.glob(str(run / "tensorboard" / "events.out.tfevents.*"))
     assert len(events) == 2 and all(os.path.getsize(e) > 0 for e in events)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     tags = set()
     for e in events:
         acc = EventAccumulator(e)
@@ -97,10 +108,10 @@ def test_writer_custom_tensorboard_dir_and_flush_each_line(tmp_path):
     tb = tmp_path / "tb"
     w = MetricsWriter(str(tmp_path / "run"), tensorboard_dir=str(tb))
     import numpy as np
+
     w.log(7, {"loss": np.float32(1.5), "hist": np.array([1, 2])})
     # flushed per line: readable before close
-    assert _strict((tmp_path / "run" / "metrics.jsonl").read_text().strip()) == {"step": 7, "loss": 1.5,
-                                                                                "hist": [1, 2]}
+    assert _strict((tmp_path / "run" / "metrics.jsonl").read_text().strip()) == {"step": 7, "loss": 1.5, "hist": [1, 2]}
     w.close()
     assert glob.glob(str(tb / "events.out.tfevents.*"))
     assert not (tmp_path / "run" / "tensorboard").exists()
@@ -161,8 +172,9 @@ def test_a_resume_supersedes_the_steps_after_its_checkpoint(tmp_path):
     # the same history in one file (before this rule): read back as one curve, no eval_loss leak
     spliced = tmp_path / "old"
     spliced.mkdir()
-    (spliced / "metrics.jsonl").write_text(older + "".join(
-        json.dumps({"step": s, "loss": 10.0 + s}) + "\n" for s in range(3, 7)))
+    (spliced / "metrics.jsonl").write_text(
+        older + "".join(json.dumps({"step": s, "loss": 10.0 + s}) + "\n" for s in range(3, 7))
+    )
     recs = read_metrics(str(spliced), last_per_step=True)
     assert [(r["step"], r["loss"]) for r in recs] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0), (6, 16.0)]
     assert all("eval_loss" not in r for r in recs)
@@ -186,12 +198,38 @@ def test_bench_model_smoke(tmp_path):
     """tools/bench_model.py runs; its plain GPT-NeoX matches ours (same logits, same loss path)."""
     import subprocess
     import sys
+
     tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools", "bench_model.py")
     out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, tool, "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
-                        "4", "--seq-length", "16", "--vocab-size", "64", "--batch", "2", "--steps", "2",
-                        "--repeats", "1", "--warmup", "1", "--json", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            tool,
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "32",
+            "--num-attention-heads",
+            "4",
+            "--seq-length",
+            "16",
+            "--vocab-size",
+            "64",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["logits_parity_max_abs_diff"] < 1e-5

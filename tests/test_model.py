@@ -1,4 +1,5 @@
 """The model equals HuggingFace GPT-NeoX given the same weights; the 20B shape has the right size."""
+
 import os
 
 import pytest
@@ -15,8 +16,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("rotary_pct", [0.25, 1.0])
 def test_logits_match_huggingface(parallel, rotary_pct):
     transformers = pytest.importorskip("transformers")
-    cfg = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=32,
-                      vocab_size=101, rotary_pct=rotary_pct, gpt_j_residual=parallel)
+    cfg = ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        seq_length=32,
+        vocab_size=101,
+        rotary_pct=rotary_pct,
+        gpt_j_residual=parallel,
+    )
     ours = build_model(cfg, seed=3).eval()
     # perturb biases and norms so a swapped name or layout cannot hide behind zeros/ones
     with torch.no_grad():
@@ -25,8 +33,7 @@ def test_logits_match_huggingface(parallel, rotary_pct):
                 p.add_(0.1 * torch.randn_like(p))
     hf_cfg = transformers.GPTNeoXConfig(**hf_config_kwargs(cfg))
     hf = transformers.GPTNeoXForCausalLM(hf_cfg).eval()
-    missing, unexpected = hf.load_state_dict(
-        to_hf_state_dict(ours.state_dict(), hf_head_name(hf)), strict=False)
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours.state_dict(), hf_head_name(hf)), strict=False)
     assert not unexpected and all("rotary" in m or "masked_bias" in m for m in missing), (missing, unexpected)
     ids = torch.randint(0, cfg.vocab_size, (3, cfg.seq_length), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -39,7 +46,12 @@ def test_20b_parameter_count_on_meta():
     cfg = load_config([os.path.join(ROOT, "configs", "20B.yml")])
     m = cfg.model
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.vocab_size, m.seq_length) == (
-        44, 6144, 64, 50432, 2048)
+        44,
+        6144,
+        64,
+        50432,
+        2048,
+    )
     assert m.rotary_pct == 0.25 and m.gpt_j_residual
     model = build_model(m, device="meta")
     assert num_params(model) == 20_554_567_680

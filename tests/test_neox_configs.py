@@ -2,6 +2,7 @@
 anyway) or refused with the reason; every problem of a file is reported at once; the defaults are
 GPT-NeoX's; the vocabulary is derived and padded like GPT-NeoX's; the repo's configs keep their
 architecture."""
+
 from __future__ import annotations
 
 import json
@@ -83,14 +84,22 @@ NEOX_YML = """\
 
 
 # GPT-NeoX's required model keys (and seq_length), for files that test something else
-ARCH = ("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 64\nmax_position_embeddings: 64\n"
-        "train_iters: 10\ntrain_micro_batch_size_per_gpu: 2\n")
+ARCH = (
+    "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nseq_length: 64\nmax_position_embeddings: 64\n"
+    "train_iters: 10\ntrain_micro_batch_size_per_gpu: 2\n"
+)
 
 
 def run(args, cwd, timeout=600):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train.py"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_neox_style_config_with_every_listed_key_runs_2_steps(tmp_path):
@@ -114,19 +123,27 @@ def test_neox_style_config_with_every_listed_key_runs_2_steps(tmp_path):
 
 def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
     p = tmp_path / "bad.yml"
-    p.write_text("pipe_parallel_size: -1\nmodel_parallel_size: 0\npos_emb: learned\nnum_layers: 2\nhiden_size: 64\n"
-                 "attention_config: [[[\"local\"], 2]]\nsparsity_config: {}\nlr_decay_style: exponential\n"
-                 "zero_optimization: {stage: 3, offload_optimizer: {device: disk}}\n")
+    p.write_text(
+        "pipe_parallel_size: -1\nmodel_parallel_size: 0\npos_emb: learned\nnum_layers: 2\nhiden_size: 64\n"
+        'attention_config: [[["local"], 2]]\nsparsity_config: {}\nlr_decay_style: exponential\n'
+        "zero_optimization: {stage: 3, offload_optimizer: {device: disk}}\n"
+    )
     r = run([str(p), "--dry-run", "--world-size", "2"], tmp_path)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and all(line.startswith("error: ") for line in lines), r.stderr
     text = "\n".join(lines)
-    for needle in ("pipe_parallel_size must be >= 0, got -1", "model_parallel_size must be >= 1, got 0",
-                   "pos_emb='learned' is not valid; use one of rotary", "did you mean 'hidden_size'",
-                   "attention type 'local' is not supported", "GPT-NeoX key 'sparsity_config' is not supported here: sparse attention",
-                   "lr_decay_style='exponential' is not valid", "offload_optimizer.device='disk' is not valid",
-                   "hidden_size, num_attention_heads, max_position_embeddings, seq_length are required "
-                   "(GPT-NeoX has no default for them)"):
+    for needle in (
+        "pipe_parallel_size must be >= 0, got -1",
+        "model_parallel_size must be >= 1, got 0",
+        "pos_emb='learned' is not valid; use one of rotary",
+        "did you mean 'hidden_size'",
+        "attention type 'local' is not supported",
+        "GPT-NeoX key 'sparsity_config' is not supported here: sparse attention",
+        "lr_decay_style='exponential' is not valid",
+        "offload_optimizer.device='disk' is not valid",
+        "hidden_size, num_attention_heads, max_position_embeddings, seq_length are required "
+        "(GPT-NeoX has no default for them)",
+    ):
         assert sum(needle in line for line in lines) == 1, (needle, text)
     assert len(lines) == 9, text
 
@@ -134,11 +151,26 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path):
 def test_defaults_are_gpt_neox_defaults():
     c = Config()
     m, t = c.model, c.train
-    assert (m.rotary_pct, m.gpt_j_residual, m.no_weight_tying, m.init_method, m.output_layer_init_method,
-            m.init_method_std, m.make_vocab_size_divisible_by, m.norm, m.rotary_emb_base, m.layernorm_epsilon) == (
-        1.0, False, False, "normal", "scaled_normal", 0.02, 128, "layernorm", 10000, 1e-5)
+    assert (
+        m.rotary_pct,
+        m.gpt_j_residual,
+        m.no_weight_tying,
+        m.init_method,
+        m.output_layer_init_method,
+        m.init_method_std,
+        m.make_vocab_size_divisible_by,
+        m.norm,
+        m.rotary_emb_base,
+        m.layernorm_epsilon,
+    ) == (1.0, False, False, "normal", "scaled_normal", 0.02, 128, "layernorm", 10000, 1e-5)
     assert (t.lr_decay_style, t.weight_decay, t.warmup, t.min_lr, t.gradient_clipping, t.seed) == (
-        "linear", 0.1, 0.01, 0.0, 1.0, 1234)
+        "linear",
+        0.1,
+        0.01,
+        0.0,
+        1.0,
+        1234,
+    )
     assert c.data.split == "969,30,1" and c.model.checkpoint_num_layers == 1
 
 
@@ -156,8 +188,10 @@ def test_scaled_normal_is_std_over_sqrt_2_layers():
     assert abs(float(m.layers[0].mlp.dense_h_to_4h.weight.detach().std()) - 0.02) < 0.0005
 
 
-@pytest.mark.parametrize("extra,vocab", [("", 384), ("make_vocab_size_divisible_by: 64\n", 320),
-                                         ("tokenizer_type: CharLevelTokenizer\n", 512)])
+@pytest.mark.parametrize(
+    "extra,vocab",
+    [("", 384), ("make_vocab_size_divisible_by: 64\n", 320), ("tokenizer_type: CharLevelTokenizer\n", 512)],
+)
 def test_vocab_size_is_derived_and_padded(tmp_path, extra, vocab):
     p = tmp_path / "v.yml"
     p.write_text(ARCH + extra)
@@ -166,8 +200,9 @@ def test_vocab_size_is_derived_and_padded(tmp_path, extra, vocab):
 
 def test_explicit_vocab_smaller_than_the_tokenizer_is_one_line(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": i for i in range(300)} | {"<|endoftext|>": 300},
-                                                           unk_token="w0"))
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({f"w{i}": i for i in range(300)} | {"<|endoftext|>": 300}, unk_token="w0")
+    )
     tok.save(str(tmp_path / "tok.json"))
     base = ARCH + f"tokenizer_type: HFTokenizer\nvocab_file: {tmp_path / 'tok.json'}\n"
     (tmp_path / "a.yml").write_text(base + "vocab_size: 256\n")
@@ -181,20 +216,58 @@ def test_explicit_vocab_smaller_than_the_tokenizer_is_one_line(tmp_path):
 def test_merge_file_reaches_the_tokenizer(tmp_path):
     (tmp_path / "vocab.json").write_text(json.dumps({"a": 0, "b": 1, "ab": 2, "<|endoftext|>": 3}))
     (tmp_path / "merges.txt").write_text("#version: 0.2\na b\n")
-    (tmp_path / "m.yml").write_text(ARCH + f"tokenizer_type: GPT2BPETokenizer\nvocab_file: {tmp_path / 'vocab.json'}\n"
-                                    f"merge_file: {tmp_path / 'merges.txt'}\n")
+    (tmp_path / "m.yml").write_text(
+        ARCH + f"tokenizer_type: GPT2BPETokenizer\nvocab_file: {tmp_path / 'vocab.json'}\n"
+        f"merge_file: {tmp_path / 'merges.txt'}\n"
+    )
     cfg = load_config([str(tmp_path / "m.yml")])
     assert cfg.data.merge_file == str(tmp_path / "merges.txt") and cfg.model.vocab_size == 128
 
 
-@pytest.mark.parametrize("name,arch", [
-    ("tiny.yml", dict(num_layers=4, hidden_size=128, rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True,
-                      init_method="small_init", output_layer_init_method="wang_init", vocab_size=512)),
-    ("20B.yml", dict(num_layers=44, hidden_size=6144, rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True,
-                     init_method="small_init", output_layer_init_method="wang_init", vocab_size=50432)),
-    ("10B.yml", dict(num_layers=48, hidden_size=4096, rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True,
-                     init_method="small_init", output_layer_init_method="wang_init", vocab_size=50432)),
-])
+@pytest.mark.parametrize(
+    "name,arch",
+    [
+        (
+            "tiny.yml",
+            dict(
+                num_layers=4,
+                hidden_size=128,
+                rotary_pct=0.25,
+                gpt_j_residual=True,
+                no_weight_tying=True,
+                init_method="small_init",
+                output_layer_init_method="wang_init",
+                vocab_size=512,
+            ),
+        ),
+        (
+            "20B.yml",
+            dict(
+                num_layers=44,
+                hidden_size=6144,
+                rotary_pct=0.25,
+                gpt_j_residual=True,
+                no_weight_tying=True,
+                init_method="small_init",
+                output_layer_init_method="wang_init",
+                vocab_size=50432,
+            ),
+        ),
+        (
+            "10B.yml",
+            dict(
+                num_layers=48,
+                hidden_size=4096,
+                rotary_pct=0.25,
+                gpt_j_residual=True,
+                no_weight_tying=True,
+                init_method="small_init",
+                output_layer_init_method="wang_init",
+                vocab_size=50432,
+            ),
+        ),
+    ],
+)
 def test_repo_configs_keep_their_architecture_and_schedule(name, arch):
     cfg = load_config([os.path.join(ROOT, "configs", name)])
     for k, v in arch.items():
@@ -206,17 +279,43 @@ def test_repo_configs_keep_their_architecture_and_schedule(name, arch):
 def test_docs_table_is_generated_from_the_declarations():
     rows = neox_table()
     status = {k: s for k, s, _ in rows}
-    for k in ("scaled_upper_triang_masked_softmax_fusion", "bias_gelu_fusion", "pos_emb", "data_impl",
-              "checkpoint_num_layers", "partition_activations", "synchronize_each_layer", "steps_per_print",
-              "wall_clock_breakdown", "distributed_backend", "zero_optimization.allgather_partitions",
-              "zero_optimization.reduce_scatter", "attention_config", "pipe_parallel_size", "model_parallel_size"):
+    for k in (
+        "scaled_upper_triang_masked_softmax_fusion",
+        "bias_gelu_fusion",
+        "pos_emb",
+        "data_impl",
+        "checkpoint_num_layers",
+        "partition_activations",
+        "synchronize_each_layer",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        "distributed_backend",
+        "zero_optimization.allgather_partitions",
+        "zero_optimization.reduce_scatter",
+        "attention_config",
+        "pipe_parallel_size",
+        "model_parallel_size",
+    ):
         assert status[k] == "accepted", k
-    for k in ("keep_last_n_checkpoints", "merge_file", "make_vocab_size_divisible_by", "tensorboard_dir",
-              "rotary_pct", "finetune", "no_load_optim", "train_batch_size", "scheduler.type", "norm", "num_kv_heads",
-              "fp16.fp16"):  # (GPT-NeoX's duplicate of fp16.enabled: true enables fp16 here too)
+    for k in (
+        "keep_last_n_checkpoints",
+        "merge_file",
+        "make_vocab_size_divisible_by",
+        "tensorboard_dir",
+        "rotary_pct",
+        "finetune",
+        "no_load_optim",
+        "train_batch_size",
+        "scheduler.type",
+        "norm",
+        "num_kv_heads",
+        "fp16.fp16",
+    ):  # (GPT-NeoX's duplicate of fp16.enabled: true enables fp16 here too)
         assert status[k] == "implemented", k
     assert status["sparsity_config"] == "rejected"
     with open(os.path.join(ROOT, "docs", "neox_compat.md")) as f:
         doc = f.read()
-    assert neox_table_markdown() in doc, "docs/neox_compat.md: regenerate with python -m megatron_topo.config --neox-table"
+    assert neox_table_markdown() in doc, (
+        "docs/neox_compat.md: regenerate with python -m megatron_topo.config --neox-table"
+    )
     assert re.search(r"\d+ implemented, \d+ accepted, \d+ rejected", doc)

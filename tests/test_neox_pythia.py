@@ -4,6 +4,7 @@ it; fp16.auto_cast, use_wandb and checkpoint_validation_with_forward_pass are ac
 in the note line when they change nothing; GPT-2 vocab/merges files without tokenizer_type are
 GPT2BPETokenizer (GPT-NeoX's default); load = save and empty starts fresh; keys GPT-NeoX declares
 and this trainer does not read are named as such, not mistaken for typos."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,11 @@ import torch
 
 from megatron_topo.config import ConfigError, load_config
 
-ARCH = ("num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nmax_position_embeddings: 16\n"
-        "vocab_size: 64\ntrain_micro_batch_size_per_gpu: 2\nprecision: fp32\nlog_interval: 1\neval_interval: 0\n"
-        "progress_bar: false\n")
+ARCH = (
+    "num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nmax_position_embeddings: 16\n"
+    "vocab_size: 64\ntrain_micro_batch_size_per_gpu: 2\nprecision: fp32\nlog_interval: 1\neval_interval: 0\n"
+    "progress_bar: false\n"
+)
 
 # the keys of GPT-NeoX's configs/pythia/1B.yml that this issue is about, with its values
 PYTHIA = """\
@@ -35,8 +38,12 @@ def _trainer(cfg):
 
     from .train_utils import datasets
 
-    return Trainer(cfg, Runtime(0, 1, 0, Topology(1, 1, 1), torch.device("cpu"), False), datasets=datasets(cfg),
-                   log=lambda *a, **k: None)
+    return Trainer(
+        cfg,
+        Runtime(0, 1, 0, Topology(1, 1, 1), torch.device("cpu"), False),
+        datasets=datasets(cfg),
+        log=lambda *a, **k: None,
+    )
 
 
 def test_pythia_fp16_block_is_bf16_and_its_bookkeeping_keys_are_noted(tmp_path):
@@ -53,11 +60,13 @@ def test_pythia_fp16_block_is_bf16_and_its_bookkeeping_keys_are_noted(tmp_path):
 
 def test_extra_save_iters_saves_at_those_steps_too(tmp_path):
     p = tmp_path / "c.yml"
-    p.write_text(ARCH + f"train_iters: 6\ncheckpoint_factor: 4\nextra_save_iters: [0, 1, 2, 9]\nkeep_last: 0\n"
-                        f"save: {tmp_path / 'ck'}\nlog_dir: {tmp_path / 'run'}\n")
+    p.write_text(
+        ARCH + f"train_iters: 6\ncheckpoint_factor: 4\nextra_save_iters: [0, 1, 2, 9]\nkeep_last: 0\n"
+        f"save: {tmp_path / 'ck'}\nlog_dir: {tmp_path / 'run'}\n"
+    )
     tr = _trainer(load_config([str(p)]))
     tr.train()
-    steps = sorted(int(d[len("global_step"):]) for d in os.listdir(tmp_path / "ck") if d.startswith("global_step"))
+    steps = sorted(int(d[len("global_step") :]) for d in os.listdir(tmp_path / "ck") if d.startswith("global_step"))
     assert steps == [0, 1, 2, 4, 6]  # extra 0, 1, 2; every 4; the end (9 is past train_iters)
 
 
@@ -67,10 +76,12 @@ def test_local_setup_keys_start_fresh_then_resume(tmp_path):
     (tmp_path / "gpt2-merges.txt").write_text("#version: 0.2\na b\n")
     ck = tmp_path / "checkpoints"
     p = tmp_path / "local_setup.yml"  # GPT-NeoX's configs/local_setup.yml, with paths here
-    p.write_text(f'{{"vocab-file": "{tmp_path}/gpt2-vocab.json", "merge-file": "{tmp_path}/gpt2-merges.txt",\n'
-                 f' "save": "{ck}", "load": "{ck}", "checkpoint_validation_with_forward_pass": False,\n'
-                 f' "tensorboard-dir": "{tmp_path}/tb", "log-dir": "{tmp_path}/logs", "use_wandb": True,\n'
-                 f' "wandb_host": "https://api.wandb.ai", "wandb_project": "neox"}}\n')
+    p.write_text(
+        f'{{"vocab-file": "{tmp_path}/gpt2-vocab.json", "merge-file": "{tmp_path}/gpt2-merges.txt",\n'
+        f' "save": "{ck}", "load": "{ck}", "checkpoint_validation_with_forward_pass": False,\n'
+        f' "tensorboard-dir": "{tmp_path}/tb", "log-dir": "{tmp_path}/logs", "use_wandb": True,\n'
+        f' "wandb_host": "https://api.wandb.ai", "wandb_project": "neox"}}\n'
+    )
     m = tmp_path / "model.yml"
     m.write_text(ARCH + "train_iters: 2\ncheckpoint_factor: 1\n")
     cfg = load_config([str(m), str(p)])
@@ -90,12 +101,15 @@ def test_local_setup_keys_start_fresh_then_resume(tmp_path):
         _trainer(other)
 
 
-@pytest.mark.parametrize("key,value,why", [
-    ("scalenorm_epsilon", "1.0e-8", "ScaleNorm is not implemented"),
-    ("gas", "4", "GPT-NeoX overwrites it with gradient_accumulation_steps: set that"),
-    ("text_gen_type", "unconditional", "a text-generation/evaluation setting of GPT-NeoX's generate.py"),
-    ("num_gpus", "8", "a DeepSpeed runner (deepspeed launcher) option"),
-])
+@pytest.mark.parametrize(
+    "key,value,why",
+    [
+        ("scalenorm_epsilon", "1.0e-8", "ScaleNorm is not implemented"),
+        ("gas", "4", "GPT-NeoX overwrites it with gradient_accumulation_steps: set that"),
+        ("text_gen_type", "unconditional", "a text-generation/evaluation setting of GPT-NeoX's generate.py"),
+        ("num_gpus", "8", "a DeepSpeed runner (deepspeed launcher) option"),
+    ],
+)
 def test_declared_neox_keys_say_they_are_not_supported(tmp_path, key, value, why):
     p = tmp_path / "k.yml"
     p.write_text(ARCH + f"train_iters: 2\n{key}: {value}\n")
@@ -110,12 +124,15 @@ def test_pythia_model_parallel_size_is_noted_and_pads_the_vocabulary(tmp_path):
     vocabulary is padded to 128 x model_parallel_size as GPT-NeoX pads it (50277 ids -> 50688 at 4, the
     vocab_size of HF pythia-12b)."""
     tokenizers = pytest.importorskip("tokenizers")
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({f"w{i}": i for i in range(50276)} | {"<|endoftext|>": 50276},
-                                                           unk_token="w0"))
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({f"w{i}": i for i in range(50276)} | {"<|endoftext|>": 50276}, unk_token="w0")
+    )
     tok.save(str(tmp_path / "tok.json"))
     p = tmp_path / "mp.yml"
-    p.write_text(ARCH.replace("vocab_size: 64\n", "") + f"train_iters: 2\nmodel_parallel_size: 4\n"
-                 f"pipe_parallel_size: 1\ntokenizer_type: HFTokenizer\nvocab_file: {tmp_path / 'tok.json'}\n")
+    p.write_text(
+        ARCH.replace("vocab_size: 64\n", "") + f"train_iters: 2\nmodel_parallel_size: 4\n"
+        f"pipe_parallel_size: 1\ntokenizer_type: HFTokenizer\nvocab_file: {tmp_path / 'tok.json'}\n"
+    )
     cfg = load_config([str(p)])
     assert cfg.model.vocab_size == 50688 and cfg.no_effect == ["model_parallel_size=4"]
 
@@ -126,14 +143,18 @@ def test_check_neox_configs_tool_counts_and_gives_reasons(tmp_path, capsys):
 
     d = tmp_path / "configs"
     (d / "llama").mkdir(parents=True)
-    (d / "small.yml").write_text(ARCH.replace("vocab_size: 64\n", "") + PYTHIA.replace("143000", "10") +
-                                 '"model_parallel_size": 2\n')
-    (d / "llama" / "train_config.yml").write_text('{"finetune": true, "train_micro_batch_size_per_gpu": 4, '
-                                                  '"train_iters": 10}\n')
+    (d / "small.yml").write_text(
+        ARCH.replace("vocab_size: 64\n", "") + PYTHIA.replace("143000", "10") + '"model_parallel_size": 2\n'
+    )
+    (d / "llama" / "train_config.yml").write_text(
+        '{"finetune": true, "train_micro_batch_size_per_gpu": 4, "train_iters": 10}\n'
+    )
     assert main([str(d), "--world-size", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[2] == ("| `llama/train_config.yml` | refused | num_layers, hidden_size, num_attention_heads, "
-                      "max_position_embeddings, seq_length are required (GPT-NeoX has no default for them); set "
-                      "them in a config file or with --set |")
+    assert out[2] == (
+        "| `llama/train_config.yml` | refused | num_layers, hidden_size, num_attention_heads, "
+        "max_position_embeddings, seq_length are required (GPT-NeoX has no default for them); set "
+        "them in a config file or with --set |"
+    )
     assert out[3] == "| `small.yml` | passes |  |"
     assert out[-1] == "1 of 2 files pass (dry run, unchanged, vocab_size=50304, world size 2)"

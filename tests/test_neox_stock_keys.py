@@ -5,6 +5,7 @@ here) and ``warmup_iters`` / ``decay_lr_to`` (mapped onto warmup / min_lr), ``de
 ``comment`` / ``account`` and ``comms_logger`` (accepted, named in the note line), ``num_experts``
 (named as a GPT-NeoX MoE key, not a typo of num_layers), and a warmup step count that lands exactly.
 Fixtures: tests/data/neox_stock/*.yml (written for these tests)."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,10 @@ from megatron_topo.config import ConfigError, load_config
 from megatron_topo.training.batches import learning_rate
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "neox_stock")
-TINY = ("num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nmax_position_embeddings: 16\n"
-        "vocab_size: 64\ntrain_micro_batch_size_per_gpu: 2\n")
+TINY = (
+    "num_layers: 2\nhidden_size: 32\nnum_attention_heads: 4\nseq_length: 16\nmax_position_embeddings: 16\n"
+    "vocab_size: 64\ntrain_micro_batch_size_per_gpu: 2\n"
+)
 
 
 def _f(name: str) -> str:
@@ -56,12 +59,15 @@ def test_data_types_fp32_is_accepted_with_the_note_and_other_dtypes_are_refused(
     assert "'bf16'" in line and "fp32" in line and "accumulate in fp32" in line
 
 
-@pytest.mark.parametrize("extra, words", [
-    ("warmup: 0.1\n", "warmup_iters and warmup both set"),
-    ("min_lr: 0.0001\n", "decay_lr_to and min_lr both set"),
-    ("lr_decay_iters: 6\n", "warmup_iters 7 exceeds the lr_decay_iters 6"),
-    ("scheduler: {type: WarmupLR, params: {warmup_num_steps: 5}}\n", "scheduler (WarmupLR) and warmup_iters"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ("warmup: 0.1\n", "warmup_iters and warmup both set"),
+        ("min_lr: 0.0001\n", "decay_lr_to and min_lr both set"),
+        ("lr_decay_iters: 6\n", "warmup_iters 7 exceeds the lr_decay_iters 6"),
+        ("scheduler: {type: WarmupLR, params: {warmup_num_steps: 5}}\n", "scheduler (WarmupLR) and warmup_iters"),
+    ],
+)
 def test_llemma_schedule_keys_conflicts_are_one_line_each(tmp_path, extra, words):
     with pytest.raises(ConfigError) as e:
         load_config([_f("llemma_like.yml"), _yml(tmp_path, extra)], ["vocab_size=64"])
@@ -70,8 +76,11 @@ def test_llemma_schedule_keys_conflicts_are_one_line_each(tmp_path, extra, words
 
 def test_deepspeed_scheduler_warmup_steps_land_exactly(tmp_path):
     # 7 of 55 steps: 7 / 55 as the warmup fraction gave int(0.1272... * 55) = 6 warmup steps
-    p = _yml(tmp_path, TINY + "train_iters: 55\noptimizer: {type: Adam, params: {lr: 0.001}}\n"
-                              "scheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 7, total_num_steps: 55}}\n")
+    p = _yml(
+        tmp_path,
+        TINY + "train_iters: 55\noptimizer: {type: Adam, params: {lr: 0.001}}\n"
+        "scheduler: {type: WarmupDecayLR, params: {warmup_num_steps: 7, total_num_steps: 55}}\n",
+    )
     cfg = load_config([p])
     assert learning_rate(cfg, 6) == pytest.approx(0.001 * 6 / 7)
     assert learning_rate(cfg, 7) == 0.001 and learning_rate(cfg, 8) < 0.001
@@ -94,8 +103,9 @@ def test_deepspeed_extra_args_are_read_as_top_level_keys(tmp_path):
     assert any("deepspeed_extra_args.dump_state is also set elsewhere" in line for line in _lines(e))
     # and its keys get the same checks as top-level ones
     with pytest.raises(ConfigError) as e:
-        load_config([_yml(tmp_path, TINY + "train_iters: 3\n"
-                                           "deepspeed_extra_args: {sparse_attention: {mode: fixed}}\n")])
+        load_config(
+            [_yml(tmp_path, TINY + "train_iters: 3\ndeepspeed_extra_args: {sparse_attention: {mode: fixed}}\n")]
+        )
     assert any("GPT-NeoX key 'sparse_attention' is not supported here" in line for line in _lines(e))
 
 
@@ -117,14 +127,17 @@ def test_check_neox_configs_counts_the_fixture_folder(capsys):
     assert "3 of 4 files pass" in out
 
 
-@pytest.mark.parametrize("value, error", [
-    ('[[["flash"], "all"]]', None),  # GPT-NeoX: the pattern repeats over every layer
-    ('["global", "flash"]', None),  # already expanded: one type per layer
-    ('[["global", "flash"], "all"]', "bad"),  # not a list of [types, count] items
-    ('[[["global", "flash", "global"], "all"]]', 'attention_config\'s "all" pattern does not divide num_layers 2'),
-    ('[[["gmlp"], "all"]]', "attention type 'gmlp' is not supported"),
-    ('["global"]', "attention_config covers 1 layers but num_layers is 2"),
-])
+@pytest.mark.parametrize(
+    "value, error",
+    [
+        ('[[["flash"], "all"]]', None),  # GPT-NeoX: the pattern repeats over every layer
+        ('["global", "flash"]', None),  # already expanded: one type per layer
+        ('[["global", "flash"], "all"]', "bad"),  # not a list of [types, count] items
+        ('[[["global", "flash", "global"], "all"]]', 'attention_config\'s "all" pattern does not divide num_layers 2'),
+        ('[[["gmlp"], "all"]]', "attention type 'gmlp' is not supported"),
+        ('["global"]', "attention_config covers 1 layers but num_layers is 2"),
+    ],
+)
 def test_attention_config_all_and_expanded_forms(tmp_path, value, error):
     p = _yml(tmp_path, TINY + f"train_iters: 3\nattention_config: {value}\n")
     if error is None:
@@ -137,8 +150,11 @@ def test_attention_config_all_and_expanded_forms(tmp_path, value, error):
 
 
 def test_fp16_scaling_keys_copied_into_the_bf16_block_are_noted(tmp_path):
-    p = _yml(tmp_path, TINY + "train_iters: 3\nbf16: {bf16: true, enabled: true, loss_scale: 0, "
-                              "loss_scale_window: 1000, initial_scale_power: 12, hysteresis: 2, min_loss_scale: 1}\n")
+    p = _yml(
+        tmp_path,
+        TINY + "train_iters: 3\nbf16: {bf16: true, enabled: true, loss_scale: 0, "
+        "loss_scale_window: 1000, initial_scale_power: 12, hysteresis: 2, min_loss_scale: 1}\n",
+    )
     cfg = load_config([p])
     assert cfg.precision == "bf16"
     for item in ("bf16.bf16=True", "bf16.loss_scale=0.0", "bf16.hysteresis=2", "bf16.min_loss_scale=1.0"):

@@ -1,5 +1,6 @@
 """Block scales travel in the same collective as their payload (docs/design.md §5): one launch per
 quantized collective, the same bytes on the wire as payload + scales sent apart."""
+
 import torch
 
 from megatron_topo.config import ZeroTopoConfig
@@ -19,8 +20,8 @@ def test_pack_unpack_round_trip_piece_by_piece():
         # piece i: payload slice i then scales slice i (what an all-to-all hands to rank i)
         qb, sb = q.numel() // 4, s.numel() // 4
         piece = buf.view(4, -1)[2]
-        assert torch.equal(piece[:qb], q.view(torch.uint8)[2 * qb:3 * qb])
-        assert torch.equal(piece[qb:].view(torch.float32), s[2 * sb:3 * sb])
+        assert torch.equal(piece[:qb], q.view(torch.uint8)[2 * qb : 3 * qb])
+        assert torch.equal(piece[qb:].view(torch.float32), s[2 * sb : 3 * sb])
         q2, s2 = packed.unpack(buf, 4, qb, q.dtype)
         assert q2.dtype == q.dtype and torch.equal(q2, q) and torch.equal(s2, s)
 
@@ -36,8 +37,12 @@ def _collectives(rank, world, preset, extra):
             return _real(self, out, inp, group, async_op=async_op)
 
         setattr(Comm, op, record)
-    eng = make_engine(rank, world, ZeroTopoConfig(preset=preset, quant_block_size=64, grad_quant_block_size=64,
-                                                  **extra), precision="bf16")
+    eng = make_engine(
+        rank,
+        world,
+        ZeroTopoConfig(preset=preset, quant_block_size=64, grad_quant_block_size=64, **extra),
+        precision="bf16",
+    )
     train_steps(eng, rank, steps=1, accum=2)
     return seen
 

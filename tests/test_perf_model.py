@@ -2,6 +2,7 @@
 hand), the alpha-beta time model on arbitrary SystemConfigs, overlap, the comparison with the
 ZeRO-topo paper (20B on 384 GCDs); the emulated cluster's model is in tests/test_emulated_model.py. Targets the honest model does not reach are strict xfails:
 they document the gap (docs/frontier.md) and turn red if a model change closes it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,15 +33,23 @@ def cfg20b():
 
 
 def uniform_system(bw_gbs=1.0, nics=1, latency_us=0.0, **kw) -> SystemConfig:
-    return SystemConfig(name="test", bw_intra_gpu_gbs=bw_gbs, bw_intra_node_gbs=bw_gbs, bw_inter_node_gbs=bw_gbs,
-                        nics_per_node=nics, latency_intra_gpu_us=latency_us, latency_intra_node_us=latency_us,
-                        latency_inter_node_us=latency_us, **kw)
+    return SystemConfig(
+        name="test",
+        bw_intra_gpu_gbs=bw_gbs,
+        bw_intra_node_gbs=bw_gbs,
+        bw_inter_node_gbs=bw_gbs,
+        nics_per_node=nics,
+        latency_intra_gpu_us=latency_us,
+        latency_intra_node_us=latency_us,
+        latency_inter_node_us=latency_us,
+        **kw,
+    )
 
 
 # ----------------------------------------------------------------------------------- FLOPs
 def test_flops_formula_by_hand():
     s = pm.Shape(num_layers=2, hidden_size=64, seq_length=32, vocab_size=128)
-    fwd = 24 * 3 * 32 * 2 * 64 ** 2 * (1 + 32 / (6 * 64) + 128 / (16 * 2 * 64))
+    fwd = 24 * 3 * 32 * 2 * 64**2 * (1 + 32 / (6 * 64) + 128 / (16 * 2 * 64))
     assert s.forward_flops(3) == pytest.approx(fwd)
     assert s.microbatch_flops(3, recompute=True) == pytest.approx(4 * fwd)
     assert s.microbatch_flops(3, recompute=False) == pytest.approx(3 * fwd)
@@ -134,7 +143,8 @@ def test_alpha_beta_on_an_arbitrary_system():
     q = {x.name: x for x in pm.plan_collectives(PSI, pm.preset_plan("zeropp", topo), topo)}["forward_all_gather"]
     assert pm.collective_time(q, topo, lat_only, 10) == pytest.approx(10 * 15 * 3e-6, rel=1e-3)
     assert pm.collective_time(q, topo, lat_only, 10, separate_scales=True) == pytest.approx(
-        10 * 15 * (3e-6 + 0.5e-6), rel=1e-3)
+        10 * 15 * (3e-6 + 0.5e-6), rel=1e-3
+    )
     assert pm.collective_time(c, topo, lat_only, 10, separate_scales=True) == pytest.approx(lat)  # 16-bit
 
 
@@ -165,6 +175,7 @@ def test_in_flight_bound_is_the_engines():
     import inspect
 
     from megatron_topo.zero_topo.engine import ZeroTopoEngine
+
     assert inspect.signature(ZeroTopoEngine).parameters["max_in_flight"].default == pm.REDUCTIONS_IN_FLIGHT
 
 
@@ -173,6 +184,7 @@ def test_combine_lag_is_the_engines_fixed_point():
     point fixed by program position, the same on every rank), immediately without a reduction
     (ddp, zero1)."""
     from megatron_topo.analysis.perf_model.step import combine_lag
+
     assert combine_lag(0.0) == 0.0
     assert combine_lag(0.25) == combine_lag(5.0) == pm.REDUCTIONS_IN_FLIGHT
 
@@ -182,6 +194,7 @@ def test_two_stage_combine_runs_its_all_gather_after_the_backward():
     model puts that half of the combine there. A single-stage one (optimizer over the world)
     stays under the backward."""
     from megatron_topo.analysis.perf_model.step import combine_tail
+
     topo = frontier(2)
     system = uniform_system(bw_gbs=0.5, nics=4, hbm_bw_gbs=1e15, peak_tflops=191.5, compute_efficiency=0.4)
     two = pm.preset_plan("ddp", topo, combine_bits=8)
@@ -198,6 +211,7 @@ def test_step_overlap_matches_the_engine():
     after its own (issue 27; from 3af3320 to then once its reduction landed), and each unit's
     post-step gather is waited for at its next forward gather."""
     from megatron_topo.analysis.perf_model.step import combine_lag
+
     shape = pm.Shape(44, 6144, 2048, 50432)
     topo, n = frontier(6), shape.units
     for bw in (5.0, 0.05):  # combine/post-step gather shorter, then longer, than a pass
@@ -254,9 +268,12 @@ def test_topo_over_zero3_within_15_percent(paper_run):
     assert abs(r["topo/zero3"] / pm.PAPER_20B_384["topo/zero3"] - 1) <= 0.15, r
 
 
-@pytest.mark.xfail(strict=True, reason="predicts topo/zeropp = 1.43 (paper 1.71, -16%) with RCCL's step latency at "
-                   "its seed-004 lower bound (85 us); 1.47 (-14%) at the 1 GB all-gather point (100 us); "
-                   "see docs/frontier.md")
+@pytest.mark.xfail(
+    strict=True,
+    reason="predicts topo/zeropp = 1.43 (paper 1.71, -16%) with RCCL's step latency at "
+    "its seed-004 lower bound (85 us); 1.47 (-14%) at the 1 GB all-gather point (100 us); "
+    "see docs/frontier.md",
+)
 def test_topo_over_zeropp_within_15_percent(paper_run):
     _, r = paper_run
     assert abs(r["topo/zeropp"] / pm.PAPER_20B_384["topo/zeropp"] - 1) <= 0.15, r
@@ -272,16 +289,16 @@ def test_system_constants_are_documented():
     for name in ("frontier.yml", "dgx_a100.yml", "dgx2_v100.yml", "emulated_cpu.yml"):
         lines = open(os.path.join(REPO, "configs", name)).read().splitlines()
         start = lines.index("system:")
-        for line in lines[start + 1:]:
+        for line in lines[start + 1 :]:
             if not line.startswith("  "):
                 break
             key = line.split(":")[0].strip()
             if key and key != "name" and not key.startswith("#"):
                 assert "#" in line, f"{name}: {key} has no source comment"
-    for mod, words in ((pm, ("191.5", "125", "compute_efficiency", "200 GB/s", "50 GB/s", "25 GB/s", "Eq. 5.7",
-                             "seed 004")),
-                       (emu, ("EMULATED_TRANSPORT_GBS", "6.5-7 Gbit/s", "364-381", "179-190",
-                              "unshaped step time of ddp"))):
+    for mod, words in (
+        (pm, ("191.5", "125", "compute_efficiency", "200 GB/s", "50 GB/s", "25 GB/s", "Eq. 5.7", "seed 004")),
+        (emu, ("EMULATED_TRANSPORT_GBS", "6.5-7 Gbit/s", "364-381", "179-190", "unshaped step time of ddp")),
+    ):
         for word in words:
             assert word in mod.__doc__, (mod.__name__, word)
 
@@ -289,14 +306,21 @@ def test_system_constants_are_documented():
 # -------------------------------------------------------------------------------------- CLI
 def test_cli_table_json_and_plot(tmp_path):
     png = tmp_path / "p.png"
-    cmd = [sys.executable, PERF_PY, "--model", "configs/20B.yml", "--system", "configs/frontier.yml",
-           "--gcds", "8,16,384"]
+    cmd = [
+        sys.executable,
+        PERF_PY,
+        "--model",
+        "configs/20B.yml",
+        "--system",
+        "configs/frontier.yml",
+        "--gcds",
+        "8,16,384",
+    ]
     r = subprocess.run(cmd + ["--plot", str(png)], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "topo/zeropp" in r.stdout and "1.71" in r.stdout and "weak-scaling efficiency" in r.stdout
     assert png.stat().st_size > 1000
-    r = subprocess.run(cmd + ["--json", "--nic-sharing", "ring"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(cmd + ["--json", "--nic-sharing", "ring"], cwd=REPO, capture_output=True, text=True, timeout=60)
     data = json.loads(r.stdout)
     assert data["gcds"] == [8, 16, 384] and len(data["estimates"]) == 9 and data["nic_sharing"] == "ring"
     r = subprocess.run(cmd[:-1] + ["8,x"], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -306,8 +330,9 @@ def test_cli_table_json_and_plot(tmp_path):
 def test_emulated_rates_via_set_override():
     """Later the emulated cluster's rates go in the same way: a system block or --set overrides."""
     cfg = cfg20b()
-    fast = dataclasses.replace(cfg.system, bw_inter_node_gbs=1000.0, bw_intra_node_gbs=1000.0,
-                               latency_inter_node_us=1.0)
+    fast = dataclasses.replace(
+        cfg.system, bw_inter_node_gbs=1000.0, bw_intra_node_gbs=1000.0, latency_inter_node_us=1.0
+    )
     base = pm.ratios(pm.predict(cfg, ["zero3", "topo"], [384]), 384)["topo/zero3"]
     quick = pm.ratios(pm.predict(cfg, ["zero3", "topo"], [384], system=fast), 384)["topo/zero3"]
     assert quick < base
@@ -320,8 +345,9 @@ def test_quantized_combine_and_publish_in_the_model():
     psi, topo = 20e9, frontier(48)
     M, W, P = 2 * psi, 384, 8
     base = {c.name: c for c in pm.plan_collectives(psi, pm.preset_plan("topo", topo), topo)}
-    q = {c.name: c for c in pm.plan_collectives(psi, pm.preset_plan("topo", topo, combine_bits=8, publish_bits=8),
-                                               topo)}
+    q = {
+        c.name: c for c in pm.plan_collectives(psi, pm.preset_plan("topo", topo, combine_bits=8, publish_bits=8), topo)
+    }
     assert base["combine"].bytes_sent == pytest.approx(2 * (M / P) * (W // P - 1) / (W // P))
     assert q["combine"].bytes_sent == pytest.approx((M / P / 2) * (W // P - 1) / (W // P))
     assert q["post_step_all_gather"].bytes_sent == pytest.approx(base["post_step_all_gather"].bytes_sent / 2)

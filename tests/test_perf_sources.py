@@ -1,6 +1,7 @@
 """megatron_topo.analysis.perf_sources: the performance model against published measurements that are not
 the ZeRO-topo paper's -- ZeRO++'s Table 1 (seed 003) and RCCL's ring cost from seed 004 -- and the
 'deepspeed' stack the paper comparison uses."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,15 +50,14 @@ def test_per_rank_nic_sharing_is_contradicted_by_zeropp_table1():
 
 def test_deepspeed_composition_fits_table1_better_than_the_engine_overlap():
     d = system("dgx2_v100.yml")
-    worst = {st: max(abs(r["speedup_error"]) for r in ps.validate_zeropp_table1(d, st, "ring"))
-             for st in pm.STACKS}
+    worst = {st: max(abs(r["speedup_error"]) for r in ps.validate_zeropp_table1(d, st, "ring")) for st in pm.STACKS}
     assert worst["deepspeed"] < 0.2 < worst["engine"], worst
 
 
 # ------------------------------------------------------------------------------ seed 004
 def test_pccl_time_by_hand():
     s = system("frontier.yml")  # 4 NICs x 25 GB/s, 50 GB/s intra-node, 1600 GB/s HBM
-    S = 1024 * 2 ** 20
+    S = 1024 * 2**20
     inter = S / 8 * 255 / 256 / 12.5e9
     intra = S * 7 / 8 / 50e9
     assert ps.pccl_time(1024, 2048, s) == pytest.approx(inter + intra + 2 * S / 1600e9)
@@ -66,8 +66,12 @@ def test_pccl_time_by_hand():
 def test_rccl_ring_latency_is_derived_and_used_by_frontier_yml():
     s = system("frontier.yml")
     d = ps.derive_rccl_ring(s)
-    assert set(d["alpha_us"]) == {"all_gather 1024MB", "all_gather 512MB", "reduce_scatter 1024MB",
-                                  "reduce_scatter 512MB"}
+    assert set(d["alpha_us"]) == {
+        "all_gather 1024MB",
+        "all_gather 512MB",
+        "reduce_scatter 1024MB",
+        "reduce_scatter 512MB",
+    }
     assert all(80 < a < 101 for a in d["alpha_us"].values()), d
     assert all(70 < b < 100 for b in d["beta_gbs"].values()), d  # RCCL's flat ring, per GCD
     assert s.latency_inter_node_us == pytest.approx(d["alpha_us_median"], abs=0.5)
@@ -77,7 +81,7 @@ def test_rccl_ring_latency_is_derived_and_used_by_frontier_yml():
         a = d["alpha_us"][f"{op} 1024MB"] * 1e-6
         for p in (32, 2048):
             t = ps.PCCL_OVER_RCCL[(op, p, 1024)] * ps.pccl_time(1024, p, s)
-            assert 1024 * 2 ** 20 * (p - 1) / p * inv_beta + (p - 1) * a == pytest.approx(t)
+            assert 1024 * 2**20 * (p - 1) / p * inv_beta + (p - 1) * a == pytest.approx(t)
 
 
 # -------------------------------------------------------------------------------- stacks
@@ -114,27 +118,52 @@ def test_engine_stack_on_frontier():
 
 # -------------------------------------------------------------------------------------- CLI
 def test_cli_validate_and_derive():
-    r = subprocess.run([sys.executable, PERF_PY, "--validate-zeropp", "--stack", "deepspeed"], cwd=REPO,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, PERF_PY, "--validate-zeropp", "--stack", "deepspeed"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     assert "seed 003 Table 1(a)" in r.stdout and r.stdout.count("138B") == 4
-    r = subprocess.run([sys.executable, PERF_PY, "--validate-zeropp", "--json"], cwd=REPO, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, PERF_PY, "--validate-zeropp", "--json"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     data = json.loads(r.stdout)
     assert data["stack"] == "engine" and data["nic_sharing"] == "ring" and len(data["validate_zeropp"]) == 16
-    r = subprocess.run([sys.executable, PERF_PY, "--derive-alpha"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, PERF_PY, "--derive-alpha"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "median alpha" in r.stdout, r.stderr
-    r = subprocess.run([sys.executable, PERF_PY, "--model", "configs/20B.yml", "--system", "configs/frontier.yml",
-                        "--gcds", "8,384", "--stack", "deepspeed"], cwd=REPO, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            PERF_PY,
+            "--model",
+            "configs/20B.yml",
+            "--system",
+            "configs/frontier.yml",
+            "--gcds",
+            "8,384",
+            "--stack",
+            "deepspeed",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and "stack 'deepspeed'" in r.stdout and "topo/zeropp" in r.stdout, r.stderr
 
 
 def test_frontier_alpha_override_still_works():
-    cfg = load_config([os.path.join(REPO, "configs/20B.yml"), os.path.join(REPO, "configs/frontier.yml")],
-                      ["system.latency_inter_node_us=100"])
+    cfg = load_config(
+        [os.path.join(REPO, "configs/20B.yml"), os.path.join(REPO, "configs/frontier.yml")],
+        ["system.latency_inter_node_us=100"],
+    )
     hi = pm.predict(cfg, ["zero3"], [384], stack="deepspeed")[0]
-    lo = pm.predict(cfg, ["zero3"], [384], stack="deepspeed",
-                    system=dataclasses.replace(cfg.system, latency_inter_node_us=10.0))[0]
+    lo = pm.predict(
+        cfg, ["zero3"], [384], stack="deepspeed", system=dataclasses.replace(cfg.system, latency_inter_node_us=10.0)
+    )[0]
     assert hi.step_s > lo.step_s

@@ -1,6 +1,7 @@
 """tools/plan.py and the memory side of megatron_topo.analysis.perf_model, against docs/design.md §4.10's formulas
 (written out here by hand) and the ZeRO-topo paper's worked example (§II-A: on 16 GCDs of 64 GiB,
 model states alone allow about 68.7 B parameters under ZeRO-3 and about 55 B under ZeRO++)."""
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,22 @@ from megatron_topo.zero_topo.sharding import PRESETS, validate_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN_PY = os.path.join(REPO, "tools", "plan.py")
-GIB = 2 ** 30
+GIB = 2**30
 PSI_20B = 20_554_567_680  # GPT-NeoX-20B
 
 
 def _plan_json(nodes, *extra):
-    args = tool.parse_args(["--model", os.path.join(REPO, "configs/20B.yml"),
-                            "--system", os.path.join(REPO, "configs/frontier.yml"), "--nodes", str(nodes), *extra])
+    args = tool.parse_args(
+        [
+            "--model",
+            os.path.join(REPO, "configs/20B.yml"),
+            "--system",
+            os.path.join(REPO, "configs/frontier.yml"),
+            "--nodes",
+            str(nodes),
+            *extra,
+        ]
+    )
     return tool.run(args)
 
 
@@ -126,12 +136,27 @@ def test_legal_plans_are_legal_and_cover_presets():
         validate_plan(p, topo)
         w, g, o = p.factors
         assert g % w == 0 and o % g == 0
-    keys = {(p.factors, p.secondary_degree, p.weight_bits, p.secondary_bits if p.secondary_degree else 16,
-             p.grad_bits, p.inter_node_reduce) for p in plans}
+    keys = {
+        (
+            p.factors,
+            p.secondary_degree,
+            p.weight_bits,
+            p.secondary_bits if p.secondary_degree else 16,
+            p.grad_bits,
+            p.inter_node_reduce,
+        )
+        for p in plans
+    }
     for name in PRESETS:
         q = pm.preset_plan(name, topo)
-        key = (q.factors, q.secondary_degree, q.weight_bits, q.secondary_bits if q.secondary_degree else 16,
-               q.grad_bits, q.inter_node_reduce)
+        key = (
+            q.factors,
+            q.secondary_degree,
+            q.weight_bits,
+            q.secondary_bits if q.secondary_degree else 16,
+            q.grad_bits,
+            q.inter_node_reduce,
+        )
         assert key in keys, name
 
 
@@ -154,8 +179,16 @@ def test_search_respects_memory_and_beats_presets():
 
 def test_search_on_a_fast_custom_system_prefers_plain_sharding():
     """With free communication every fitting plan ties on compute; the least memory wins."""
-    fast = SystemConfig(name="free", bw_intra_gpu_gbs=1e9, bw_intra_node_gbs=1e9, bw_inter_node_gbs=1e9,
-                        latency_intra_gpu_us=0, latency_intra_node_us=0, latency_inter_node_us=0, hbm_bw_gbs=1e12)
+    fast = SystemConfig(
+        name="free",
+        bw_intra_gpu_gbs=1e9,
+        bw_intra_node_gbs=1e9,
+        bw_inter_node_gbs=1e9,
+        latency_intra_gpu_us=0,
+        latency_intra_node_us=0,
+        latency_inter_node_us=0,
+        hbm_bw_gbs=1e12,
+    )
     shape = pm.Shape(8, 512, 256, 1024)
     topo = pm.topology_for(16, TopologyConfig(gcds_per_gpu=2, gpus_per_node=4))
     best_plan, best = pm.search_plans(shape, topo, fast, 1, 1)[0]
@@ -175,7 +208,9 @@ def test_cli_table_and_json():
     assert len(data["best"]) == 3 and data["fitting_plans"] <= data["searched_plans"]
 
 
-@pytest.mark.parametrize("args,msg", [(["--nodes", "0"], "--nodes"), (["--nodes", "2", "--model", "nope.yml"], "nope.yml")])
+@pytest.mark.parametrize(
+    "args,msg", [(["--nodes", "0"], "--nodes"), (["--nodes", "2", "--model", "nope.yml"], "nope.yml")]
+)
 def test_cli_bad_input(args, msg):
     base = {"--model": "configs/20B.yml", "--system": "configs/frontier.yml"}
     for k in ("--model",):
@@ -190,8 +225,19 @@ def test_cli_bad_input(args, msg):
 def test_full_frontier_search_does_not_hang():
     """9,408 nodes (all of Frontier): node-level factors are log-spaced and the per-topology work is
     cached, so the search is seconds, not the tens of minutes a full divisor walk took."""
-    cmd = [sys.executable, PLAN_PY, "--model", "configs/20B.yml", "--system", "configs/frontier.yml",
-           "--nodes", "9408", "--json", "--top", "1"]
+    cmd = [
+        sys.executable,
+        PLAN_PY,
+        "--model",
+        "configs/20B.yml",
+        "--system",
+        "configs/frontier.yml",
+        "--nodes",
+        "9408",
+        "--json",
+        "--top",
+        "1",
+    ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-1000:]
     data = json.loads(r.stdout)

@@ -1,4 +1,5 @@
 """tools/plot_metrics.py: PNG from two runs; one clear error line for a run without metrics."""
+
 from __future__ import annotations
 
 import math
@@ -31,14 +32,26 @@ def test_two_runs_png(tmp_path):
     _fake_run(tmp_path / "zero3", 1.0)
     _fake_run(tmp_path / "topo", 1.4, nan_at=5)
     out = tmp_path / "plots" / "cmp.png"
-    rc = plot_metrics.main([str(tmp_path / "zero3"), str(tmp_path / "topo"), "--out", str(out),
-                            "--labels", "ZeRO-3", "topo", "--smooth", "5"])
+    rc = plot_metrics.main(
+        [
+            str(tmp_path / "zero3"),
+            str(tmp_path / "topo"),
+            "--out",
+            str(out),
+            "--labels",
+            "ZeRO-3",
+            "topo",
+            "--smooth",
+            "5",
+        ]
+    )
     assert rc == 0
     data = out.read_bytes()
     assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR"
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert width > 3 * height  # three panels side by side
     import matplotlib.image
+
     img = matplotlib.image.imread(str(out))  # decodes as a real PNG
     assert img.shape[0] == height and img.shape[1] == width
     assert not [f for f in os.listdir(out.parent) if f != "cmp.png"]  # no temp file left
@@ -48,8 +61,12 @@ def test_missing_metrics_one_line_nonzero(tmp_path):
     _fake_run(tmp_path / "good", 1.0, steps=3)
     (tmp_path / "empty_run").mkdir()
     out = tmp_path / "x.png"
-    r = subprocess.run([sys.executable, TOOL, str(tmp_path / "good"), str(tmp_path / "empty_run"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, TOOL, str(tmp_path / "good"), str(tmp_path / "empty_run"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     err = r.stderr.strip().splitlines()
     assert len(err) == 1, r.stderr

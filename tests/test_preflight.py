@@ -1,6 +1,7 @@
 """Preflight: before allocating, a run compares one rank's memory estimate (model states exactly
 as the engine allocates them + activations + gathered units) with the device memory and stops
 with one line naming both numbers and what would fit."""
+
 import os
 import subprocess
 import sys
@@ -40,11 +41,24 @@ def test_no_system_block_on_cpu_has_no_device_memory():
 
 def test_train_py_stops_before_allocating(tmp_path):
     log = tmp_path / "run"
-    out = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), os.path.join(REPO, "configs/tiny.yml"),
-                          "--set", "system.device_memory_gib=0.001", "--set", f"log_dir={log}",
-                          "--set", f"save={tmp_path / 'ck'}"],
-                         capture_output=True, text=True, timeout=300, cwd=REPO,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "train.py"),
+            os.path.join(REPO, "configs/tiny.yml"),
+            "--set",
+            "system.device_memory_gib=0.001",
+            "--set",
+            f"log_dir={log}",
+            "--set",
+            f"save={tmp_path / 'ck'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 2, out.stderr[-1500:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: 0.9M parameters under ddp on 1 ranks need"), lines
@@ -54,13 +68,19 @@ def test_train_py_stops_before_allocating(tmp_path):
 
 def _limit_memory():  # a regression must fail here, not take the shared machine's memory
     import resource
+
     resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
 
 
 # within the config's step-size bounds (seq_length <= 2**20, micro-batch <= 2**16; beyond them the
 # bounds answer first), and far beyond the host's memory
-@pytest.mark.parametrize("sets", [["seq_length=1048576", "max_position_embeddings=1048576"],
-                                  ["train_micro_batch_size_per_gpu=65536", "gradient_accumulation_steps=1"]])
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["seq_length=1048576", "max_position_embeddings=1048576"],
+        ["train_micro_batch_size_per_gpu=65536", "gradient_accumulation_steps=1"],
+    ],
+)
 def test_a_cpu_run_without_a_system_block_checks_host_memory_first(tmp_path, sets):
     """issue 29: seq_length=1e9 on CPU grew an index build to 18 GB until the kernel killed it
     (1e9 is now refused by the step-size bounds; the largest allowed sizes still need the check).
@@ -68,13 +88,27 @@ def test_a_cpu_run_without_a_system_block_checks_host_memory_first(tmp_path, set
     output is made."""
     log = tmp_path / "run"
     over = [a for s in sets for a in ("--set", s)]
-    out = subprocess.run([sys.executable, os.path.join(REPO, "train.py"), os.path.join(REPO, "configs/tiny.yml"),
-                          *over, "--set", f"log_dir={log}", "--set", f"save={tmp_path / 'ck'}"],
-                         # 3 s on an idle machine, mostly importing torch; 30 s is issue 29's bound, and
-                         # the margin over it is for a loaded CI host (torch's import alone took 16 s at
-                         # load 27 on 2 cores)
-                         capture_output=True, text=True, timeout=60, cwd=REPO, preexec_fn=_limit_memory,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "train.py"),
+            os.path.join(REPO, "configs/tiny.yml"),
+            *over,
+            "--set",
+            f"log_dir={log}",
+            "--set",
+            f"save={tmp_path / 'ck'}",
+        ],
+        # 3 s on an idle machine, mostly importing torch; 30 s is issue 29's bound, and
+        # the margin over it is for a loaded CI host (torch's import alone took 16 s at
+        # load 27 on 2 cores)
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        preexec_fn=_limit_memory,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 2, out.stderr[-1500:]
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in out.stderr, lines
@@ -85,6 +119,7 @@ def test_a_cpu_run_without_a_system_block_checks_host_memory_first(tmp_path, set
 
 def test_the_host_check_divides_the_memory_among_the_ranks_of_the_host(monkeypatch):
     from megatron_topo.data import gpt_dataset
+
     cfg = load_config([os.path.join(REPO, "configs/tiny.yml")])
     topo = Topology(1, 1, 1)
     plan = resolve_plan(cfg.zero_topo, topo)
@@ -93,6 +128,9 @@ def test_the_host_check_divides_the_memory_among_the_ranks_of_the_host(monkeypat
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert preflight.check(cfg, plan, topo, torch.device("cpu"))["device"] == 2 * need
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    with pytest.raises(ConfigError, match=r"GiB of host memory available per rank \(MemAvailable / 8 ranks on this "
-                                          r"host\): lower seq_length"):
+    with pytest.raises(
+        ConfigError,
+        match=r"GiB of host memory available per rank \(MemAvailable / 8 ranks on this "
+        r"host\): lower seq_length",
+    ):
         preflight.check(cfg, plan, topo, torch.device("cpu"))

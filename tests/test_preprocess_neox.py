@@ -9,6 +9,7 @@
   ``--tokenizer-model`` and its no-op / refused flags;
 - bad inputs: one ``error:`` line, exit 1, existing output untouched.
 """
+
 import filecmp
 import gzip
 import json
@@ -68,15 +69,19 @@ def corpus(tmp_path_factory):
         f.write(raw)
     with lzma.open(d / "c.jsonl.xz", "wb") as f:
         f.write(raw)
-    table = pa.table({"text": [x["text"] for x in docs], "title": [x["title"] for x in docs],
-                      "n": [x["meta"]["n"] for x in docs]})
+    table = pa.table(
+        {"text": [x["text"] for x in docs], "title": [x["title"] for x in docs], "n": [x["meta"]["n"] for x in docs]}
+    )
     pq.write_table(table, d / "c.parquet", row_group_size=1500)  # row groups != our chunks
     flat = {"text": [x["text"] for x in docs], "title": [x["title"] for x in docs]}
     datasets.Dataset.from_dict(flat).save_to_disk(str(d / "saved"))
     half = len(docs) // 2
-    datasets.DatasetDict({"train": datasets.Dataset.from_dict(flat),
-                          "validation": datasets.Dataset.from_dict({k: v[:half] for k, v in flat.items()})}
-                         ).save_to_disk(str(d / "saved_dict"))
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(flat),
+            "validation": datasets.Dataset.from_dict({k: v[:half] for k, v in flat.items()}),
+        }
+    ).save_to_disk(str(d / "saved_dict"))
     arrow = [f for f in os.listdir(d / "saved") if f.endswith(".arrow")]
     assert len(arrow) == 1
     return {"dir": d, "docs": docs, "ref": ref, "arrow": str(d / "saved" / arrow[0])}
@@ -103,9 +108,15 @@ def test_every_container_gives_the_same_bytes(corpus, tmp_path):
         "save_to_disk": dict(inputs=[str(d / "saved")]),
         "save_to_disk_dict": dict(inputs=[str(d / "saved_dict")], hf_split="train"),
         "load_dataset_json_streamed": dict(inputs=[], hf_dataset={"path": "json", "data_files": [corpus["ref"]]}),
-        "load_dataset_parquet_cached": dict(inputs=[], hf_dataset={
-            "path": "parquet", "data_files": [str(d / "c.parquet")], "streaming": False,
-            "cache_dir": str(tmp_path / "cache")}),
+        "load_dataset_parquet_cached": dict(
+            inputs=[],
+            hf_dataset={
+                "path": "parquet",
+                "data_files": [str(d / "c.parquet")],
+                "streaming": False,
+                "cache_dir": str(tmp_path / "cache"),
+            },
+        ),
         "hf_dataset_saved_folder": dict(inputs=[], hf_dataset={"path": str(d / "saved")}),
         "two_workers_gz": dict(inputs=[str(d / "c.jsonl.gz")], workers=2),
         "two_workers_parquet": dict(inputs=[str(d / "c.parquet")], workers=2),
@@ -122,26 +133,65 @@ def test_every_container_gives_the_same_bytes(corpus, tmp_path):
 def test_save_to_disk_folder_via_cli_equals_jsonl(corpus, tmp_path):
     """The acceptance case, through the tool: a datasets folder == the same jsonl, byte for byte."""
     for name, src in (("a", corpus["ref"]), ("b", corpus["dir"] / "saved")):
-        run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / name, "--tokenizer-type",
-                 "ByteLevel", "--append-eod", "--quiet", check=True)
+        run_tool(
+            "preprocess_data",
+            "--input",
+            src,
+            "--output-prefix",
+            tmp_path / name,
+            "--tokenizer-type",
+            "ByteLevel",
+            "--append-eod",
+            "--quiet",
+            check=True,
+        )
     _same(tmp_path / "a", tmp_path / "b")
 
 
 def test_comma_separated_inputs_in_order(corpus, tmp_path):
     d = corpus["dir"]
     a = write_jsonl(str(tmp_path / "a.jsonl"), [{"text": "first"}, {"text": "second"}])
-    both = write_jsonl(str(tmp_path / "both.jsonl"), [{"text": "first"}, {"text": "second"}] +
-                       [{"text": x["text"]} for x in corpus["docs"]])
-    run_tool("preprocess_data", "--input", f"{a},{d / 'c.jsonl.gz'}", "--output-prefix", tmp_path / "comma",
-             "--tokenizer-type", "ByteLevel", "--quiet", check=True)
-    run_tool("preprocess_data", "--input", both, "--output-prefix", tmp_path / "one", "--tokenizer-type",
-             "ByteLevel", "--quiet", check=True)
+    both = write_jsonl(
+        str(tmp_path / "both.jsonl"),
+        [{"text": "first"}, {"text": "second"}] + [{"text": x["text"]} for x in corpus["docs"]],
+    )
+    run_tool(
+        "preprocess_data",
+        "--input",
+        f"{a},{d / 'c.jsonl.gz'}",
+        "--output-prefix",
+        tmp_path / "comma",
+        "--tokenizer-type",
+        "ByteLevel",
+        "--quiet",
+        check=True,
+    )
+    run_tool(
+        "preprocess_data",
+        "--input",
+        both,
+        "--output-prefix",
+        tmp_path / "one",
+        "--tokenizer-type",
+        "ByteLevel",
+        "--quiet",
+        check=True,
+    )
     _same(tmp_path / "comma", tmp_path / "one")
     # a name that exists with a comma in it is one input
     odd = tmp_path / "x,y.jsonl"
     odd.write_text(json.dumps({"text": "comma name"}) + "\n")
-    run_tool("preprocess_data", "--input", odd, "--output-prefix", tmp_path / "odd", "--tokenizer-type",
-             "ByteLevel", "--quiet", check=True)
+    run_tool(
+        "preprocess_data",
+        "--input",
+        odd,
+        "--output-prefix",
+        tmp_path / "odd",
+        "--tokenizer-type",
+        "ByteLevel",
+        "--quiet",
+        check=True,
+    )
     assert MMapIndexedDataset(str(tmp_path / "odd_text_document")).document(0).tolist() == list(b"comma name")
 
 
@@ -199,26 +249,50 @@ def gpt2_files(tmp_path_factory):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=450, special_tokens=["<|endoftext|>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=450,
+            special_tokens=["<|endoftext|>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     vocab_path, merges_path = tok.model.save(str(d))
     tok.save(str(d / "tokenizer.json"))
     vocab = json.load(open(vocab_path, encoding="utf-8"))
     lines = open(merges_path, encoding="utf-8").read().splitlines()
     merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
     assert len(merges) > 100
-    return {"vocab": vocab_path, "merges": merges_path, "json": str(d / "tokenizer.json"),
-            "vocab_map": vocab, "merge_list": merges,
-            "texts": SAMPLES + texts + ["it's we're I'll 2024 ... ", "x <|endoftext|> y"]}
+    return {
+        "vocab": vocab_path,
+        "merges": merges_path,
+        "json": str(d / "tokenizer.json"),
+        "vocab_map": vocab,
+        "merge_list": merges,
+        "texts": SAMPLES + texts + ["it's we're I'll 2024 ... ", "x <|endoftext|> y"],
+    }
 
 
 def test_gpt2bpe_with_merge_file_matches_reference_encoder(gpt2_files, tmp_path):
     texts = [t for t in gpt2_files["texts"] if t]
     src = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": t} for t in texts])
-    run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / "o", "--tokenizer-type",
-             "GPT2BPETokenizer", "--vocab", gpt2_files["vocab"], "--merge-file", gpt2_files["merges"],
-             "--append-eod", "--quiet", check=True)
+    run_tool(
+        "preprocess_data",
+        "--input",
+        src,
+        "--output-prefix",
+        tmp_path / "o",
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--vocab",
+        gpt2_files["vocab"],
+        "--merge-file",
+        gpt2_files["merges"],
+        "--append-eod",
+        "--quiet",
+        check=True,
+    )
     ds = MMapIndexedDataset(str(tmp_path / "o_text_document"))
     eod = gpt2_files["vocab_map"]["<|endoftext|>"]
     tok = build_tokenizer("GPT2BPETokenizer", gpt2_files["vocab"], merge_file=gpt2_files["merges"])
@@ -248,15 +322,54 @@ def test_hfgpt2_tokenizer_adds_padding_and_reads_a_folder(gpt2_files, tmp_path):
 def test_megatron_json_keys_and_tokenizer_model_aliases(gpt2_files, corpus, tmp_path):
     src = corpus["ref"]
     base = ["--input", src, "--tokenizer-type", "HFTokenizer", "--quiet"]
-    run_tool("preprocess_data", *base, "--vocab-file", gpt2_files["json"], "--jsonl-keys", "text", "title",
-             "--output-prefix", tmp_path / "neox", check=True)
-    run_tool("preprocess_data", *base, "--tokenizer-model", gpt2_files["json"], "--json-keys", "text", "title",
-             "--output-prefix", tmp_path / "megatron", check=True)
+    run_tool(
+        "preprocess_data",
+        *base,
+        "--vocab-file",
+        gpt2_files["json"],
+        "--jsonl-keys",
+        "text",
+        "title",
+        "--output-prefix",
+        tmp_path / "neox",
+        check=True,
+    )
+    run_tool(
+        "preprocess_data",
+        *base,
+        "--tokenizer-model",
+        gpt2_files["json"],
+        "--json-keys",
+        "text",
+        "title",
+        "--output-prefix",
+        tmp_path / "megatron",
+        check=True,
+    )
     _same(tmp_path / "neox", tmp_path / "megatron", keys=("text", "title"))
     # Megatron's no-op flags change nothing
-    run_tool("preprocess_data", *base, "--vocab-file", gpt2_files["json"], "--jsonl-keys", "text", "title",
-             "--output-prefix", tmp_path / "noop", "--partitions", "4", "--keep-sequential-samples",
-             "--keep-newlines", "--lang", "english", "--chunk-size", "25", "--dataset-impl", "mmap", check=True)
+    run_tool(
+        "preprocess_data",
+        *base,
+        "--vocab-file",
+        gpt2_files["json"],
+        "--jsonl-keys",
+        "text",
+        "title",
+        "--output-prefix",
+        tmp_path / "noop",
+        "--partitions",
+        "4",
+        "--keep-sequential-samples",
+        "--keep-newlines",
+        "--lang",
+        "english",
+        "--chunk-size",
+        "25",
+        "--dataset-impl",
+        "mmap",
+        check=True,
+    )
     _same(tmp_path / "neox", tmp_path / "noop", keys=("text", "title"))
 
 
@@ -267,16 +380,38 @@ def test_ftfy_fixes_text_before_tokenizing(tmp_path):
     src = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": broken}, {"text": "plain"}])
     for flag, want in (([], broken), (["--ftfy"], fixed)):
         prefix = tmp_path / ("f" if flag else "n")
-        run_tool("preprocess_data", "--input", src, "--output-prefix", prefix, "--tokenizer-type", "ByteLevel",
-                 "--quiet", *flag, check=True)
+        run_tool(
+            "preprocess_data",
+            "--input",
+            src,
+            "--output-prefix",
+            prefix,
+            "--tokenizer-type",
+            "ByteLevel",
+            "--quiet",
+            *flag,
+            check=True,
+        )
         ds = MMapIndexedDataset(f"{prefix}_text_document")
         assert ds.document(0).tolist() == list(want.encode()) and ds.document(1).tolist() == list(b"plain")
 
 
 def test_num_docs_and_log_interval(corpus, tmp_path):
-    proc = run_tool("preprocess_data", "--input", corpus["ref"], "--output-prefix", tmp_path / "o",
-                    "--tokenizer-type", "ByteLevel", "--num-docs", len(corpus["docs"]), "--log-interval", "2000",
-                    "--append-eod", check=True)
+    proc = run_tool(
+        "preprocess_data",
+        "--input",
+        corpus["ref"],
+        "--output-prefix",
+        tmp_path / "o",
+        "--tokenizer-type",
+        "ByteLevel",
+        "--num-docs",
+        len(corpus["docs"]),
+        "--log-interval",
+        "2000",
+        "--append-eod",
+        check=True,
+    )
     logged = [ln for ln in proc.stderr.replace("\r", "\n").splitlines() if ln.startswith("processed ")]
     counts = [int(ln.split()[1]) for ln in logged]
     assert len(counts) == 2 and counts[0] >= 2000 and counts[1] >= 4000, proc.stderr  # chunk granularity
@@ -290,8 +425,17 @@ def test_num_docs_and_log_interval(corpus, tmp_path):
 def existing(tmp_path):
     prefix = tmp_path / "out"
     src = write_jsonl(str(tmp_path / "good.jsonl"), [{"text": "keep me"}])
-    run_tool("preprocess_data", "--input", src, "--output-prefix", prefix, "--tokenizer-type", "ByteLevel",
-             "--quiet", check=True)
+    run_tool(
+        "preprocess_data",
+        "--input",
+        src,
+        "--output-prefix",
+        prefix,
+        "--tokenizer-type",
+        "ByteLevel",
+        "--quiet",
+        check=True,
+    )
     before = _bytes_of(prefix)
     yield prefix
     assert _bytes_of(prefix) == before
@@ -299,8 +443,11 @@ def existing(tmp_path):
 
 
 def _fail(prefix, *args, tokenizer="ByteLevel"):
-    return error_line(run_tool("preprocess_data", *args, "--output-prefix", prefix, "--tokenizer-type", tokenizer,
-                               "--quiet", "--force"))  # a failing run allowed to replace the output keeps it
+    return error_line(
+        run_tool(
+            "preprocess_data", *args, "--output-prefix", prefix, "--tokenizer-type", tokenizer, "--quiet", "--force"
+        )
+    )  # a failing run allowed to replace the output keeps it
 
 
 def test_refused_flags_say_why(tmp_path, existing):
@@ -311,8 +458,9 @@ def test_refused_flags_say_why(tmp_path, existing):
     assert "T5" in _fail(existing, "--input", src, "--vocab-extra-ids", "100")
     assert "TiktokenTokenizer needs" in _fail(existing, "--input", src, tokenizer="TiktokenTokenizer")
     assert "use SPMTokenizer" in _fail(existing, "--input", src, tokenizer="GPTSentencePieceTokenizer")
-    assert "--merge-file merges.txt" in _fail(existing, "--input", src, "--vocab-file", src,
-                                              tokenizer="GPT2BPETokenizer")
+    assert "--merge-file merges.txt" in _fail(
+        existing, "--input", src, "--vocab-file", src, tokenizer="GPT2BPETokenizer"
+    )
     assert "only GPT2BPETokenizer and HFGPT2Tokenizer" in _fail(existing, "--input", src, "--merge-file", src)
     assert "--num-docs 0" in _fail(existing, "--input", src, "--num-docs", "0")
     line = _fail(existing, "--input", src, "--bogus-flag")
@@ -348,11 +496,23 @@ def test_bad_parquet_and_datasets_inputs(tmp_path, existing):
     assert "junk.parquet: not a readable parquet file" in _fail(existing, "--input", tmp_path / "junk.parquet")
     pq.write_table(pa.table({"text": ["a", None, "c"]}), tmp_path / "null.parquet")
     assert "null.parquet row 2: key 'text' holds NoneType" in _fail(existing, "--input", tmp_path / "null.parquet")
-    proc = run_tool("preprocess_data", "--input", tmp_path / "null.parquet", "--output-prefix", tmp_path / "s",
-                    "--tokenizer-type", "ByteLevel", "--skip-bad-lines", "--quiet", check=True)
+    proc = run_tool(
+        "preprocess_data",
+        "--input",
+        tmp_path / "null.parquet",
+        "--output-prefix",
+        tmp_path / "s",
+        "--tokenizer-type",
+        "ByteLevel",
+        "--skip-bad-lines",
+        "--quiet",
+        check=True,
+    )
     assert "skipped 1 bad" in proc.stdout
-    assert [MMapIndexedDataset(str(tmp_path / "s_text_document")).document(k).tolist() for k in (0, 1)] == \
-        [list(b"a"), list(b"c")]
+    assert [MMapIndexedDataset(str(tmp_path / "s_text_document")).document(k).tolist() for k in (0, 1)] == [
+        list(b"a"),
+        list(b"c"),
+    ]
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["a"]})}).save_to_disk(str(tmp_path / "dd"))
     line = _fail(existing, "--input", tmp_path / "dd", "--hf-split", "test")
     assert "no split 'test' (splits: train)" in line
@@ -367,7 +527,8 @@ def test_train_tokenizer_reads_the_same_containers(corpus, tmp_path):
     outs = []
     for name, src in (("a", corpus["ref"]), ("b", f"{corpus['dir'] / 'c.jsonl.gz'}")):
         out = tmp_path / f"{name}.json"
-        run_tool("train_tokenizer", "--input", src, "--model-type", "bpe", "--vocab-size", 300, "--output", out,
-                 check=True)
+        run_tool(
+            "train_tokenizer", "--input", src, "--model-type", "bpe", "--vocab-size", 300, "--output", out, check=True
+        )
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]

@@ -8,6 +8,7 @@ upstream tokenizer's ids (GPT-2's encoder in plain Python with no special tokens
 ``uint16`` below 65500 ids (``best_fitting_dtype``), and the MMIDIDX files written with ``struct``
 (tests/data_cases.py). ``--merge-file`` with HFTokenizer (GPT-NeoX's own corpora.py passes it) is
 ignored with a note, as GPT-NeoX ignores it."""
+
 from __future__ import annotations
 
 import filecmp
@@ -29,8 +30,19 @@ def _upstream(prefix, docs_ids, eod, vocab_size):
 
 def _ours(tmp_path, name, tokenizer, *args):
     src = write_jsonl(str(tmp_path / f"{name}.jsonl"), [{"text": t} for t in TEXTS])
-    r = run_tool("preprocess_data", "--input", src, "--output-prefix", tmp_path / name, "--tokenizer-type",
-                 tokenizer, *args, "--append-eod", "--quiet", check=True)
+    r = run_tool(
+        "preprocess_data",
+        "--input",
+        src,
+        "--output-prefix",
+        tmp_path / name,
+        "--tokenizer-type",
+        tokenizer,
+        *args,
+        "--append-eod",
+        "--quiet",
+        check=True,
+    )
     return str(tmp_path / f"{name}_text_document"), r
 
 
@@ -40,8 +52,9 @@ def _same(a, b):
 
 
 def test_gpt2bpe_bytes_equal_upstream(gpt2_files, tmp_path):  # noqa: F811
-    ours, _ = _ours(tmp_path, "gpt2", "GPT2BPETokenizer", "--vocab-file", gpt2_files["vocab"], "--merge-file",
-                    gpt2_files["merges"])
+    ours, _ = _ours(
+        tmp_path, "gpt2", "GPT2BPETokenizer", "--vocab-file", gpt2_files["vocab"], "--merge-file", gpt2_files["merges"]
+    )
     vocab = gpt2_files["vocab_map"]
     ids = [gpt2_reference_encode(t, vocab, gpt2_files["merge_list"]) for t in TEXTS]
     _upstream(str(tmp_path / "ref_gpt2"), ids, vocab["<|endoftext|>"], len(vocab))
@@ -60,19 +73,27 @@ def test_hf_tokenizer_bytes_equal_upstream_and_merge_file_is_ignored(gpt2_files,
     _same(ours, str(tmp_path / "ref_hf"))
     assert up.token_to_id("<|endoftext|>") in ids[TEXTS.index("x <|endoftext|> y")]  # an added token there
     # GPT-NeoX's corpora.py passes --merge-file with HFTokenizer; its build_tokenizer ignores it
-    again, r = _ours(tmp_path, "hf_merge", "HFTokenizer", "--vocab-file", gpt2_files["json"], "--merge-file",
-                     gpt2_files["merges"])
+    again, r = _ours(
+        tmp_path, "hf_merge", "HFTokenizer", "--vocab-file", gpt2_files["json"], "--merge-file", gpt2_files["merges"]
+    )
     _same(again, ours)
-    assert f"note: --merge-file {gpt2_files['merges']} is ignored: HFTokenizer does not read a merges file" \
-           in r.stdout and r.stderr == ""
+    assert (
+        f"note: --merge-file {gpt2_files['merges']} is ignored: HFTokenizer does not read a merges file" in r.stdout
+        and r.stderr == ""
+    )
 
 
 def test_spm_tokenizer_bytes_equal_upstream(tmp_path):
     spm = pytest.importorskip("sentencepiece")
     corpus = [json.loads(line)["text"] for line in open(write_corpus(str(tmp_path)), encoding="utf-8")]
     (tmp_path / "c.txt").write_text("\n".join(corpus), encoding="utf-8")
-    spm.SentencePieceTrainer.train(input=str(tmp_path / "c.txt"), model_prefix=str(tmp_path / "m"), vocab_size=300,
-                                   user_defined_symbols=["<|endoftext|>"], minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(tmp_path / "c.txt"),
+        model_prefix=str(tmp_path / "m"),
+        vocab_size=300,
+        user_defined_symbols=["<|endoftext|>"],
+        minloglevel=2,
+    )
     model = str(tmp_path / "m.model")
     ours, _ = _ours(tmp_path, "spm", "SPMTokenizer", "--vocab-file", model)
     up = spm.SentencePieceProcessor(model_file=model)  # GPT-NeoX's SentencePieceTokenizer

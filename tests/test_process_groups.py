@@ -3,6 +3,7 @@ used in a training step, and every group a step uses exists), and each gets the 
 ``distributed.collective_timeout_s`` (PyTorch's default otherwise: ``new_group`` without
 ``timeout=``). On 1d0c977 zero3 created the node and ZeRO++ peer groups it never used, and every
 subgroup got the default timeout."""
+
 import datetime
 
 import pytest
@@ -24,12 +25,14 @@ TIMEOUT_S = 77.0
 
 def _step(rank, world, zt, trace_dir):
     from megatron_topo.training.start import new_comm
+
     calls = []
     real = dist.new_group
 
     def new_group(ranks=None, timeout=None, **kw):
         calls.append((tuple(ranks), timeout))
         return real(ranks, timeout=timeout, **kw)
+
     dist.new_group = new_group
     rt = local_runtime(rank, world, gcds=2, gpus=2)
     comm = new_comm(rt, DistributedConfig(collective_timeout_s=TIMEOUT_S, trace_collectives=trace_dir))

@@ -1,6 +1,7 @@
 """The INT8 post-step publish keeps at most ``max_in_flight`` units' receive buffers alive (all
 units' at once before: about 10 GB for 20B topo), and what the step leaves allocated for the
 publishes (freed when they are waited for) is memory.publish_buffer_bytes at most."""
+
 import pytest
 
 from megatron_topo.config import ZeroTopoConfig
@@ -15,9 +16,14 @@ def _after_step(rank, world, in_flight):
     cfg = tiny_cfg(num_layers=6)
     tracker = PeakMemory()
     with tracker:
-        eng = make_engine(rank, world, ZeroTopoConfig(preset="topo", publish_bits=8, quant_block_size=64,
-                                                      grad_quant_block_size=64), precision="bf16", cfg=cfg,
-                          max_in_flight=in_flight)
+        eng = make_engine(
+            rank,
+            world,
+            ZeroTopoConfig(preset="topo", publish_bits=8, quant_block_size=64, grad_quant_block_size=64),
+            precision="bf16",
+            cfg=cfg,
+            max_in_flight=in_flight,
+        )
         out = []
         for step in range(2):
             x, y = batch(step, rank, 0, cfg=cfg)

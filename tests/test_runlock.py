@@ -1,6 +1,7 @@
 """One owner per run folder (megatron_topo.runlock): the lock record, stale locks (a dead process
 on this host, a reused pid, an ended Slurm job, an expired lease), and two training runs started
 on one folder: the second stops with one line naming the owner, before it touches anything."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,14 @@ PY = sys.executable
 
 
 def _record(folder, **over):
-    rec = {"host": socket.gethostname(), "pid": os.getpid(), "pid_start": runlock._proc_start(os.getpid()),
-           "job": None, "started": "earlier", "token": "someone-else"}
+    rec = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": runlock._proc_start(os.getpid()),
+        "job": None,
+        "started": "earlier",
+        "token": "someone-else",
+    }
     rec.update(over)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, runlock.LOCK_NAME), "w") as f:
@@ -70,8 +77,9 @@ def test_a_stale_lock_is_taken_over_with_a_line(tmp_path, monkeypatch, case):
     elif case == "ended_job":  # another host's lock from Slurm job 4242, which squeue no longer lists
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
-        (bin_dir / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\n"
-                                        "exit 1\n")
+        (bin_dir / "squeue").write_text(
+            "#!/bin/sh\necho 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n"
+        )
         (bin_dir / "squeue").chmod(0o755)
         monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -117,8 +125,12 @@ def test_two_runs_on_one_folder_the_second_refuses_in_one_line(cache, tmp_path):
     a = _start(_args(cache, tmp_path, 100000), tmp_path)[0]
     try:
         _wait_for_steps(tmp_path, 2, [a])
-        snapshot = {p: os.stat(os.path.join(d, p)).st_mtime_ns for d in (tmp_path / "run",) for p in os.listdir(d)
-                    if p not in ("metrics.jsonl", runlock.LOCK_NAME)}  # A itself writes these
+        snapshot = {
+            p: os.stat(os.path.join(d, p)).st_mtime_ns
+            for d in (tmp_path / "run",)
+            for p in os.listdir(d)
+            if p not in ("metrics.jsonl", runlock.LOCK_NAME)
+        }  # A itself writes these
         procs = _start(_args(cache, tmp_path, 5, auto_resume="true"), tmp_path, world=2, tag="b")
         for p in procs:
             p.wait(timeout=240)
@@ -127,7 +139,9 @@ def test_two_runs_on_one_folder_the_second_refuses_in_one_line(cache, tmp_path):
         assert [p.returncode for p in procs] == [2, 2], outs + errs
         lines = [ln for e in errs for ln in e.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: "), errs
-        assert f"pid {a.pid}" in lines[0] and socket.gethostname() in lines[0] and "belongs to a running job" in lines[0]
+        assert (
+            f"pid {a.pid}" in lines[0] and socket.gethostname() in lines[0] and "belongs to a running job" in lines[0]
+        )
         assert "Traceback" not in "".join(errs)
         assert a.poll() is None  # A still trains
         assert {p: os.stat(os.path.join(tmp_path / "run", p)).st_mtime_ns for p in snapshot} == snapshot
@@ -164,15 +178,39 @@ def test_a_bad_or_busy_rendezvous_port_is_one_line(tmp_path):
     busy.bind(("0.0.0.0", 0))
     busy.listen()
     try:
-        for port, expect in (("99999", "MASTER_PORT='99999' is not a port number (valid: 1..65535"),
-                             (str(busy.getsockname()[1]), f"MASTER_PORT {busy.getsockname()[1]} on 127.0.0.1 is "
-                                                          f"already in use")):
-            env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=port, OMP_NUM_THREADS="1")
-            r = subprocess.run([PY, os.path.join(root, "train.py"), os.path.join(root, "configs", "tiny.yml"),
-                                "--set", f"log_dir={tmp_path / 'run'}", "--set", "save=null",
-                                "--set", "distributed.device=cpu", "--set", "distributed.collective_timeout_s=20"],
-                               env=env, capture_output=True, text=True, timeout=200, cwd=tmp_path)
+        for port, expect in (
+            ("99999", "MASTER_PORT='99999' is not a port number (valid: 1..65535"),
+            (str(busy.getsockname()[1]), f"MASTER_PORT {busy.getsockname()[1]} on 127.0.0.1 is already in use"),
+        ):
+            env = dict(
+                os.environ,
+                RANK="0",
+                WORLD_SIZE="2",
+                LOCAL_RANK="0",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                OMP_NUM_THREADS="1",
+            )
+            r = subprocess.run(
+                [
+                    PY,
+                    os.path.join(root, "train.py"),
+                    os.path.join(root, "configs", "tiny.yml"),
+                    "--set",
+                    f"log_dir={tmp_path / 'run'}",
+                    "--set",
+                    "save=null",
+                    "--set",
+                    "distributed.device=cpu",
+                    "--set",
+                    "distributed.collective_timeout_s=20",
+                ],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=200,
+                cwd=tmp_path,
+            )
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {expect}"), r.stderr
     finally:
@@ -183,15 +221,23 @@ def test_save_holding_another_runs_checkpoints_is_refused_also_with_load_elsewhe
     """load=A save=B where B holds another run's checkpoints: one line, exit 2; B untouched (main at
     1d0c977 deleted B's step and moved B's latest to this run's)."""
     for name in ("A", "B"):
-        rc, out, err = _run(_args(cache, tmp_path, 2, save=str(tmp_path / name), log_dir=str(tmp_path / f"run{name}")),
-                            tmp_path, tag=name)
+        rc, out, err = _run(
+            _args(cache, tmp_path, 2, save=str(tmp_path / name), log_dir=str(tmp_path / f"run{name}")),
+            tmp_path,
+            tag=name,
+        )
         assert rc == 0, out + err
     before = {p: (tmp_path / "B" / p).stat().st_mtime_ns for p in os.listdir(tmp_path / "B")}
-    rc, out, err = _run(_args(cache, tmp_path, 4, load=str(tmp_path / "A"), save=str(tmp_path / "B"),
-                              log_dir=str(tmp_path / "runC")), tmp_path, tag="c")
+    rc, out, err = _run(
+        _args(cache, tmp_path, 4, load=str(tmp_path / "A"), save=str(tmp_path / "B"), log_dir=str(tmp_path / "runC")),
+        tmp_path,
+        tag="c",
+    )
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, out + err
-    assert lines[0] == (f"error: checkpoint.save {tmp_path / 'B'} already holds checkpoints (latest step 2) and this "
-                        f"run resumes from load={tmp_path / 'A'}; saving there would mix two runs: save elsewhere with "
-                        f"--set save=DIR, or continue the run in {tmp_path / 'B'} with --set load={tmp_path / 'B'}")
+    assert lines[0] == (
+        f"error: checkpoint.save {tmp_path / 'B'} already holds checkpoints (latest step 2) and this "
+        f"run resumes from load={tmp_path / 'A'}; saving there would mix two runs: save elsewhere with "
+        f"--set save=DIR, or continue the run in {tmp_path / 'B'} with --set load={tmp_path / 'B'}"
+    )
     assert {p: (tmp_path / "B" / p).stat().st_mtime_ns for p in os.listdir(tmp_path / "B")} == before

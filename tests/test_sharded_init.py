@@ -2,6 +2,7 @@
 materialises, initialises and shards one unit at a time. Initial values do not depend on the
 world size or plan (equal, bit for bit, to ``build_model`` in one process), and the peak memory
 of a rank during init is its model states plus about one unit, not the whole model."""
+
 import json
 import os
 import subprocess
@@ -29,9 +30,15 @@ def _sharded(rank, world, preset):
     topo = Topology(world, 2, world // 2)
     model = build_model(cfg, device="meta")
     model.init_buffers("cpu")
-    eng = ZeroTopoEngine(model, model.shard_units(), resolve_plan(ZeroTopoConfig(preset=preset), topo),
-                         Comm(topo, rank), precision="fp32", device="cpu",
-                         init=lambda unit: model.init_parameters(unit, 99))
+    eng = ZeroTopoEngine(
+        model,
+        model.shard_units(),
+        resolve_plan(ZeroTopoConfig(preset=preset), topo),
+        Comm(topo, rank),
+        precision="fp32",
+        device="cpu",
+        init=lambda unit: model.init_parameters(unit, 99),
+    )
     return eng.full_parameters()
 
 
@@ -88,8 +95,9 @@ SCRIPT = textwrap.dedent("""
 
 def _measure(mode):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": REPO}
-    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=300,
-                         env=env, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=300, env=env, cwd=REPO
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -1,4 +1,5 @@
 """Illegal plans and topologies are rejected with one clear line; layout math is nested."""
+
 import pytest
 
 from megatron_topo.config import ConfigError, TopologyConfig, ZeroOptimizationBlock, ZeroTopoConfig
@@ -24,8 +25,13 @@ def test_factor_not_aligned_with_nodes():
 
 
 def test_dependency_rule_gradients_inside_weights():
-    reject(r"grad_factor=2 breaks the dependency rule.*weight_factor=4", preset="mics", weight_factor=4,
-           grad_factor=2, optimizer_factor=16)
+    reject(
+        r"grad_factor=2 breaks the dependency rule.*weight_factor=4",
+        preset="mics",
+        weight_factor=4,
+        grad_factor=2,
+        optimizer_factor=16,
+    )
 
 
 def test_dependency_rule_optimizer_inside_gradients():
@@ -51,8 +57,11 @@ def test_unknown_preset_and_reduce():
 
 
 def test_reduce_scatter_needs_world_optimizer():
-    reject(r"reduce_scatter needs optimizer_factor equal to the world size", preset="mics",
-           inter_node_reduce="reduce_scatter")
+    reject(
+        r"reduce_scatter needs optimizer_factor equal to the world size",
+        preset="mics",
+        inter_node_reduce="reduce_scatter",
+    )
 
 
 def test_world_not_multiple_of_node():
@@ -71,8 +80,9 @@ def test_nonpositive_topology():
 
 
 def test_deepspeed_keys_map_to_presets():
-    ds = ZeroOptimizationBlock(stage=3, zero_hpz_partition_size=8, zero_quantized_weights=True,
-                               zero_quantized_gradients=True)
+    ds = ZeroOptimizationBlock(
+        stage=3, zero_hpz_partition_size=8, zero_quantized_weights=True, zero_quantized_gradients=True
+    )
     assert resolve_plan(ZeroTopoConfig(), FRONTIER2, ds).preset == "zeropp"
     assert resolve_plan(ZeroTopoConfig(), FRONTIER2, ZeroOptimizationBlock(stage=2)).preset == "zero2"
     p = resolve_plan(ZeroTopoConfig(), FRONTIER2, ZeroOptimizationBlock(stage=3))

@@ -9,6 +9,7 @@ SLURM_LOCALID, ... set as srun's block distribution would; ``python`` (the venv'
 arguments and environment. The tests then check the launch line, the environment and the topology
 the trainer derives from it (``topology_from_config`` + ``launcher_env``).
 """
+
 from __future__ import annotations
 
 import glob
@@ -122,25 +123,55 @@ def fake_slurm(tmp_path):
     for d in (bin_dir, log, plugin, venv / "bin", work):
         d.mkdir(parents=True)
     (plugin / "librccl-net.so").write_bytes(b"")  # "loads" under the fake python
-    for name, text in (("sbatch", FAKE_SBATCH), ("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL),
-                       ("module", FAKE_MODULE)):
+    for name, text in (
+        ("sbatch", FAKE_SBATCH),
+        ("srun", FAKE_SRUN),
+        ("scontrol", FAKE_SCONTROL),
+        ("module", FAKE_MODULE),
+    ):
         _write(bin_dir / name, text)
     _write(venv / "bin" / "python", FAKE_PYTHON)
     job = f"77{os.getpid()}"
     user = "pytest-fake-user"
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(home), "USER": user, "FAKE_LOG": str(log),
-           "FAKE_JOB_ID": job, "FAKE_TASKS": " ".join(map(str, TASKS)), "VENV": str(venv), "WORK_DIR": str(work)}
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "HOME": str(home),
+        "USER": user,
+        "FAKE_LOG": str(log),
+        "FAKE_JOB_ID": job,
+        "FAKE_TASKS": " ".join(map(str, TASKS)),
+        "VENV": str(venv),
+        "WORK_DIR": str(work),
+    }
 
     def submit(script, *args, sbatch_args=(), extra_env=None, cwd=REPO, drop=()):
         e = dict(env, **(extra_env or {}))
         for k in drop:
             e.pop(k, None)
-        return subprocess.run(["sbatch", *sbatch_args, os.path.join(REPO, "slurm", script) if cwd != REPO
-                               else os.path.join("slurm", script), *args], cwd=cwd, env=e,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [
+                "sbatch",
+                *sbatch_args,
+                os.path.join(REPO, "slurm", script) if cwd != REPO else os.path.join("slurm", script),
+                *args,
+            ],
+            cwd=cwd,
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
-    yield {"submit": submit, "log": str(log), "job": job, "venv": str(venv), "home": str(home), "user": user,
-           "work": str(work), "plugin": str(plugin)}
+    yield {
+        "submit": submit,
+        "log": str(log),
+        "job": job,
+        "venv": str(venv),
+        "home": str(home),
+        "user": user,
+        "work": str(work),
+        "plugin": str(plugin),
+    }
     for d in glob.glob(f"/tmp/{user}-miopen-{job}") + glob.glob(f"/mnt/bb/{user}/miopen-{job}"):
         shutil.rmtree(d, ignore_errors=True)
 
@@ -180,14 +211,26 @@ def test_bash_syntax(script):
 def test_sbatch_header(script):
     text = open(os.path.join(SLURM, script)).read()
     head = [line for line in text.splitlines() if line.startswith("#SBATCH")]
-    for needed in ("--account=", "--partition=", "--nodes=48", "--time=", "--ntasks-per-node=8",
-                   "--cpus-per-task=7", "--gpus-per-node=8", "-C nvme", "--network=disable_rdzv_get"):
+    for needed in (
+        "--account=",
+        "--partition=",
+        "--nodes=48",
+        "--time=",
+        "--ntasks-per-node=8",
+        "--cpus-per-task=7",
+        "--gpus-per-node=8",
+        "-C nvme",
+        "--network=disable_rdzv_get",
+    ):
         assert any(needed in line for line in head), f"{script}: no #SBATCH {needed}"
     if script != "frontier_collectives.sh":  # training jobs ask for the walltime warning, to the batch shell
         assert any(line.split()[1].startswith("--signal=B:USR1@") for line in head), head
     # the user's settings sit in one block at the top, before any command runs
-    first_cmd = min(i for i, line in enumerate(text.splitlines())
-                    if line.startswith(("set ", "cd ", "module", "srun", "source", "if ", "for ")))
+    first_cmd = min(
+        i
+        for i, line in enumerate(text.splitlines())
+        if line.startswith(("set ", "cd ", "module", "srun", "source", "if ", "for "))
+    )
     assert "edit this block" in "\n".join(text.splitlines()[:first_cmd])
     assert "Orion" in "\n".join(text.splitlines()[:first_cmd])  # WORK_DIR's default is stated there
     assert "torchrun" not in text.replace("(not torchrun)", "")
@@ -195,16 +238,26 @@ def test_sbatch_header(script):
 
 
 FRONTIER_ENV = {  # value, source: HPE's shs-ccl-docs (ccl_env.sh / rccl_tuning_guide.md), OLCF guide, seed 004
-    "NCCL_SOCKET_IFNAME": "hsn0", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "1",
-    "HSA_FORCE_FINE_GRAIN_PCIE": "1", "FI_MR_CACHE_MONITOR": "userfaultfd", "FI_CXI_DISABLE_HOST_REGISTER": "1",
-    "FI_CXI_DEFAULT_CQ_SIZE": "131072", "FI_CXI_DEFAULT_TX_SIZE": "2048", "FI_CXI_RDZV_PROTO": "alt_read",
-    "FI_CXI_RX_MATCH_MODE": "hybrid", "FI_CXI_RDZV_EAGER_SIZE": "0", "FI_CXI_RDZV_GET_MIN": "0",
-    "FI_CXI_RDZV_THRESHOLD": "0", "NCCL_NET": "AWS Libfabric",
+    "NCCL_SOCKET_IFNAME": "hsn0",
+    "NCCL_NET_GDR_LEVEL": "PHB",
+    "NCCL_CROSS_NIC": "1",
+    "HSA_FORCE_FINE_GRAIN_PCIE": "1",
+    "FI_MR_CACHE_MONITOR": "userfaultfd",
+    "FI_CXI_DISABLE_HOST_REGISTER": "1",
+    "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+    "FI_CXI_DEFAULT_TX_SIZE": "2048",
+    "FI_CXI_RDZV_PROTO": "alt_read",
+    "FI_CXI_RX_MATCH_MODE": "hybrid",
+    "FI_CXI_RDZV_EAGER_SIZE": "0",
+    "FI_CXI_RDZV_GET_MIN": "0",
+    "FI_CXI_RDZV_THRESHOLD": "0",
+    "NCCL_NET": "AWS Libfabric",
 }
 
 
-@pytest.mark.parametrize("script,model", [("frontier_20b.sh", "20B.yml"), ("frontier_10b.sh", "10B.yml"),
-                                          ("frontier_generic.sh", "20B.yml")])
+@pytest.mark.parametrize(
+    "script,model", [("frontier_20b.sh", "20B.yml"), ("frontier_10b.sh", "10B.yml"), ("frontier_generic.sh", "20B.yml")]
+)
 def test_launch_under_fake_slurm(fake_slurm, script, model):
     r = fake_slurm["submit"](script)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -212,18 +265,30 @@ def test_launch_under_fake_slurm(fake_slurm, script, model):
     modules = _lines(os.path.join(log, "module_calls"))
     loads = [m for m in modules if m.startswith("load ")]
     # one pinned block [OLCF-26]; the plugin module after rocm
-    assert [m.split()[1] for m in loads] == ["PrgEnv-gnu/8.7.0", "cpe/26.03", "rocm/7.1.1", "craype-accel-amd-gfx90a",
-                                             "rccl-net-plugin"]
+    assert [m.split()[1] for m in loads] == [
+        "PrgEnv-gnu/8.7.0",
+        "cpe/26.03",
+        "rocm/7.1.1",
+        "craype-accel-amd-gfx90a",
+        "rccl-net-plugin",
+    ]
     calls = _lines(os.path.join(log, "scontrol_calls"))
     assert f"show job {fake_slurm['job']} -o" in calls and "show hostnames frontier[00001-00048]" in calls
 
     srun = _lines(os.path.join(log, "srun_args"))
     opts = srun[: srun.index(os.path.join(REPO, "slurm", "srun_task.sh"))]
-    for o in ("--nodes=48", "--ntasks=384", "--ntasks-per-node=8", "--cpus-per-task=7",
-              "--gpus-per-task=1", "--gpu-bind=closest", "--distribution=block"):
+    for o in (
+        "--nodes=48",
+        "--ntasks=384",
+        "--ntasks-per-node=8",
+        "--cpus-per-task=7",
+        "--gpus-per-task=1",
+        "--gpu-bind=closest",
+        "--distribution=block",
+    ):
         assert o in opts, (o, opts)
     assert not any(o.startswith("--network") for o in opts)  # on the allocation (#SBATCH), where OLCF puts it
-    cmd = srun[len(opts):]
+    cmd = srun[len(opts) :]
     assert cmd[1] == os.path.join(fake_slurm["venv"], "bin", "python")
     assert cmd[2:7] == ["-u", os.path.join(REPO, "train.py"), _cfg(model), _cfg("topo.yml"), _cfg("frontier.yml")]
     assert not any("torchrun" in a for a in srun)
@@ -239,7 +304,9 @@ def test_launch_under_fake_slurm(fake_slurm, script, model):
         assert env["WORLD_SIZE"] == "384" and env["LOCAL_WORLD_SIZE"] == "8"
         assert env["LOCAL_RANK"] == str(rank % 8)
         # a port per job (two jobs on one node never collide)
-        assert env["MASTER_ADDR"] == "frontier00001" and env["MASTER_PORT"] == str(10000 + int(fake_slurm["job"]) % 20000)
+        assert env["MASTER_ADDR"] == "frontier00001" and env["MASTER_PORT"] == str(
+            10000 + int(fake_slurm["job"]) % 20000
+        )
         for k, v in FRONTIER_ENV.items():
             assert env.get(k) == v, (k, env.get(k))
         for dropped in ("FI_CXI_ATS", "FI_CXI_DISABLE_CQ_HUGETLB", "HSA_ENABLE_SDMA"):  # no current source
@@ -254,14 +321,16 @@ def test_launch_under_fake_slurm(fake_slurm, script, model):
         files, overrides = _config_from_args(args)
         assert files == [_cfg(model), _cfg("topo.yml"), _cfg("frontier.yml")]
         name = model.replace(".yml", "")
-        assert overrides == [f"log_dir={work}/runs/{name}-topo", f"save={work}/checkpoints/{name}-topo",
-                             "auto_resume=true"]
+        assert overrides == [
+            f"log_dir={work}/runs/{name}-topo",
+            f"save={work}/checkpoints/{name}-topo",
+            "auto_resume=true",
+        ]
         cfg = load_config(files, overrides)
         assert cfg.zero_topo.preset == "topo" and cfg.precision == "fp16"
         assert cfg.checkpoint.auto_resume and cfg.checkpoint.load is None
         le = launcher_env(env)
-        slurm_only = {k: v for k, v in env.items()
-                      if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+        slurm_only = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
         assert launcher_env(slurm_only) == le  # the same from SLURM_* alone
         assert le == {"world_size": 384, "rank": rank, "local_rank": rank % 8, "local_world_size": 8}
         topo = topology_from_config(cfg.topology, le["world_size"], le["local_world_size"])
@@ -275,10 +344,17 @@ def test_launch_under_fake_slurm(fake_slurm, script, model):
 
 
 def test_arguments_reach_train_py_unchanged_and_exported_variables_change_nothing(fake_slurm):
-    stray = {"MODEL_CONFIG": "configs/10B.yml", "PRESET_CONFIG": "configs/zero3.yml", "CKPT_DIR": "/x/ckpt",
-             "RUN_NAME": "other", "LOG_DIR": "/x/log", "EXTRA_ARGS": "--set train_iters=7"}
-    r = fake_slurm["submit"]("frontier_20b.sh", "--set", "train_iters=50", "--set", "data_path=/data dir/*",
-                             extra_env=stray)
+    stray = {
+        "MODEL_CONFIG": "configs/10B.yml",
+        "PRESET_CONFIG": "configs/zero3.yml",
+        "CKPT_DIR": "/x/ckpt",
+        "RUN_NAME": "other",
+        "LOG_DIR": "/x/log",
+        "EXTRA_ARGS": "--set train_iters=7",
+    }
+    r = fake_slurm["submit"](
+        "frontier_20b.sh", "--set", "train_iters=50", "--set", "data_path=/data dir/*", extra_env=stray
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     files, overrides = _config_from_args(_launched(fake_slurm["log"], 0)[0])
     assert files == [_cfg("20B.yml"), _cfg("topo.yml"), _cfg("frontier.yml")]
@@ -299,8 +375,10 @@ def test_submitted_from_another_folder_and_checkpoints_independent_of_node_count
 def test_a_wrong_repo_is_one_clear_error(fake_slurm, tmp_path):
     r = fake_slurm["submit"]("frontier_20b.sh", extra_env={"REPO": str(tmp_path)})
     assert r.returncode == 2
-    assert r.stderr.strip() == (f"slurm: error: REPO={tmp_path} is not the megatron_topo repository (no "
-                                f"slurm/frontier_env.sh, train.py); set REPO=/path/to/megatron_topo")
+    assert r.stderr.strip() == (
+        f"slurm: error: REPO={tmp_path} is not the megatron_topo repository (no "
+        f"slurm/frontier_env.sh, train.py); set REPO=/path/to/megatron_topo"
+    )
     assert not os.path.exists(os.path.join(fake_slurm["log"], "srun_args"))
 
 
@@ -308,14 +386,22 @@ def test_work_dir_that_cannot_be_created_is_one_clear_error(fake_slurm):
     # the default: Orion scratch of the job's account (Orion's project folders are lower case)
     r = fake_slurm["submit"]("frontier_20b.sh", drop=("WORK_DIR",), extra_env={"SLURM_JOB_ACCOUNT": "ABC123"})
     assert r.returncode == 2
-    assert r.stderr.startswith("slurm: error: WORK_DIR=/lustre/orion/abc123/scratch/pytest-fake-user/megatron_topo "
-                               "cannot be created or written (its parent must exist)"), r.stderr
+    assert r.stderr.startswith(
+        "slurm: error: WORK_DIR=/lustre/orion/abc123/scratch/pytest-fake-user/megatron_topo "
+        "cannot be created or written (its parent must exist)"
+    ), r.stderr
     assert not os.path.exists("/lustre/orion/abc123")
 
 
 def test_generic_takes_model_and_preset_as_arguments(fake_slurm):
-    r = fake_slurm["submit"]("frontier_generic.sh", "configs/10B.yml", "configs/zeropp.yml", "--set", "train_iters=20",
-                             sbatch_args=("--nodes=2",))
+    r = fake_slurm["submit"](
+        "frontier_generic.sh",
+        "configs/10B.yml",
+        "configs/zeropp.yml",
+        "--set",
+        "train_iters=20",
+        sbatch_args=("--nodes=2",),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     srun = _lines(os.path.join(fake_slurm["log"], "srun_args"))
     assert "--nodes=2" in srun and "--ntasks=16" in srun
@@ -368,15 +454,19 @@ def test_a_plugin_that_does_not_load_is_not_a_plugin(fake_slurm, tmp_path):
 @pytest.mark.parametrize("rocm,fallback", [("rocm/7.0.2", "aws-ofi-nccl"), ("rocm/6.2.4", "aws-ofi-rccl")])
 def test_plugin_module_fallbacks_by_rocm_version(fake_slurm, rocm, fallback):
     """rccl-net-plugin first [OLCF-26]; where a site lacks it, the older module for the ROCm major."""
-    r = fake_slurm["submit"]("frontier_20b.sh", extra_env={"ROCM_MODULE": rocm,
-                                                           "FAKE_MISSING_MODULES": "rccl-net-plugin"})
+    r = fake_slurm["submit"](
+        "frontier_20b.sh", extra_env={"ROCM_MODULE": rocm, "FAKE_MISSING_MODULES": "rccl-net-plugin"}
+    )
     assert r.returncode == 0, r.stderr
     loads = [m for m in _lines(os.path.join(fake_slurm["log"], "module_calls")) if m.startswith("load ")]
     assert loads.index(f"load {rocm}") < loads.index(f"load {fallback}")
     assert "load rccl-net-plugin" not in loads and len([m for m in loads if "ofi" in m]) == 1
     os.remove(os.path.join(fake_slurm["plugin"], "librccl-net.so"))
-    r = fake_slurm["submit"]("frontier_20b.sh", sbatch_args=("--nodes=2",), extra_env={
-        "ROCM_MODULE": rocm, "FAKE_MISSING_MODULES": f"rccl-net-plugin {fallback}"})
+    r = fake_slurm["submit"](
+        "frontier_20b.sh",
+        sbatch_args=("--nodes=2",),
+        extra_env={"ROCM_MODULE": rocm, "FAKE_MISSING_MODULES": f"rccl-net-plugin {fallback}"},
+    )
     assert r.returncode == 2 and f"modules tried: rccl-net-plugin {fallback} (none available)" in r.stderr, r.stderr
     r = fake_slurm["submit"]("frontier_20b.sh", sbatch_args=("--nodes=2",), extra_env={"PLUGIN_MODULE": "my-plugin"})
     assert r.returncode == 2 and "module my-plugin loaded" in r.stderr, r.stderr
@@ -403,10 +493,13 @@ def test_cpu_site_profile(fake_slurm):
 def test_stage_venv_to_node_local_storage(fake_slurm, tmp_path):
     nvme = tmp_path / "nvme"
     nvme.mkdir()
-    _write(os.path.join(os.path.dirname(fake_slurm["log"]), "bin", "sbcast"),
-           '#!/bin/bash\nprintf "%s\\n" "$*" >> "$FAKE_LOG/sbcast_calls"; cp "${@: -2:1}" "${@: -1}"\n')
-    r = fake_slurm["submit"]("frontier_20b.sh", sbatch_args=("--nodes=2",),
-                             extra_env={"STAGE_VENV": "1", "NVME_DIR": str(nvme)})
+    _write(
+        os.path.join(os.path.dirname(fake_slurm["log"]), "bin", "sbcast"),
+        '#!/bin/bash\nprintf "%s\\n" "$*" >> "$FAKE_LOG/sbcast_calls"; cp "${@: -2:1}" "${@: -1}"\n',
+    )
+    r = fake_slurm["submit"](
+        "frontier_20b.sh", sbatch_args=("--nodes=2",), extra_env={"STAGE_VENV": "1", "NVME_DIR": str(nvme)}
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     tarball = os.path.join(fake_slurm["work"], "venv-venv.tar")
     assert _lines(os.path.join(fake_slurm["log"], "sbcast_calls")) == [f"--force {tarball} {nvme}/venv.tar"]
@@ -422,13 +515,27 @@ def test_collectives_job_under_fake_slurm(fake_slurm):
     assert r.returncode == 0, r.stdout + r.stderr
     log = fake_slurm["log"]
     srun = _lines(os.path.join(log, "srun_args"))
-    for o in ("--nodes=48", "--ntasks=384", "--ntasks-per-node=8", "--gpus-per-task=1", "--gpu-bind=closest",
-              "--distribution=block"):
+    for o in (
+        "--nodes=48",
+        "--ntasks=384",
+        "--ntasks-per-node=8",
+        "--gpus-per-task=1",
+        "--gpu-bind=closest",
+        "--distribution=block",
+    ):
         assert o in srun, (o, srun)
     args, env = _launched(log, 383)
     out = f"{fake_slurm['work']}/runs/collectives-48n-{fake_slurm['job']}"
-    assert args == ["-u", os.path.join(REPO, "tools", "measure_collectives.py"), "--sizes-mb", "16,64,128,256,512,1024",
-                    "--iters", "10", "--out", out]
+    assert args == [
+        "-u",
+        os.path.join(REPO, "tools", "measure_collectives.py"),
+        "--sizes-mb",
+        "16,64,128,256,512,1024",
+        "--iters",
+        "10",
+        "--out",
+        out,
+    ]
     assert env["RANK"] == "383" and env["WORLD_SIZE"] == "384" and env["MASTER_ADDR"] == "frontier00001"
     for k in ("NCCL_SOCKET_IFNAME", "FI_CXI_RDZV_PROTO", "NCCL_NET"):
         assert env.get(k) == FRONTIER_ENV[k], k

@@ -17,6 +17,7 @@ folder outside the repository.
 Skips (saying why) only where Slurm cannot run: not root, or slurm-wlm/munge missing and not
 installable. Every daemon it starts is stopped by PID at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,20 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_SLURM = os.path.join(REPO, "scripts", "local_slurm.sh")
 SCRIPT = os.path.join(REPO, "slurm", "frontier_20b.sh")
-TRAIN = ["--set", "progress_bar=false", "--set", "builtin_corpus_bytes=100000", "--set", "log_interval=1",
-         "--set", "eval_interval=0", "--set", "num_layers=2", "--set", "hidden_size=64"]
+TRAIN = [
+    "--set",
+    "progress_bar=false",
+    "--set",
+    "builtin_corpus_bytes=100000",
+    "--set",
+    "log_interval=1",
+    "--set",
+    "eval_interval=0",
+    "--set",
+    "num_layers=2",
+    "--set",
+    "hidden_size=64",
+]
 PER_NODE = ["--ntasks-per-node=2", "--cpus-per-task=1"]
 # the environment running the tests (the project's .venv in CI)
 VENV = sys.prefix if os.access(os.path.join(sys.prefix, "bin", "python"), os.X_OK) else os.path.join(REPO, ".venv")
@@ -99,21 +112,36 @@ class Cluster:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self.env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "USER": "root",
-                    "SLURM_CONF": slurm["conf"], "SITE": "local_cpu", "WORK_DIR": str(self.work),
-                    "VENV": VENV, "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        self.env = {
+            "PATH": os.environ["PATH"],
+            "HOME": os.environ.get("HOME", "/root"),
+            "USER": "root",
+            "SLURM_CONF": slurm["conf"],
+            "SITE": "local_cpu",
+            "WORK_DIR": str(self.work),
+            "VENV": VENV,
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
 
     def sbatch(self, *args, env=None) -> str:
-        r = subprocess.run(["sbatch", "--parsable", *args], cwd=self.submit_dir, env=dict(self.env, **(env or {})),
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["sbatch", "--parsable", *args],
+            cwd=self.submit_dir,
+            env=dict(self.env, **(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         jid = r.stdout.strip().split(";")[0]
         self.jobs.append(jid)
         return jid
 
     def state(self, jid) -> str:
-        r = subprocess.run(["scontrol", "show", "job", jid, "-o"], env=self.env, capture_output=True, text=True,
-                           timeout=30)
+        r = subprocess.run(
+            ["scontrol", "show", "job", jid, "-o"], env=self.env, capture_output=True, text=True, timeout=30
+        )
         m = re.search(r"JobState=(\S+)", r.stdout)
         return m.group(1) if m else "UNKNOWN"
 
@@ -132,12 +160,15 @@ class Cluster:
 
     def latest(self, run="tiny-topo") -> int:
         name = (self.work / "checkpoints" / run / "latest").read_text().strip()
-        return int(name[len("global_step"):])
+        return int(name[len("global_step") :])
 
     def steps_logged(self, run="tiny-topo") -> list[int]:
         path = self.work / "runs" / run / "metrics.jsonl"
-        return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()] \
-            if path.exists() else []
+        return (
+            [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+            if path.exists()
+            else []
+        )
 
     def wait_steps(self, jid, n, run="tiny-topo", timeout=150):
         """Until the run has logged more than n steps (the job trains)."""
@@ -177,8 +208,16 @@ def test_submit_walltime_signal_resubmit_and_resume_on_another_node_count(slurm,
     # steps: a small sample index, quick to build; never reached): a
     # warning during start-up would stop the job before its first step, see (e)) reaches the batch
     # shell, which forwards it; the ranks stop at the next micro-batch and save
-    b = c.sbatch("--nodes=2", *PER_NODE, "--time=3", SCRIPT, "--set", "train_iters=5000", *TRAIN,
-                 env={"SBATCH_SIGNAL": "B:USR1@60", "RESUBMIT": "1"})
+    b = c.sbatch(
+        "--nodes=2",
+        *PER_NODE,
+        "--time=3",
+        SCRIPT,
+        "--set",
+        "train_iters=5000",
+        *TRAIN,
+        env={"SBATCH_SIGNAL": "B:USR1@60", "RESUBMIT": "1"},
+    )
     assert c.wait(b, timeout=240) == "COMPLETED", c.out(b)  # ended by itself, not TIMEOUT
     out = c.out(b)
     assert f"resumed from {ckpt}/global_step3 at step 3" in out, out
@@ -211,8 +250,10 @@ def test_submit_walltime_signal_resubmit_and_resume_on_another_node_count(slurm,
     assert f"done: step {m + 3}" in out and c.latest() == m + 3
     # one metrics.jsonl for the whole run: every step once, in order, across the four jobs
     assert c.steps_logged() == list(range(1, m + 4))
-    print(f"\nreal Slurm: job {a} fresh -> step 3; job {b} (3 min) SIGUSR1 -> saved step {n}, chained job "
-          f"{chained}; job {chained} resumed {n} -> saved {m}; job {d} on 1 node resumed {m} -> {m + 3}")
+    print(
+        f"\nreal Slurm: job {a} fresh -> step 3; job {b} (3 min) SIGUSR1 -> saved step {n}, chained job "
+        f"{chained}; job {chained} resumed {n} -> saved {m}; job {d} on 1 node resumed {m} -> {m + 3}"
+    )
 
 
 def test_chains_keep_their_run_stop_commands_and_one_owner_per_run_folder(slurm, tmp_path):
@@ -261,15 +302,16 @@ def test_chains_keep_their_run_stop_commands_and_one_owner_per_run_folder(slurm,
 
     # (g) a second job on the run folder stops in one line naming the owner; the owner goes on
     before = sorted(d for d in os.listdir(ckpt) if d.startswith("global_step"))
-    before.sort(key=lambda d: int(d[len("global_step"):]))
+    before.sort(key=lambda d: int(d[len("global_step") :]))
     g = c.sbatch(*args, env={"RESUBMIT": "1"})
     assert c.wait(g) == "FAILED", c.out(g)
     errors = [ln for ln in c.out(g).splitlines() if ln.startswith("error:")]  # (srun adds its own line)
-    assert len(errors) == 1 and errors[0].startswith(f"error: checkpoint.save {ckpt} belongs to a running job "
-                                                     f"(Slurm job {third}, "), c.out(g)
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: checkpoint.save {ckpt} belongs to a running job (Slurm job {third}, "
+    ), c.out(g)
     assert "Traceback" not in c.out(g) and "resubmitted" not in c.out(g)
     assert c.state(third) == "RUNNING" and json.loads((ckpt / ".megatron_topo.lock").read_text())["job"] == third
-    assert c.latest(run) >= int(before[-1][len("global_step"):])  # only the owner's saves moved it on
+    assert c.latest(run) >= int(before[-1][len("global_step") :])  # only the owner's saves moved it on
 
     c.signal(third, "USR2")
     assert c.wait(third) == "COMPLETED", c.out(third)
@@ -283,5 +325,7 @@ def test_chains_keep_their_run_stop_commands_and_one_owner_per_run_folder(slurm,
     jobs_log = (logs / "slurm_jobs.log").read_text().splitlines()
     assert [ln.split()[1] for ln in jobs_log] == [e, *links], jobs_log  # the refused job left no line
     assert f"chain: {' '.join(links)};" in jobs_log[-1]
-    print(f"\nreal Slurm: job {e} stopped in start-up, no chain; chain {links} -> step {m} (USR1, USR1, USR2); "
-          f"job {g} refused while {third} owned the run")
+    print(
+        f"\nreal Slurm: job {e} stopped in start-up, no chain; chain {links} -> step {m} (USR1, USR1, USR2); "
+        f"job {g} refused while {third} owned the run"
+    )

@@ -1,6 +1,7 @@
 """Stop signals inside a step and during start-up (lifecycle.Lifecycle.poll_micro / agree_now):
 a step of a million micro-batches stops at the next micro-batch on every rank, discarding the
 partial step; a signal that arrives while the run starts up stops it before its first step."""
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,24 @@ def _start_ignoring_usr1(args, tmp, world, tag):
     for r in range(world):
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         if world > 1:
-            env.update(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(world),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen(
-            [PY, *args], env=env, cwd=str(tmp), stdout=open(tmp / f"{tag}.out{r}", "w"),
-            stderr=open(tmp / f"{tag}.err{r}", "w"),
-            preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN)))
+            env.update(
+                RANK=str(r),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(r),
+                LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+        procs.append(
+            subprocess.Popen(
+                [PY, *args],
+                env=env,
+                cwd=str(tmp),
+                stdout=open(tmp / f"{tag}.out{r}", "w"),
+                stderr=open(tmp / f"{tag}.err{r}", "w"),
+                preexec_fn=lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN),
+            )
+        )
     return procs
 
 
@@ -53,8 +66,14 @@ def test_a_signal_inside_a_huge_step_stops_at_the_next_micro_batch(cache, tmp_pa
     now refused by that bound): a step of many minutes; SIGUSR1 to rank 1 alone stops both ranks
     within seconds, exit 0; the partial step is discarded: the checkpoint is step 0's, data
     position 0, and no step was logged."""
-    args = _args(cache, tmp_path, 1, os.path.join(ROOT, "configs", "zero2.yml"),
-                 gradient_accumulation_steps=16384, train_micro_batch_size_per_gpu=1)
+    args = _args(
+        cache,
+        tmp_path,
+        1,
+        os.path.join(ROOT, "configs", "zero2.yml"),
+        gradient_accumulation_steps=16384,
+        train_micro_batch_size_per_gpu=1,
+    )
     procs = _start_ignoring_usr1(args, tmp_path, 2, "a")
     _wait_for(tmp_path / "a.out0", "global batch", procs)  # the training loop has started
     time.sleep(2)
@@ -92,4 +111,5 @@ def test_a_signal_during_start_up_stops_before_training(cache, tmp_path):  # noq
     assert "stopped by SIGUSR1 before training started (step 0); no step trained; nothing saved" in out, out
     assert "Traceback" not in err
     assert not (tmp_path / "ckpt").exists() or not any(
-        d.startswith("global_step") for d in os.listdir(tmp_path / "ckpt"))
+        d.startswith("global_step") for d in os.listdir(tmp_path / "ckpt")
+    )

@@ -1,4 +1,5 @@
 """Trainer properties: data-parallel equals accumulation, resume is bit exact, fp16 overflow."""
+
 import json
 import os
 import time
@@ -12,8 +13,14 @@ from .train_utils import datasets, local_runtime, small_config
 
 
 def _train(rank, world, tmp, accum, steps, deterministic=False):
-    cfg = small_config(tmp, **{"train.gradient_accumulation_steps": accum, "train.train_iters": steps,
-                               "zero_topo.deterministic": deterministic})
+    cfg = small_config(
+        tmp,
+        **{
+            "train.gradient_accumulation_steps": accum,
+            "train.train_iters": steps,
+            "zero_topo.deterministic": deterministic,
+        },
+    )
     cfg.logging.log_dir = str(tmp / f"run_w{world}{'_det' if deterministic else ''}")
     tr = Trainer(cfg, local_runtime(rank, world), datasets=datasets(cfg))
     tr.train()
@@ -32,8 +39,19 @@ def test_four_process_ddp_equals_one_process_with_accumulation(tmp_path):
         assert rel <= 1e-5, (name, rel)
     lines = [json.loads(x) for x in open(tmp_path / "run_w4" / "metrics.jsonl")]
     assert [r["step"] for r in lines] == [1, 2, 3, 4, 5]
-    for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "samples_per_sec", "tflops_per_gpu",
-                "peak_mem_bytes", "comm_bytes_intra_gpu", "comm_bytes_intra_node", "comm_bytes_inter_node"):
+    for key in (
+        "loss",
+        "lr",
+        "grad_norm",
+        "loss_scale",
+        "tokens_per_sec",
+        "samples_per_sec",
+        "tflops_per_gpu",
+        "peak_mem_bytes",
+        "comm_bytes_intra_gpu",
+        "comm_bytes_intra_node",
+        "comm_bytes_inter_node",
+    ):
         assert key in lines[0], key
 
 
@@ -52,11 +70,13 @@ def test_step_time_is_wall_clock_with_the_log_reduction_and_without_evaluation(t
     def slow_eval(self):
         time.sleep(2.0)
         return evaluate(self)
+
     monkeypatch.setattr(Trainer, "_reduce_log", slow_reduce)
     monkeypatch.setattr(Trainer, "evaluate", slow_eval)
     Trainer(cfg, local_runtime(0, 1), datasets=datasets(cfg)).train()
-    times = [r["step_time_s"] for r in map(json.loads, open(tmp_path / "timed" / "metrics.jsonl"))
-             if "step_time_s" in r]
+    times = [
+        r["step_time_s"] for r in map(json.loads, open(tmp_path / "timed" / "metrics.jsonl")) if "step_time_s" in r
+    ]
     assert len(times) == 2
     assert all(0.2 <= t < 1.0 for t in times), times  # 2 steps + 0.4 s reduction, not + 2 s eval
 

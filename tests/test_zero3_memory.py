@@ -7,6 +7,7 @@ buffers, K = 2 gathered units (the one computing, the prefetched one) + the unit
 gradients + its flat gradient + ``max_in_flight`` reductions' send buffers. The whole model
 (12 units) is well above that bound, which is what main (1d0c977) held without checkpointing.
 """
+
 import os
 
 import pytest
@@ -26,8 +27,9 @@ ZERO3 = dict(preset="zero3", weight_bits=16, secondary_bits=16, grad_bits=16)
 
 
 def _activations(m, micro_batch: int, recompute: bool) -> int:
-    return memory.activation_bytes(m.hidden_size, m.num_attention_heads, m.num_layers, m.seq_length,
-                                   m.vocab_size, micro_batch, "fp32", recompute)
+    return memory.activation_bytes(
+        m.hidden_size, m.num_attention_heads, m.num_layers, m.seq_length, m.vocab_size, micro_batch, "fp32", recompute
+    )
 
 
 def _step_growth(rank, world, ckpt):
@@ -60,17 +62,28 @@ def test_zero3_peak_holds_a_bounded_number_of_units(ckpt):
         bound = act + K * unit
         assert bound < model  # the test can tell a bounded peak from the whole model gathered
         for step, g in enumerate(growth):
-            assert g <= bound, (f"rank {rank} step {step}: peak {g / 2**20:.2f} MiB above the states, "
-                                f"bound {bound / 2**20:.2f} MiB (activations + {K} units of "
-                                f"{unit / 2**20:.2f} MiB), whole model {model / 2**20:.2f} MiB")
+            assert g <= bound, (
+                f"rank {rank} step {step}: peak {g / 2**20:.2f} MiB above the states, "
+                f"bound {bound / 2**20:.2f} MiB (activations + {K} units of "
+                f"{unit / 2**20:.2f} MiB), whole model {model / 2**20:.2f} MiB"
+            )
 
 
 def _dry(ckpt: bool) -> dict:
-    cfg = load_config([os.path.join(REPO, f) for f in ("configs/tiny.yml", "configs/zero3.yml",
-                                                       "configs/local_cpu.yml")],
-                      [f"{k}={v}" for k, v in {**SHAPE, "hidden_size": 256, "max_position_embeddings": 8,
-                                                "precision": "fp32", "checkpoint_activations": ckpt,
-                                                "train_micro_batch_size_per_gpu": 1}.items()])
+    cfg = load_config(
+        [os.path.join(REPO, f) for f in ("configs/tiny.yml", "configs/zero3.yml", "configs/local_cpu.yml")],
+        [
+            f"{k}={v}"
+            for k, v in {
+                **SHAPE,
+                "hidden_size": 256,
+                "max_position_embeddings": 8,
+                "precision": "fp32",
+                "checkpoint_activations": ckpt,
+                "train_micro_batch_size_per_gpu": 1,
+            }.items()
+        ],
+    )
     return cfg, dry_run(cfg, 8, 3)
 
 
@@ -86,9 +99,11 @@ def test_dry_run_zero3_without_checkpointing_holds_a_bounded_number_of_units():
 
 def _plan(r):
     from megatron_topo.zero_topo.sharding import Plan
+
     return Plan(**r["plan"])
 
 
 def _unit_numels(cfg):
     from megatron_topo.analysis import formulas
+
     return formulas.raw_unit_lengths(cfg.model)

@@ -1,4 +1,5 @@
 """Load a script in tools/ as a module by its path: for the every-tool checks."""
+
 import importlib.util
 import os
 import sys

@@ -1,12 +1,13 @@
 """Helpers for trainer tests: an in-memory dataset and configs built in code."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from megatron_topo.config import Config, ModelConfig
-from megatron_topo.training import Runtime
 from megatron_topo.topology import Topology
+from megatron_topo.training import Runtime
 
 
 class RandomTokens:
@@ -31,9 +32,18 @@ class RandomTokens:
 def small_config(tmp_path, **over) -> Config:
     cfg = Config()
     # the architecture and schedule stated explicitly (the defaults follow GPT-NeoX's since issue 15)
-    cfg.model = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=64,
-                            rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True, init_method="small_init",
-                            output_layer_init_method="wang_init")
+    cfg.model = ModelConfig(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        seq_length=16,
+        vocab_size=64,
+        rotary_pct=0.25,
+        gpt_j_residual=True,
+        no_weight_tying=True,
+        init_method="small_init",
+        output_layer_init_method="wang_init",
+    )
     t = cfg.train
     t.lr_decay_style, cfg.data.split = "cosine", "949,50,1"
     t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, t.train_iters = 2, 1, 5
@@ -58,4 +68,5 @@ def local_runtime(rank: int, world: int, gcds=1, gpus=None) -> Runtime:
 
 def datasets(cfg):
     return RandomTokens(4096, cfg.model.seq_length, cfg.model.vocab_size), RandomTokens(
-        256, cfg.model.seq_length, cfg.model.vocab_size, seed=1)
+        256, cfg.model.seq_length, cfg.model.vocab_size, seed=1
+    )

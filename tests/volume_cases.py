@@ -74,11 +74,17 @@ def expected(kind: str, Ls: list[int]) -> dict:
 
 
 CASES = {
-    "ddp": dict(preset="ddp"), "zero1": dict(preset="zero1"), "zero2": dict(preset="zero2"),
-    "zero3": dict(preset="zero3"), "zeropp": dict(preset="zeropp"), "mics": dict(preset="mics"),
-    "topo": dict(preset="topo"), "topo_sec8": dict(preset="topo", secondary_degree=P),
+    "ddp": dict(preset="ddp"),
+    "zero1": dict(preset="zero1"),
+    "zero2": dict(preset="zero2"),
+    "zero3": dict(preset="zero3"),
+    "zeropp": dict(preset="zeropp"),
+    "mics": dict(preset="mics"),
+    "topo": dict(preset="topo"),
+    "topo_sec8": dict(preset="topo", secondary_degree=P),
     "topo_rs": dict(preset="topo", inter_node_reduce="reduce_scatter"),
-    "paro_iig": dict(preset="paro_iig"), "paro_nig": dict(preset="paro_nig"),
+    "paro_iig": dict(preset="paro_iig"),
+    "paro_nig": dict(preset="paro_nig"),
     "topo_q": dict(preset="topo", combine_bits=8, publish_bits=8),
     "mics_q": dict(preset="mics", combine_bits=8),
 }

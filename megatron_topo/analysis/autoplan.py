@@ -18,6 +18,7 @@ plan, so a training run then times the few plans modelled closest to the fastest
 (:func:`shortlist`; megatron_topo.training.auto_trials) and trains with the fastest measured.
 ``tools/plan.py`` prints the same ranking (:func:`rank_plans`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,18 +26,27 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-from . import perf_model as pm
 from .. import preflight
 from ..config import Config, ConfigError, SystemConfig, ZeroTopoConfig
 from ..model import unit_numels
 from ..topology import Topology
 from ..zero_topo.plan_space import COMBINE_BITS, PUBLISH_BITS, UNQUANTIZED
 from ..zero_topo.sharding import PRESETS, Plan, resolve_plan
+from . import perf_model as pm
 
-GIB = 2 ** 30
+GIB = 2**30
 # plan fields a user may pin under ``preset: auto`` (None in the block = searched)
-SEARCHED = ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree", "weight_bits",
-            "secondary_bits", "grad_bits", "combine_bits", "publish_bits")
+SEARCHED = (
+    "weight_factor",
+    "grad_factor",
+    "optimizer_factor",
+    "secondary_degree",
+    "weight_bits",
+    "secondary_bits",
+    "grad_bits",
+    "combine_bits",
+    "publish_bits",
+)
 # fields copied from the user's block onto every candidate
 CARRIED = ("quant_block_size", "grad_quant_block_size", "prefetch", "deterministic", "error_feedback")
 COMPARED = SEARCHED + ("inter_node_reduce",)
@@ -51,14 +61,22 @@ class Ranked:
     memory_bytes: int  # preflight estimate per rank: model states + activations + buffers
 
 
-def step_time(shape: pm.Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
-              grad_accum: int, recompute: bool) -> float:
+def step_time(
+    shape: pm.Shape,
+    plan: Plan,
+    topo: Topology,
+    system: SystemConfig,
+    micro_batch: int,
+    grad_accum: int,
+    recompute: bool,
+) -> float:
     """Modelled seconds per optimizer step under ``system.step_model``."""
     if system.step_model == "emulated_cpu":
         from .emulation import predict as emu
 
-        return emu.estimate_emulated(shape, plan, topo, system, micro_batch, grad_accum, emu.cpu_rates(system),
-                                     recompute)["step_s"]
+        return emu.estimate_emulated(
+            shape, plan, topo, system, micro_batch, grad_accum, emu.cpu_rates(system), recompute
+        )["step_s"]
     return pm.estimate_step(shape, plan, topo, system, micro_batch, grad_accum, recompute).step_s
 
 
@@ -138,15 +156,22 @@ def candidates(z: ZeroTopoConfig, topo: Topology) -> list[Plan]:
     return agree(preset_variants(topo)) or agree(pm.legal_plans(topo))
 
 
-def rank_plans(cfg: Config, topo: Topology, system: Optional[SystemConfig] = None,
-               plans: Optional[Sequence[Plan]] = None, reserve_bytes: Optional[float] = None,
-               progress: Callable[[Iterable], Iterable] = lambda it: it) -> list[Ranked]:
+def rank_plans(
+    cfg: Config,
+    topo: Topology,
+    system: Optional[SystemConfig] = None,
+    plans: Optional[Sequence[Plan]] = None,
+    reserve_bytes: Optional[float] = None,
+    progress: Callable[[Iterable], Iterable] = lambda it: it,
+) -> list[Ranked]:
     """Every candidate plan that fits, fastest first (module docstring). ``reserve_bytes`` replaces
     the activation/buffer estimate by a fixed reserve (tools/plan.py --reserve-gib)."""
     system = system or cfg.system
     if system is None:
-        raise ConfigError("zero_topo.preset: auto needs a system: block (the machine's rates and memory); add "
-                          "configs/frontier.yml, configs/dgx_a100.yml or configs/emulated_cpu.yml")
+        raise ConfigError(
+            "zero_topo.preset: auto needs a system: block (the machine's rates and memory); add "
+            "configs/frontier.yml, configs/dgx_a100.yml or configs/emulated_cpu.yml"
+        )
     shape, t, m = pm.Shape.from_config(cfg.model), cfg.train, cfg.model
     numels = unit_numels(m)
     limit = system.device_memory_gib * GIB
@@ -157,8 +182,15 @@ def rank_plans(cfg: Config, topo: Topology, system: Optional[SystemConfig] = Non
         need = est["model_states"] + (est["total"] - est["model_states"] if reserve_bytes is None else reserve_bytes)
         if need > limit:
             continue
-        s = step_time(shape, p, topo, system, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
-                      m.checkpoint_activations)
+        s = step_time(
+            shape,
+            p,
+            topo,
+            system,
+            t.train_micro_batch_size_per_gpu,
+            t.gradient_accumulation_steps,
+            m.checkpoint_activations,
+        )
         name, _ = label(p, topo)
         ranked.append(Ranked(dataclasses.replace(p, preset=name.split("+")[0]), name, s, int(need)))
     return tie_order(ranked)
@@ -168,8 +200,9 @@ def _tie_key(r: Ranked) -> tuple:
     """Among plans as fast as each other: fewer quantized bits (accuracy), then a named preset or
     fewer changes to one, then less memory."""
     p = r.plan
-    bits = p.weight_bits + (p.secondary_bits if p.secondary_degree else 16) + p.grad_bits + p.combine_bits \
-        + p.publish_bits
+    bits = (
+        p.weight_bits + (p.secondary_bits if p.secondary_degree else 16) + p.grad_bits + p.combine_bits + p.publish_bits
+    )
     return -bits, r.label.count(",") + ("+" in r.label), r.memory_bytes, r.label
 
 
@@ -187,8 +220,10 @@ def choose(cfg: Config, topo: Topology) -> tuple[ZeroTopoConfig, list[Ranked]]:
     """The ``zero_topo`` block ``preset: auto`` runs, and the ranking it came from."""
     ranked = rank_plans(cfg, topo)
     if not ranked:
-        raise ConfigError(f"zero_topo.preset: auto: no legal plan fits {cfg.system.device_memory_gib:g} GiB per device "
-                          f"on {topo.describe()} with this model; add nodes or use a smaller model")
+        raise ConfigError(
+            f"zero_topo.preset: auto: no legal plan fits {cfg.system.device_memory_gib:g} GiB per device "
+            f"on {topo.describe()} with this model; add nodes or use a smaller model"
+        )
     return as_zero_topo(ranked[0].plan, topo, cfg.zero_topo), ranked
 
 
@@ -222,19 +257,25 @@ def timed_note(ranked: Sequence[Ranked], z: ZeroTopoConfig) -> Optional[str]:
     short = shortlist(ranked, z.auto_trials, z.auto_trial_window)
     if not short:
         return None
-    return (f"preset auto: a run first times {len(short)} plans modelled within {z.auto_trial_window:.0%} of the "
-            f"fastest ({', '.join(r.label for r in short)}; {z.auto_trial_steps} steps per pass, two passes each, the "
-            f"two fastest up to {z.auto_trial_passes} while close, zero_topo.auto_trials) and trains with the fastest "
-            f"measured")
+    return (
+        f"preset auto: a run first times {len(short)} plans modelled within {z.auto_trial_window:.0%} of the "
+        f"fastest ({', '.join(r.label for r in short)}; {z.auto_trial_steps} steps per pass, two passes each, the "
+        f"two fastest up to {z.auto_trial_passes} while close, zero_topo.auto_trials) and trains with the fastest "
+        f"measured"
+    )
 
 
 def summary(ranked: Sequence[Ranked], system: SystemConfig) -> str:
     """One line: the choice and the runner-up with their modelled step times."""
+
     def one(r: Ranked) -> str:
         p = r.plan
         sec = f", secondary {p.secondary_degree}" if p.secondary_degree else ""
-        return (f"{r.label} (w {p.weight_factor}, g {p.grad_factor}, os {p.optimizer_factor}{sec}; "
-                f"{r.step_s:.3g} s/step, {r.memory_bytes / GIB:.2f} GiB/rank)")
+        return (
+            f"{r.label} (w {p.weight_factor}, g {p.grad_factor}, os {p.optimizer_factor}{sec}; "
+            f"{r.step_s:.3g} s/step, {r.memory_bytes / GIB:.2f} GiB/rank)"
+        )
+
     text = f"preset auto ({system.name}, {system.step_model} model): chose {one(ranked[0])}"
     if len(ranked) > 1:
         text += f"; runner-up {one(ranked[1])}, {ranked[1].step_s / ranked[0].step_s - 1:+.1%}"

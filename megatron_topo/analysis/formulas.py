@@ -8,6 +8,7 @@ gradient block; each collective costs ``zero_topo.volumes.ring_bytes``,
 charged to the widest level its group spans. The last unit stays gathered from forward into
 backward and is not gathered again.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -16,8 +17,9 @@ from ..topology import LEVELS, Topology
 from .perf_model.collectives import unit_collectives
 
 
-def expected_bytes_per_rank(plan, topo: Topology, unit_lengths: Sequence[int], micro_batches: int,
-                            elem_bytes: int = 2) -> dict:
+def expected_bytes_per_rank(
+    plan, topo: Topology, unit_lengths: Sequence[int], micro_batches: int, elem_bytes: int = 2
+) -> dict:
     """Bytes one rank sends in one optimizer step, per level (docs/design.md §4.8)."""
     out = {lvl: 0.0 for lvl in LEVELS}
     last = len(unit_lengths) - 1

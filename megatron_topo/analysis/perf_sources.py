@@ -12,6 +12,7 @@ these are independent sources, so agreement with seed 000 is a prediction, not a
   on configs/dgx2_v100.yml. They decide two modelling choices: the NIC-sharing rule of flat rings
   and how DeepSpeed composes communication with compute (``stack="deepspeed"``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,23 +23,30 @@ from ..topology import Topology
 from ..zero_topo.volumes import ring_bytes
 from . import perf_model as pm
 
-MIB = 2 ** 20
+MIB = 2**20
 
 # seed 004 §6.3.1 (Frontier, RCCL 2.20.5, Fig. 6.9 as quoted in the text): speedup of PCCL over
 # RCCL = RCCL's time / PCCL's time, for (collective, GCDs, MB per GCD).
 PCCL_OVER_RCCL = {
-    ("all_gather", 32, 1024): 0.52, ("reduce_scatter", 32, 1024): 0.55,
-    ("all_gather", 2048, 512): 11.4, ("all_gather", 2048, 1024): 7.0,
-    ("reduce_scatter", 2048, 512): 11.4, ("reduce_scatter", 2048, 1024): 6.2,
+    ("all_gather", 32, 1024): 0.52,
+    ("reduce_scatter", 32, 1024): 0.55,
+    ("all_gather", 2048, 512): 11.4,
+    ("all_gather", 2048, 1024): 7.0,
+    ("reduce_scatter", 2048, 512): 11.4,
+    ("reduce_scatter", 2048, 1024): 6.2,
 }
 
 # seed 003 Table 1(a): 384 V100s (24 DGX-2), TFLOPS per GPU, for (model, tokens per GPU):
 # (ZeRO-3 1 IB, ZeRO++ 1 IB, ZeRO-3 8 IB, ZeRO++ 8 IB).
 ZEROPP_TABLE1 = {
-    ("138B", 2048): (19.96, 37.90, 47.55, 55.30), ("138B", 1024): (11.25, 21.81, 34.19, 44.38),
-    ("91B", 2048): (19.99, 38.06, 47.74, 56.26), ("91B", 1024): (11.27, 21.93, 34.49, 44.36),
-    ("49B", 2048): (20.06, 38.08, 48.05, 56.24), ("49B", 1024): (11.27, 21.95, 34.54, 44.46),
-    ("18B", 2048): (25.98, 46.40, 47.31, 53.65), ("18B", 1024): (14.15, 30.57, 31.27, 37.87),
+    ("138B", 2048): (19.96, 37.90, 47.55, 55.30),
+    ("138B", 1024): (11.25, 21.81, 34.19, 44.38),
+    ("91B", 2048): (19.99, 38.06, 47.74, 56.26),
+    ("91B", 1024): (11.27, 21.93, 34.49, 44.36),
+    ("49B", 2048): (20.06, 38.08, 48.05, 56.24),
+    ("49B", 1024): (11.27, 21.95, 34.54, 44.46),
+    ("18B", 2048): (25.98, 46.40, 47.31, 53.65),
+    ("18B", 1024): (14.15, 30.57, 31.27, 37.87),
 }
 # Seed 003 gives no shapes ("the number of layers and hidden sizes are adjusted"); GPT-3-like
 # (layers, hidden) with 12*l*h^2 close to the size are assumed. Its 49B-138B rows are equal to
@@ -63,6 +71,7 @@ def derive_rccl_ring(system: SystemConfig, ranks_per_node: int = 8) -> dict:
     """RCCL's flat ring as ``T = S(p-1)/p / beta + (p-1) * alpha``, solved per collective from the
     1 GB points at 32 and 2048 GCDs, then alpha again from the 512 MB point at 2048 GCDs with
     that beta. Returns beta (GB/s per GCD), every alpha (us) and their median."""
+
     def rccl(op, p, mib):
         return PCCL_OVER_RCCL[(op, p, mib)] * pccl_time(mib, p, system, ranks_per_node)
 
@@ -93,15 +102,27 @@ def validate_zeropp_table1(system: SystemConfig, stack: str = "deepspeed", nic_s
         for nics in (1, 8):
             sys_n = dataclasses.replace(system, nics_per_node=nics)
             for preset in ("zero3", "zeropp"):
-                e = pm.estimate_step(shape, pm.preset_plan(preset, topo), topo, sys_n, 1, 1, True, nic_sharing,
-                                     stack=stack)
+                e = pm.estimate_step(
+                    shape, pm.preset_plan(preset, topo), topo, sys_n, 1, 1, True, nic_sharing, stack=stack
+                )
                 pred.append(e.tflops_per_gcd)
         for i, ib in enumerate((1, 8)):
             z3, zpp = measured[2 * i], measured[2 * i + 1]
             p3, ppp = pred[2 * i], pred[2 * i + 1]
-            rows.append({"model": model, "tokens": tokens, "ib": ib, "zero3": z3, "zeropp": zpp,
-                         "zero3_pred": p3, "zeropp_pred": ppp, "speedup": zpp / z3, "speedup_pred": ppp / p3,
-                         "speedup_error": (ppp / p3) / (zpp / z3) - 1})
+            rows.append(
+                {
+                    "model": model,
+                    "tokens": tokens,
+                    "ib": ib,
+                    "zero3": z3,
+                    "zeropp": zpp,
+                    "zero3_pred": p3,
+                    "zeropp_pred": ppp,
+                    "speedup": zpp / z3,
+                    "speedup_pred": ppp / p3,
+                    "speedup_error": (ppp / p3) / (zpp / z3) - 1,
+                }
+            )
     return rows
 
 
@@ -123,5 +144,8 @@ def fit_ring(points) -> dict:
     alpha = (sxx * syt - sxy * sxt) / det
     pred = [b * inv_beta + s * alpha for b, s, _ in rows]
     worst = max(abs(p / t - 1) for p, (_, _, t) in zip(pred, rows))
-    return {"alpha_us": alpha * 1e6, "beta_gbs": (1 / inv_beta / 1e9) if inv_beta > 0 else float("inf"),
-            "worst_rel_residual": worst}
+    return {
+        "alpha_us": alpha * 1e6,
+        "beta_gbs": (1 / inv_beta / 1e9) if inv_beta > 0 else float("inf"),
+        "worst_rel_residual": worst,
+    }

@@ -12,6 +12,7 @@ Variants (zero_topo overrides on configs/topo.yml):
 Prints a table (final loss = mean of the last 3 logged windows, ratio to exact), writes
 DIR/results.json and DIR/loss.png. About 1 min per 100 steps per variant on 2 cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,10 +39,25 @@ def run(out: str, name: str, steps: int, ranks: int, reuse: bool = False) -> lis
         if recs and recs[-1].get("step") == steps:
             print(f"{name}: reusing {metrics} ({steps} steps)", flush=True)
             return recs
-    sets = [f"train_iters={steps}", f"log_dir={log}", "save=null", "eval_interval=0", "log_interval=10",
-            "progress_bar=false", *VARIANTS[name]]
-    cmd = [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--standalone", "--nproc_per_node",
-           str(ranks), "train.py", "configs/tiny.yml", "configs/topo.yml", "configs/local_cpu.yml"]
+    sets = [
+        f"train_iters={steps}",
+        f"log_dir={log}",
+        "save=null",
+        "eval_interval=0",
+        "log_interval=10",
+        "progress_bar=false",
+        *VARIANTS[name],
+    ]
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "torchrun"),
+        "--standalone",
+        "--nproc_per_node",
+        str(ranks),
+        "train.py",
+        "configs/tiny.yml",
+        "configs/topo.yml",
+        "configs/local_cpu.yml",
+    ]
     for s in sets:
         cmd += ["--set", s]
     if os.path.exists(metrics):
@@ -58,9 +74,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_convergence"))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--reuse", action="store_true",
-                    help="read a variant whose DIR/VARIANT/metrics.jsonl already reaches --steps instead of "
-                         "rerunning it")
+    ap.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read a variant whose DIR/VARIANT/metrics.jsonl already reaches --steps instead of rerunning it",
+    )
     a = ap.parse_args(argv)
     if a.steps < 30:
         ap.error(f"--steps must be >= 30 (three logged windows), got {a.steps}")
@@ -71,12 +89,18 @@ def main(argv=None) -> int:
     print(f"{'variant':<10} {'final loss':>10} {'vs exact':>9}")
     for n, v in final.items():
         print(f"{n:<10} {v:>10.4f} {(v / ref - 1) * 100 if ref else float('nan'):>+8.2f}%")
-    res = {"steps": a.steps, "ranks": a.ranks, "final_loss": final,
-           "curves": {n: [(r["step"], r["loss"]) for r in c] for n, c in curves.items()}}
+    res = {
+        "steps": a.steps,
+        "ranks": a.ranks,
+        "final_loss": final,
+        "curves": {n: [(r["step"], r["loss"]) for r in c] for n, c in curves.items()},
+    }
     write_text(os.path.join(a.out, "results.json"), json.dumps(res, indent=1))
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4))
     for n, c in res["curves"].items():
         ax.plot([s for s, _ in c], [v for _, v in c], label=n)

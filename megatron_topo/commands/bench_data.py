@@ -7,6 +7,7 @@ The corpus is generated: the Python standard library's source as Pile-style ``.j
 ({"text": ..., "meta": {"pile_set_name": "stdlib"}}), or ``--input`` files. Prints a table and
 writes JSON (``--json``).
 """
+
 from __future__ import annotations
 
 import json
@@ -66,28 +67,51 @@ def main(argv=None) -> int:
                 tokenizers = [("ByteLevel", "ByteLevel", None), (f"BPE-{args.bpe_vocab_size}", "HFTokenizer", bpe)]
             for label, ttype, vocab in tokenizers:
                 for w in args.workers:
-                    runs = [preprocess(inputs, os.path.join(tmp, f"out_{w}"), ttype, vocab, append_eod=True,
-                                       workers=w, progress=False, force=True)  # its temp dir, N times
-                            for _ in range(args.repeat)]
+                    runs = [
+                        preprocess(
+                            inputs,
+                            os.path.join(tmp, f"out_{w}"),
+                            ttype,
+                            vocab,
+                            append_eod=True,
+                            workers=w,
+                            progress=False,
+                            force=True,
+                        )  # its temp dir, N times
+                        for _ in range(args.repeat)
+                    ]
                     st = min(runs, key=lambda r: r.seconds)  # best of N: least disturbed by other load
                     rows.append({"tokenizer": label, **st.to_dict()})
-                    print(f"{label:>12} workers={w}: {st.mb_per_s:7.2f} MB/s {st.tokens_per_s:12,.0f} tokens/s "
-                          f"(start-up {st.startup_seconds:.2f} s)", file=sys.stderr)
+                    print(
+                        f"{label:>12} workers={w}: {st.mb_per_s:7.2f} MB/s {st.tokens_per_s:12,.0f} tokens/s "
+                        f"(start-up {st.startup_seconds:.2f} s)",
+                        file=sys.stderr,
+                    )
     except (DataError, OSError) as e:
         print(f"error: {error_line(e)}", file=sys.stderr)
         return 1
-    header = (f"{'tokenizer':>12} {'workers':>7} {'MB':>7} {'seconds':>8} {'start-up':>8} {'MB/s':>8} "
-              f"{'tokens/s':>12} {'steady MB/s':>11} {'tokens':>10}")
+    header = (
+        f"{'tokenizer':>12} {'workers':>7} {'MB':>7} {'seconds':>8} {'start-up':>8} {'MB/s':>8} "
+        f"{'tokens/s':>12} {'steady MB/s':>11} {'tokens':>10}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['tokenizer']:>12} {r['workers']:>7} {r['input_bytes'] / 1e6:7.2f} {r['seconds']:8.2f} "
-              f"{r['startup_seconds']:8.2f} {r['mb_per_s']:8.2f} {r['tokens_per_s']:12,.0f} "
-              f"{r['steady_mb_per_s']:11.2f} {r['tokens']:10d}")
+        print(
+            f"{r['tokenizer']:>12} {r['workers']:>7} {r['input_bytes'] / 1e6:7.2f} {r['seconds']:8.2f} "
+            f"{r['startup_seconds']:8.2f} {r['mb_per_s']:8.2f} {r['tokens_per_s']:12,.0f} "
+            f"{r['steady_mb_per_s']:11.2f} {r['tokens']:10d}"
+        )
     print("MB/s and tokens/s: whole runs; steady MB/s: after the worker processes started")
-    result = {"cpu_count": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
-              "input": args.input or f"generated stdlib .jsonl.zst ({args.mb} MB)", "repeat": args.repeat,
-              "load_average": os.getloadavg(), "rows": rows}
+    result = {
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "input": args.input or f"generated stdlib .jsonl.zst ({args.mb} MB)",
+        "repeat": args.repeat,
+        "load_average": os.getloadavg(),
+        "rows": rows,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)

@@ -19,6 +19,7 @@ ours/plain = the median over rounds of (ours tokens/s / plain tokens/s) of the s
 cancels most of the drift other processes cause; the ratio of the medians, best/best and per
 CPU-second ratios are printed too. The acceptance target is ours >= 0.95 x plain.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,19 +52,39 @@ def parse_args(argv=None):
     p.add_argument("--seq-length", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=None)
     p.add_argument("--checkpoint-activations", action="store_true", default=None)
-    p.add_argument("--batch", type=int, default=None,
-                   help="sequences per step (default: the config's train_micro_batch_size_per_gpu, else 8)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="sequences per step (default: the config's train_micro_batch_size_per_gpu, else 8)",
+    )
     p.add_argument("--steps", type=int, default=2, help="timed steps per repeat")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps of each path first")
-    p.add_argument("--repeats", type=int, default=15, help="A B rounds (short rounds, many of them: robust to "
-                   "other processes on the machine)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                   help="default: the config's precision (fp16 falls back to fp32), else fp32")
-    p.add_argument("--plain-bf16", choices=("autocast", "pure"), default="autocast",
-                   help="plain loop's bf16: autocast over fp32 weights (default) or bf16 weights")
-    p.add_argument("--plain-optimizer", choices=tuple(OPT_IMPL), default="default",
-                   help="plain AdamW implementation: PyTorch's default for CPU tensors (single-tensor loop), "
-                        "foreach or fused (ours uses fused AdamW on flat shards)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=15,
+        help="A B rounds (short rounds, many of them: robust to other processes on the machine)",
+    )
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="default: the config's precision (fp16 falls back to fp32), else fp32",
+    )
+    p.add_argument(
+        "--plain-bf16",
+        choices=("autocast", "pure"),
+        default="autocast",
+        help="plain loop's bf16: autocast over fp32 weights (default) or bf16 weights",
+    )
+    p.add_argument(
+        "--plain-optimizer",
+        choices=tuple(OPT_IMPL),
+        default="default",
+        help="plain AdamW implementation: PyTorch's default for CPU tensors (single-tensor loop), "
+        "foreach or fused (ours uses fused AdamW on flat shards)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--weight-decay", type=float, default=0.01)
@@ -75,9 +96,18 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-DEFAULT_MODEL = dict(num_layers=4, hidden_size=256, num_attention_heads=8, seq_length=256, vocab_size=4096,
-                     rotary_pct=0.25, gpt_j_residual=True, no_weight_tying=True, init_method="small_init",
-                     output_layer_init_method="wang_init")  # stated: the config defaults follow GPT-NeoX's
+DEFAULT_MODEL = dict(
+    num_layers=4,
+    hidden_size=256,
+    num_attention_heads=8,
+    seq_length=256,
+    vocab_size=4096,
+    rotary_pct=0.25,
+    gpt_j_residual=True,
+    no_weight_tying=True,
+    init_method="small_init",
+    output_layer_init_method="wang_init",
+)  # stated: the config defaults follow GPT-NeoX's
 
 
 def model_config(args) -> ModelConfig:
@@ -93,18 +123,27 @@ def model_config(args) -> ModelConfig:
         cfg = ModelConfig(**DEFAULT_MODEL)
     args.batch = 8 if args.batch is None else args.batch
     args.precision = args.precision or "fp32"
-    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
-                "checkpoint_activations"):
+    for key in (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "vocab_size",
+        "checkpoint_activations",
+    ):
         v = getattr(args, key)
         if v is not None:
             setattr(cfg, key, v)
     cfg.max_position_embeddings = max(cfg.max_position_embeddings or 0, cfg.seq_length)
     if cfg.hidden_size % cfg.num_attention_heads:
-        raise ConfigError(f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads "
-                          f"{cfg.num_attention_heads}")
+        raise ConfigError(
+            f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads {cfg.num_attention_heads}"
+        )
     if not cfg.no_weight_tying:
-        raise ConfigError("no_weight_tying: false: bench_model's plain baseline loop has an untied head; "
-                          "set no_weight_tying: true to compare (the engine itself supports tied weights)")
+        raise ConfigError(
+            "no_weight_tying: false: bench_model's plain baseline loop has an untied head; "
+            "set no_weight_tying: true to compare (the engine itself supports tied weights)"
+        )
     return cfg
 
 
@@ -168,8 +207,10 @@ def profile(paths, batches, steps):
         st.sort_stats("tottime").print_stats(25)
         if path.name == "ours":  # where the engine spends its time, by function (inclusive)
             st.sort_stats("cumulative").print_stats("megatron_topo/zero_topo", 25)
-        print(f"\n== cProfile: {path.name}, {steps} steps, by own time"
-              f"{' + engine functions by cumulative time' if path.name == 'ours' else ''} ==")
+        print(
+            f"\n== cProfile: {path.name}, {steps} steps, by own time"
+            f"{' + engine functions by cumulative time' if path.name == 'ours' else ''} =="
+        )
         print(s.getvalue())
         report[f"cprofile_{path.name}"] = s.getvalue()
     return report
@@ -199,11 +240,13 @@ def main(argv=None) -> int:
     tokens = args.batch * cfg.seq_length
     flops = flops_per_iteration(cfg, args.batch, cfg.checkpoint_activations)
 
-    print(f"model: L={cfg.num_layers} h={cfg.hidden_size} heads={cfg.num_attention_heads} s={cfg.seq_length} "
-          f"V={cfg.vocab_size} params={n_params / 1e6:.2f}M  batch={args.batch} ({tokens} tokens/step)  "
-          f"precision={args.precision}  plain AdamW={args.plain_optimizer}  threads={torch.get_num_threads()}  "
-          f"logits parity max|d|={max_diff:.2e}",
-          flush=True)
+    print(
+        f"model: L={cfg.num_layers} h={cfg.hidden_size} heads={cfg.num_attention_heads} s={cfg.seq_length} "
+        f"V={cfg.vocab_size} params={n_params / 1e6:.2f}M  batch={args.batch} ({tokens} tokens/step)  "
+        f"precision={args.precision}  plain AdamW={args.plain_optimizer}  threads={torch.get_num_threads()}  "
+        f"logits parity max|d|={max_diff:.2e}",
+        flush=True,
+    )
 
     load0 = list(os.getloadavg())
     paths = (ours, plain)
@@ -219,8 +262,10 @@ def main(argv=None) -> int:
             tps[p.name].append(tokens * args.steps / dt)
             tps_cpu[p.name].append(tokens * args.steps / dc)
             losses[p.name] = ls
-        print(f"  repeat {r + 1}/{args.repeats}: ours {tps['ours'][-1]:9.1f} tok/s   "
-              f"plain {tps['plain'][-1]:9.1f} tok/s", flush=True)
+        print(
+            f"  repeat {r + 1}/{args.repeats}: ours {tps['ours'][-1]:9.1f} tok/s   plain {tps['plain'][-1]:9.1f} tok/s",
+            flush=True,
+        )
 
     med = {k: statistics.median(v) for k, v in tps.items()}
     med_cpu = {k: statistics.median(v) for k, v in tps_cpu.items()}
@@ -230,31 +275,55 @@ def main(argv=None) -> int:
     ph = {k: [1e3 * statistics.median(t[i] for t in v) for i in range(3)] for k, v in phase.items()}
 
     print()
-    print(f"{'path':<6} {'tokens/s (median)':>18} {'min':>9} {'max':>9} {'tok/CPU-s':>10} {'TFLOPS':>8} "
-          f"{'fwd ms':>8} {'bwd ms':>8} {'step ms':>8} {'final loss':>10}")
+    print(
+        f"{'path':<6} {'tokens/s (median)':>18} {'min':>9} {'max':>9} {'tok/CPU-s':>10} {'TFLOPS':>8} "
+        f"{'fwd ms':>8} {'bwd ms':>8} {'step ms':>8} {'final loss':>10}"
+    )
     for k in ("ours", "plain"):
         tf = flops / (tokens / med[k]) / 1e12
-        print(f"{k:<6} {med[k]:>18.1f} {min(tps[k]):>9.1f} {max(tps[k]):>9.1f} {med_cpu[k]:>10.1f} {tf:>8.4f} "
-              f"{ph[k][0]:>8.2f} {ph[k][1]:>8.2f} {ph[k][2]:>8.2f} {losses[k][-1]:>10.4f}")
+        print(
+            f"{k:<6} {med[k]:>18.1f} {min(tps[k]):>9.1f} {max(tps[k]):>9.1f} {med_cpu[k]:>10.1f} {tf:>8.4f} "
+            f"{ph[k][0]:>8.2f} {ph[k][1]:>8.2f} {ph[k][2]:>8.2f} {losses[k][-1]:>10.4f}"
+        )
     best = max(tps["ours"]) / max(tps["plain"])
     verdict = "PASS" if paired >= TARGET else "FAIL"
-    print(f"ours/plain = {paired:.3f}  (median of the per-repeat A/B ratios; ratio of median tokens/s {ratio:.3f}, "
-          f"best/best {best:.3f}, per CPU-second {ratio_cpu:.3f});  target >= {TARGET}: {verdict}")
+    print(
+        f"ours/plain = {paired:.3f}  (median of the per-repeat A/B ratios; ratio of median tokens/s {ratio:.3f}, "
+        f"best/best {best:.3f}, per CPU-second {ratio_cpu:.3f});  target >= {TARGET}: {verdict}"
+    )
     load = os.getloadavg()
     if load[0] > os.cpu_count():
-        print(f"note: load average {load[0]:.1f} on {os.cpu_count()} CPUs: other processes share the machine, "
-              f"absolute tokens/s are noisy; the paired ratio is the robust number")
+        print(
+            f"note: load average {load[0]:.1f} on {os.cpu_count()} CPUs: other processes share the machine, "
+            f"absolute tokens/s are noisy; the paired ratio is the robust number"
+        )
 
     result = {
-        "model": {k: getattr(cfg, k) for k in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
-                                               "vocab_size", "rotary_pct", "gpt_j_residual",
-                                               "checkpoint_activations")},
+        "model": {
+            k: getattr(cfg, k)
+            for k in (
+                "num_layers",
+                "hidden_size",
+                "num_attention_heads",
+                "seq_length",
+                "vocab_size",
+                "rotary_pct",
+                "gpt_j_residual",
+                "checkpoint_activations",
+            )
+        },
         "params": n_params,
-        "batch": args.batch, "tokens_per_step": tokens, "steps": args.steps, "warmup": args.warmup,
-        "repeats": args.repeats, "precision": args.precision,
+        "batch": args.batch,
+        "tokens_per_step": tokens,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "precision": args.precision,
         "plain_bf16": args.plain_bf16 if args.precision == "bf16" else None,
         "plain_optimizer": args.plain_optimizer,
-        "threads": torch.get_num_threads(), "clip": args.clip, "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "clip": args.clip,
+        "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "logits_parity_max_abs_diff": max_diff,
         "tokens_per_s": {k: {"median": med[k], "all": tps[k]} for k in tps},
@@ -262,9 +331,14 @@ def main(argv=None) -> int:
         "phase_ms_median": {k: dict(zip(("forward", "backward", "step"), v)) for k, v in ph.items()},
         "final_loss": {k: v[-1] for k, v in losses.items()},
         "ratio_ours_over_plain": paired,  # median of per-repeat ratios (the verdict)
-        "ratio_of_medians": ratio, "ratio_best": best, "ratio_per_cpu_s": ratio_cpu,
-        "target": TARGET, "pass": paired >= TARGET,
-        "loadavg_start": load0, "loadavg_end": list(os.getloadavg()), "cpus": os.cpu_count(),
+        "ratio_of_medians": ratio,
+        "ratio_best": best,
+        "ratio_per_cpu_s": ratio_cpu,
+        "target": TARGET,
+        "pass": paired >= TARGET,
+        "loadavg_start": load0,
+        "loadavg_end": list(os.getloadavg()),
+        "cpus": os.cpu_count(),
         "command": " ".join([os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
     }
     if args.profile:
@@ -273,4 +347,3 @@ def main(argv=None) -> int:
         write_text(args.json, json.dumps(result, indent=2, allow_nan=False, default=str) + "\n")
         print(f"wrote {args.json}")
     return 0 if all(math.isfinite(v) for v in med.values()) else 1
-

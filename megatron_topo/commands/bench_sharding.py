@@ -36,6 +36,7 @@ zero3 and zeropp), DIR/results.png, DIR/meta.json and, with the scaling series, 
 Rank output goes to DIR/runs/<row>/launch.log. The CPU is shared: numbers are as noisy as the
 machine is busy (meta.json records the load average before and after).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,42 +77,73 @@ def build_parser():
     ap.add_argument("--gpus-per-node", type=int, default=2)
     ap.add_argument("--gcds-per-gpu", type=int, default=2)
     ap.add_argument("--model", default="configs/tiny.yml", help="model YAML (relative to the repo root)")
-    ap.add_argument("--model-set", nargs="*", default=list(MODEL_SET), metavar="KEY=VALUE",
-                    help="overrides applied to the model YAML (default: %(default)s)")
+    ap.add_argument(
+        "--model-set",
+        nargs="*",
+        default=list(MODEL_SET),
+        metavar="KEY=VALUE",
+        help="overrides applied to the model YAML (default: %(default)s)",
+    )
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="rounds over all strategies (interleaved); step times are pooled over rounds")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="rounds over all strategies (interleaved); step times are pooled over rounds",
+    )
     ap.add_argument("--out", default="runs/bench_sharding")
-    ap.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES),
-                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
+    ap.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES), choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
     ap.add_argument("--inter-node", default=R.DEFAULT_INTER_NODE)
     ap.add_argument("--intra-node", default=R.DEFAULT_INTRA_NODE)
     ap.add_argument("--intra-gpu", default=R.DEFAULT_INTRA_GPU)
     ap.add_argument("--mtu", type=int, default=1500)
-    ap.add_argument("--no-unshaped", dest="unshaped", action="store_false",
-                    help="skip the shaping-off run per strategy (no bounds)")
-    ap.add_argument("--cpu-fit", metavar="DIR", default=None,
-                    help="accumulation series without unshaped runs: the auto runs rank with the CPU constants an "
-                         "earlier round fitted (DIR/meta.json's cpu_fit) instead of configs/emulated_cpu.yml's")
+    ap.add_argument(
+        "--no-unshaped", dest="unshaped", action="store_false", help="skip the shaping-off run per strategy (no bounds)"
+    )
+    ap.add_argument(
+        "--cpu-fit",
+        metavar="DIR",
+        default=None,
+        help="accumulation series without unshaped runs: the auto runs rank with the CPU constants an "
+        "earlier round fitted (DIR/meta.json's cpu_fit) instead of configs/emulated_cpu.yml's",
+    )
     ap.add_argument("--series", nargs="+", default=["main"], choices=("main", "scaling", "accum"))
-    ap.add_argument("--accumulation", nargs="+", type=int, default=[1, 2, 4, 8], metavar="K",
-                    help="accum series: micro-batches per optimizer step")
-    ap.add_argument("--accum-strategies", nargs="+", default=list(ACCUM_STRATEGIES),
-                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
-    ap.add_argument("--clusters", nargs="+", default=["frontier", "nvlink"], choices=sorted(R.PROFILES),
-                    help="accum series: link profiles (megatron_topo.analysis.emulation.rates.PROFILES); the "
-                         "unshaped run of each strategy and count is shared by them")
+    ap.add_argument(
+        "--accumulation",
+        nargs="+",
+        type=int,
+        default=[1, 2, 4, 8],
+        metavar="K",
+        help="accum series: micro-batches per optimizer step",
+    )
+    ap.add_argument(
+        "--accum-strategies", nargs="+", default=list(ACCUM_STRATEGIES), choices=ALL_STRATEGIES + EXTRA_STRATEGIES
+    )
+    ap.add_argument(
+        "--clusters",
+        nargs="+",
+        default=["frontier", "nvlink"],
+        choices=sorted(R.PROFILES),
+        help="accum series: link profiles (megatron_topo.analysis.emulation.rates.PROFILES); the "
+        "unshaped run of each strategy and count is shared by them",
+    )
     ap.add_argument("--scaling-nodes", nargs="+", type=int, default=[1, 2, 4])
     ap.add_argument("--scaling-gpus-per-node", type=int, default=1)
     ap.add_argument("--scaling-gcds-per-gpu", type=int, default=2)
-    ap.add_argument("--scaling-strategies", nargs="+", default=list(SCALING_STRATEGIES),
-                    choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
+    ap.add_argument(
+        "--scaling-strategies", nargs="+", default=list(SCALING_STRATEGIES), choices=ALL_STRATEGIES + EXTRA_STRATEGIES
+    )
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is stopped")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
-    ap.add_argument("--pool", nargs="+", default=None, metavar="DIR",
-                    help="run nothing: pool the rows of earlier runs' DIR/results.json (rounds of the same "
-                         "series; step times are pooled per row, unshaped times kept) and write the reports to --out")
+    ap.add_argument(
+        "--pool",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        help="run nothing: pool the rows of earlier runs' DIR/results.json (rounds of the same "
+        "series; step times are pooled per row, unshaped times kept) and write the reports to --out",
+    )
     return ap
 
 
@@ -151,8 +183,9 @@ def main(argv=None) -> int:
         return 2
     if a.dry_run:
         for series, rd in defs:
-            print(f"[{series}] {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} {rd.strategy}: "
-                  f"python {' '.join(rd.argv)}")
+            print(
+                f"[{series}] {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} {rd.strategy}: python {' '.join(rd.argv)}"
+            )
         for k, s, cl, _ca, rd in accum:
             print(f"[accum {cl} k={k}] {s}: python {' '.join(rd.argv)}")
         return 0
@@ -161,21 +194,38 @@ def main(argv=None) -> int:
         print(f"{prog}: cannot emulate a cluster here: {why}", file=sys.stderr)
         return 2
     os.makedirs(out, exist_ok=True)
-    meta = {"machine": machine(), "model": a.model, "model_set": a.model_set, "steps": a.steps,
-            "warmup": a.warmup, "repeats": a.repeats, "rates": {"inter_node": format_rate(a.inter_bps),
-                                          "intra_node": format_rate(a.intra_bps),
-                                          "intra_gpu": format_rate(a.intra_gpu_bps)},
-            "load_before": os.getloadavg(), "argv": sys.argv,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    meta = {
+        "machine": machine(),
+        "model": a.model,
+        "model_set": a.model_set,
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "repeats": a.repeats,
+        "rates": {
+            "inter_node": format_rate(a.inter_bps),
+            "intra_node": format_rate(a.intra_bps),
+            "intra_gpu": format_rate(a.intra_gpu_bps),
+        },
+        "load_before": os.getloadavg(),
+        "argv": sys.argv,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     if "main" in a.series:
-        meta["main_spec"] = ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, a.inter_bps, a.intra_bps,
-                                        a.intra_gpu_bps).describe()
+        meta["main_spec"] = ClusterSpec(
+            a.nodes, a.gpus_per_node, a.gcds_per_gpu, a.inter_bps, a.intra_bps, a.intra_gpu_bps
+        ).describe()
     if "scaling" in a.series:
-        meta["scaling_spec"] = "Per node: " + ClusterSpec(1, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu,
-                                                          a.inter_bps, a.intra_bps, a.intra_gpu_bps).describe()
+        meta["scaling_spec"] = (
+            "Per node: "
+            + ClusterSpec(
+                1, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu, a.inter_bps, a.intra_bps, a.intra_gpu_bps
+            ).describe()
+        )
     if accum:
-        meta["clusters"] = {c: ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, *(
-            parse_rate(x) for x in R.PROFILES[c])).describe() for c in a.clusters}
+        meta["clusters"] = {
+            c: ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, *(parse_rate(x) for x in R.PROFILES[c])).describe()
+            for c in a.clusters
+        }
         meta["accumulation"] = a.accumulation
     rows = []
     rounds: dict = {}
@@ -188,13 +238,15 @@ def main(argv=None) -> int:
         for rep in range(a.repeats):  # rounds interleave the strategies: load drifts hit all alike
             for series, rd in defs:
                 k += 1
-                print(f"[{k}/{total}] {series} {rd.strategy} on {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu}"
-                      f"{f' (round {rep + 1})' if a.repeats > 1 else ''} ...", flush=True)
+                print(
+                    f"[{k}/{total}] {series} {rd.strategy} on {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu}"
+                    f"{f' (round {rep + 1})' if a.repeats > 1 else ''} ...",
+                    flush=True,
+                )
                 try:
                     row = measure(rd, a, series, out, rep)
                 except EmulationError as e:
-                    row = {"series": series, "strategy": rd.strategy, "nodes": rd.nodes, "ok": False,
-                           "error": str(e)}
+                    row = {"series": series, "strategy": rd.strategy, "nodes": rd.nodes, "ok": False, "error": str(e)}
                 print("    " + summary_line(row), flush=True)
                 rounds.setdefault(row_key(row), []).append(row)
                 rows = [merge(v, a) for v in rounds.values()]

@@ -7,6 +7,7 @@ each, as train.py would print them). The last line is the count.
 
 A file passes when ``train.py FILE --set vocab_size=N --dry-run --world-size W`` would exit 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,18 +39,26 @@ def _short(line: str, path: str) -> str:
 
 def main(argv=None) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       usage_line="python tools/check_neox_configs.py CONFIGS_DIR [--vocab-size N] [--world-size W]")
+    ap = OneLineParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage_line="python tools/check_neox_configs.py CONFIGS_DIR [--vocab-size N] [--world-size W]",
+    )
     ap.add_argument("folder", help="a GPT-NeoX checkout's configs/ folder (every *.yml under it)")
-    ap.add_argument("--vocab-size", type=int, default=50304, help="vocab_size supplied to every file (default "
-                    "50304: GPT-NeoX-20B's tokenizer padded)")
+    ap.add_argument(
+        "--vocab-size",
+        type=int,
+        default=50304,
+        help="vocab_size supplied to every file (default 50304: GPT-NeoX-20B's tokenizer padded)",
+    )
     ap.add_argument("--world-size", type=int, default=8, help="ranks of the dry run (default 8)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.folder):
         print(f"error: {args.folder}: not a folder", file=sys.stderr)
         return 2
-    files = sorted(os.path.join(d, f) for d, _, names in os.walk(args.folder) for f in names
-                   if f.endswith((".yml", ".yaml")))
+    files = sorted(
+        os.path.join(d, f) for d, _, names in os.walk(args.folder) for f in names if f.endswith((".yml", ".yaml"))
+    )
     passed = 0
     print("| File | Result | Reasons |")
     print("|---|---|---|")
@@ -59,6 +68,8 @@ def main(argv=None) -> int:
         rel = os.path.relpath(path, args.folder)
         why = "<br>".join(_short(p, path) for p in problems)
         print(f"| `{rel}` | {'refused' if problems else 'passes'} | {why} |", flush=True)
-    print(f"\n{passed} of {len(files)} files pass (dry run, unchanged, vocab_size={args.vocab_size}, "
-          f"world size {args.world_size})")
+    print(
+        f"\n{passed} of {len(files)} files pass (dry run, unchanged, vocab_size={args.vocab_size}, "
+        f"world size {args.world_size})"
+    )
     return 0

@@ -21,6 +21,7 @@ Nothing in the checkpoint can run code (torch.load(weights_only=True), JSON, saf
 existing output is never overwritten without ``--force``; files are written under a temporary
 name and renamed. Bad input prints one line on stderr and exits 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,11 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     p.add_argument("--output", required=True, metavar="FILE", help="FILE.pt, or FILE.safetensors (+ FILE.optim.pt)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
-    p.add_argument("--load-unverified", action="store_true", help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified")
+    p.add_argument(
+        "--load-unverified",
+        action="store_true",
+        help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified",
+    )
     return p.parse_args(argv)
 
 
@@ -54,8 +59,11 @@ def _not_ours(path: str):
             meta = json.loads(head(path, 8 + n)[8:]).get("__metadata__") if 0 < n <= 1 << 27 else None
         except (ValueError, AttributeError):
             meta = None
-        return None if isinstance(meta, dict) and meta.get("format") == FORMAT else \
-            f"is not a safetensors file written by consolidation ({FORMAT})"
+        return (
+            None
+            if isinstance(meta, dict) and meta.get("format") == FORMAT
+            else f"is not a safetensors file written by consolidation ({FORMAT})"
+        )
     return None if head(path, 4) == b"PK\x03\x04" else "is not a torch archive"
 
 
@@ -67,9 +75,9 @@ def consolidate(checkpoint: str, output: str, force: bool = False, unverified: b
 
     from megatron_topo.atomic import atomic_path, commit, remove_quietly, temp_name
     from megatron_topo.model.hf import SafetensorsWriter
-    from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
     from megatron_topo.safe_outputs import check_output_file
     from megatron_topo.zero_topo.checkpoint import STATE_KEYS, CheckpointError
+    from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
 
     safet = output.endswith(".safetensors")
     optim_path = output[: -len(".safetensors")] + ".optim.pt" if safet else None
@@ -81,7 +89,9 @@ def consolidate(checkpoint: str, output: str, force: bool = False, unverified: b
             raise CheckpointError(f"--output {o} is a directory; give a file name")
         check_output_file(o, "--output", CheckpointError, force, kind=_not_ours)
         check_output_parent(o)
-    sp, meta, config_yaml = open_checkpoint(checkpoint, unverified, "pass --load-unverified")  # fails before any shard is read
+    sp, meta, config_yaml = open_checkpoint(
+        checkpoint, unverified, "pass --load-unverified"
+    )  # fails before any shard is read
     model, exp_avg, exp_avg_sq, adam_step = {}, {}, {}, {}
     tmp = temp_name(output)
     writer = None

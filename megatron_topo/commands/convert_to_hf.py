@@ -29,6 +29,7 @@ atomic exchange (Linux ``renameat2``; elsewhere the old one is moved aside first
 between is undone by the next conversion into that output, which also removes the hidden
 temporary folders of killed conversions). Bad input prints one line on stderr and exits 2.
 """
+
 from __future__ import annotations
 
 import errno
@@ -38,14 +39,16 @@ import re
 import shutil
 import sys
 
-from megatron_topo.pids import pid_alive
 from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.pids import pid_alive
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # the names an export holds: --force replaces a folder of these only (never a user's folder)
-EXPORT_NAMES = re.compile(r"config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
-                          r"model\.safetensors\.index\.json|tokenizer\.json|tokenizer_config\.json|"
-                          r"special_tokens_map\.json|vocab\.json|merges\.txt|tokenizer\.model")
+EXPORT_NAMES = re.compile(
+    r"config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
+    r"model\.safetensors\.index\.json|tokenizer\.json|tokenizer_config\.json|"
+    r"special_tokens_map\.json|vocab\.json|merges\.txt|tokenizer\.model"
+)
 
 
 def parse_args(argv=None):
@@ -54,13 +57,21 @@ def parse_args(argv=None):
     p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
-    p.add_argument("--load-unverified", action="store_true", help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified")
+    p.add_argument(
+        "--load-unverified",
+        action="store_true",
+        help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified",
+    )
     p.add_argument("--tokenizer-type", default=None, help="override the checkpoint's data.tokenizer_type")
     p.add_argument("--vocab-file", default=None, help="override data.vocab_file (e.g. the file moved)")
     p.add_argument("--merge-file", default=None, help="override data.merge_file (GPT2BPETokenizer merges.txt)")
-    p.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
-                   help="largest safetensors file (default 5GB; e.g. 500MB, 2GiB); a larger model is split "
-                        "into model-0000K-of-0000N.safetensors + model.safetensors.index.json")
+    p.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        metavar="SIZE",
+        help="largest safetensors file (default 5GB; e.g. 500MB, 2GiB); a larger model is split "
+        "into model-0000K-of-0000N.safetensors + model.safetensors.index.json",
+    )
     return p.parse_args(argv)
 
 
@@ -76,8 +87,16 @@ def hf_config_dict(model_cfg, dtype: str, special_ids=None) -> dict:
     return d
 
 
-def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = False, tokenizer=None,
-            warn=None, max_shard_size="5GB", unverified: bool = False) -> str:
+def convert(
+    checkpoint: str,
+    output: str,
+    dtype: str = "fp32",
+    force: bool = False,
+    tokenizer=None,
+    warn=None,
+    max_shard_size="5GB",
+    unverified: bool = False,
+) -> str:
     """``tokenizer``: overrides {tokenizer_type, vocab_file, merge_file} of the checkpoint's data
     config. The tokenizer files are written when the tokenizer can be built and fits the model;
     otherwise ``warn`` says why (an error if ``tokenizer`` overrides were given).
@@ -86,11 +105,11 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     written into their safetensors shard, so the peak memory is about one unit, not the model."""
     import torch
 
-    from megatron_topo.model.hf import ShardedSafetensorsWriter, parse_size, to_hf_key
-    from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
     from megatron_topo.config import load_config
+    from megatron_topo.model.hf import ShardedSafetensorsWriter, parse_size, to_hf_key
     from megatron_topo.safe_outputs import checkpoint_step_above
     from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside, load_model_config
+    from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
 
     try:
         max_bytes = parse_size(max_shard_size)
@@ -101,8 +120,9 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
         if warn is not None:
             warn(line)
     if os.path.islink(output):
-        raise CheckpointError(f"--output {output} is a symbolic link; it is not replaced (nor what it points to): "
-                              f"give another path")
+        raise CheckpointError(
+            f"--output {output} is a symbolic link; it is not replaced (nor what it points to): give another path"
+        )
     if os.path.exists(output) and not os.path.isdir(output):
         raise CheckpointError(f"--output {output} exists and is not a directory")
     step = checkpoint_step_above(output)
@@ -113,19 +133,22 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
     if os.path.isdir(output):
         foreign = sorted(n for n in os.listdir(output) if not EXPORT_NAMES.fullmatch(n))
         if foreign:
-            raise CheckpointError(f"--output {output} holds {foreign[0]!r}"
-                                  f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no "
-                                  f"conversion writes; it is not replaced, even with --force: write it elsewhere")
+            raise CheckpointError(
+                f"--output {output} holds {foreign[0]!r}"
+                f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no "
+                f"conversion writes; it is not replaced, even with --force: write it elsewhere"
+            )
     check_output_parent(output)
-    sp, meta, config_yaml = open_checkpoint(checkpoint, unverified, "pass --load-unverified")  # fails before anything is written
+    sp, meta, config_yaml = open_checkpoint(
+        checkpoint, unverified, "pass --load-unverified"
+    )  # fails before anything is written
     st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
     mcfg = load_model_config(st, lambda p: load_config([p]))
     tdt = getattr(torch, DTYPES[dtype])
     from megatron_topo.model.spec import spec_for
 
     head = spec_for(mcfg).hf_head_name()
-    entries = [(to_hf_key(name, head, mcfg), tuple(shape), tdt) for u in meta.units
-               for name, _, _, shape in u.params]
+    entries = [(to_hf_key(name, head, mcfg), tuple(shape), tdt) for u in meta.units for name, _, _, shape in u.params]
     tok, special, why = _tokenizer(st, mcfg, tokenizer or {})
     if why and tokenizer and any(tokenizer.values()):
         raise CheckpointError(f"tokenizer: {why}")
@@ -143,13 +166,13 @@ def convert(checkpoint: str, output: str, dtype: str = "fp32", force: bool = Fal
             from megatron_topo.model.hf import write_hf_tokenizer
 
             write_hf_tokenizer(tok, tmp, mcfg.vocab_size, mcfg.seq_length)
-        writer = ShardedSafetensorsWriter(tmp, entries, max_bytes,
-                                          metadata={"format": "pt", "source": "megatron_topo",
-                                                    "step": str(meta.step)})
+        writer = ShardedSafetensorsWriter(
+            tmp, entries, max_bytes, metadata={"format": "pt", "source": "megatron_topo", "step": str(meta.step)}
+        )
         for _, state, params in iter_checkpoint_units(sp, meta, keys=("master",), verify=False):
             flat = state["master"]
             for name, off, numel, shape in params:
-                writer.put(to_hf_key(name, head, mcfg), flat[int(off):int(off) + int(numel)].view(*shape))
+                writer.put(to_hf_key(name, head, mcfg), flat[int(off) : int(off) + int(numel)].view(*shape))
             del state, flat  # before the next unit is read: one unit in memory at a time
         writer.close()
         writer = None
@@ -207,7 +230,6 @@ def replace_dir(new: str, output: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-
 def clean_stale_temporaries(output: str) -> list:
     """Remove the hidden ``.NAME.tmp.PID`` folders of conversions into ``output`` whose process is
     gone, first putting back a previous export a crash left aside (``.NAME.tmp.PID.old`` while
@@ -255,11 +277,20 @@ def main(argv=None) -> int:
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     try:
-        out = convert(args.checkpoint, args.output, args.dtype, args.force,
-                      tokenizer={"tokenizer_type": args.tokenizer_type, "vocab_file": args.vocab_file,
-                                 "merge_file": args.merge_file},
-                      max_shard_size=args.max_shard_size, unverified=args.load_unverified,
-                      warn=lambda msg: print(f"warning: {msg}", file=sys.stderr))
+        out = convert(
+            args.checkpoint,
+            args.output,
+            args.dtype,
+            args.force,
+            tokenizer={
+                "tokenizer_type": args.tokenizer_type,
+                "vocab_file": args.vocab_file,
+                "merge_file": args.merge_file,
+            },
+            max_shard_size=args.max_shard_size,
+            unverified=args.load_unverified,
+            warn=lambda msg: print(f"warning: {msg}", file=sys.stderr),
+        )
     except (CheckpointError, OSError) as e:
         return fail(e, args.output)
     print(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}")

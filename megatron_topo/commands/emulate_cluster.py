@@ -22,6 +22,7 @@ same shape to the trainer: ``--set topology.gpus_per_node=G --set topology.gcds_
 level as measured on the wire (tc class counters on the veths, loopback for the GCD pair).
 Needs root (network namespaces); without it the tool exits with one line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,24 +53,42 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--gpus-per-node", type=int, default=2)
     ap.add_argument("--gcds-per-gpu", type=int, default=2)
-    ap.add_argument("--profile", choices=sorted(R.PROFILES), default="frontier",
-                    help="link rates: frontier = Frontier's 200:50:25 GB/s ratios scaled by 1/1000; nvlink = the "
-                         "same NIC, links inside a node unshaped (NVLink-like); --inter-node etc. override")
-    ap.add_argument("--inter-node", default=None, metavar="RATE",
-                    help=f"per package NIC, each direction (frontier: {R.DEFAULT_INTER_NODE})")
-    ap.add_argument("--intra-node", default=None, metavar="RATE",
-                    help=f"per package to the other packages of its node (frontier: {R.DEFAULT_INTRA_NODE})")
-    ap.add_argument("--intra-gpu", default=None, metavar="RATE",
-                    help="shape the package's loopback (GCD pair); default unshaped")
+    ap.add_argument(
+        "--profile",
+        choices=sorted(R.PROFILES),
+        default="frontier",
+        help="link rates: frontier = Frontier's 200:50:25 GB/s ratios scaled by 1/1000; nvlink = the "
+        "same NIC, links inside a node unshaped (NVLink-like); --inter-node etc. override",
+    )
+    ap.add_argument(
+        "--inter-node",
+        default=None,
+        metavar="RATE",
+        help=f"per package NIC, each direction (frontier: {R.DEFAULT_INTER_NODE})",
+    )
+    ap.add_argument(
+        "--intra-node",
+        default=None,
+        metavar="RATE",
+        help=f"per package to the other packages of its node (frontier: {R.DEFAULT_INTRA_NODE})",
+    )
+    ap.add_argument(
+        "--intra-gpu", default=None, metavar="RATE", help="shape the package's loopback (GCD pair); default unshaped"
+    )
     ap.add_argument("--unshaped", action="store_true", help="no rate limits at all (counters still work)")
-    ap.add_argument("--latency", default=None, metavar="INTER[,INTRA]",
-                    help="one-way delay added per level (netem), e.g. 50us,10us")
+    ap.add_argument(
+        "--latency", default=None, metavar="INTER[,INTRA]", help="one-way delay added per level (netem), e.g. 50us,10us"
+    )
     ap.add_argument("--mtu", type=int, default=1500)
     ap.add_argument("--subnet", default="10.213", help="first two octets of the private /16 used inside")
     ap.add_argument("--master-port", type=int, default=29500)
     ap.add_argument("--stats-json", default=None, metavar="FILE")
-    ap.add_argument("--stdout-ranks", choices=("all", "0"), default="all",
-                    help="whose stdout to forward (stderr is always forwarded)")
+    ap.add_argument(
+        "--stdout-ranks",
+        choices=("all", "0"),
+        default="all",
+        help="whose stdout to forward (stderr is always forwarded)",
+    )
     ap.add_argument("--timeout", type=float, default=None, metavar="S", help="stop the ranks after S seconds")
     ap.add_argument("--cleanup", action="store_true", help="remove leftovers of killed runs and exit")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
@@ -87,9 +106,18 @@ def spec_from_args(a) -> ClusterSpec:
     else:
         given = (a.inter_node, a.intra_node, a.intra_gpu)
         inter, intra, gpu = (parse_rate(x if x is not None else d) for x, d in zip(given, R.PROFILES[a.profile]))
-    return ClusterSpec(a.nodes, a.gpus_per_node, a.gcds_per_gpu, inter_node_bps=inter,
-                       intra_node_bps=intra, intra_gpu_bps=gpu, latency_inter_us=lat_inter,
-                       latency_intra_us=lat_intra, mtu=a.mtu, subnet=a.subnet)
+    return ClusterSpec(
+        a.nodes,
+        a.gpus_per_node,
+        a.gcds_per_gpu,
+        inter_node_bps=inter,
+        intra_node_bps=intra,
+        intra_gpu_bps=gpu,
+        latency_inter_us=lat_inter,
+        latency_intra_us=lat_intra,
+        mtu=a.mtu,
+        subnet=a.subnet,
+    )
 
 
 def main(argv=None) -> int:
@@ -123,21 +151,24 @@ def main(argv=None) -> int:
             return 2
         print(f"{prog}: {spec.describe()}", file=sys.stderr, flush=True)
         before = cluster.counters()
-        res = launch(cluster, cmd, master_port=a.master_port, stdout_ranks=a.stdout_ranks,
-                     timeout_s=a.timeout)
+        res = launch(cluster, cmd, master_port=a.master_port, stdout_ranks=a.stdout_ranks, timeout_s=a.timeout)
         after = cluster.counters()
         rc = res.returncode
         if a.stats_json:
             per_pkg = Cluster.delta(after, before)
-            stats = {"spec": {**spec.__dict__, "world_size": spec.world_size,
-                              "ranks_per_node": spec.ranks_per_node},
-                     "command": cmd, "returncodes": res.returncodes, "max_rss_bytes": res.max_rss_bytes,
-                     "cpu_s": res.cpu_s, "wall_s": res.wall_s, "packages": per_pkg,
-                     **summarize(per_pkg)}
+            stats = {
+                "spec": {**spec.__dict__, "world_size": spec.world_size, "ranks_per_node": spec.ranks_per_node},
+                "command": cmd,
+                "returncodes": res.returncodes,
+                "max_rss_bytes": res.max_rss_bytes,
+                "cpu_s": res.cpu_s,
+                "wall_s": res.wall_s,
+                "packages": per_pkg,
+                **summarize(per_pkg),
+            }
             write_text(a.stats_json, json.dumps(stats, indent=1))
         if rc:
-            print(f"{prog}: rank {res.first_failure} exited with {res.returncodes[res.first_failure]}",
-                  file=sys.stderr)
+            print(f"{prog}: rank {res.first_failure} exited with {res.returncodes[res.first_failure]}", file=sys.stderr)
     except Interrupted as e:
         print(f"{prog}: interrupted ({e}); stopping ranks and removing the cluster", file=sys.stderr)
         rc = 128 + e.signum

@@ -15,6 +15,7 @@ error and the share of nonzero values flushed to zero of:
 - the bf16 path (no loss scale), the default precision's, for scale;
 - the cross-replica combine: r fp32 gradient shards summed over a 16-bit vs an fp32 wire.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,8 +74,10 @@ def main(argv=None) -> int:
     scale = 2.0 ** math.floor(math.log2(65504 / G.abs().max().item()))
     G16 = (G * scale).half()
     print(f"{G.shape[1]:,} parameters; fp16 loss scale 2^{int(math.log2(scale))}")
-    print(f"{'W':>4} | {'fp16: /W, fp16 sums':>20} {'flushed':>8} | {'fp16 sums, /W after':>20} | "
-          f"{'fp32 wire':>10} | {'bf16 path':>10}")
+    print(
+        f"{'W':>4} | {'fp16: /W, fp16 sums':>20} {'flushed':>8} | {'fp16 sums, /W after':>20} | "
+        f"{'fp32 wire':>10} | {'bf16 path':>10}"
+    )
     for W in a.worlds:
         x = G16[:W]
         truth = x.double().sum(0) / W

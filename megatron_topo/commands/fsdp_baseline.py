@@ -17,6 +17,7 @@ Writes ``{log_dir}/metrics.jsonl`` with the trainer's keys; ``comm_bytes_*`` cou
 collective FSDP issues with the same ring formulas and level attribution as zero_topo's
 ``Comm`` (scalar norm all-reduces go to ``comm_bytes_control``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,10 @@ class CommCounter:
 
     def install(self):
         c = self
-        o = self._orig = {n: getattr(dist, n) for n in ("all_gather_single", "reduce_scatter_single",
-                                                         "all_reduce", "all_to_all_single")}
+        o = self._orig = {
+            n: getattr(dist, n)
+            for n in ("all_gather_single", "reduce_scatter_single", "all_reduce", "all_to_all_single")
+        }
 
         def all_gather_single(output_tensor, input_tensor, group=None, async_op=False):
             d = c.level(group)[1]
@@ -84,16 +87,21 @@ class CommCounter:
             c._charge(group, ring_bytes("all_reduce", nb, d) if nb > 64 else nb)
             return o["all_reduce"](tensor, op=op, group=group, async_op=async_op)
 
-        def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None,
-                              async_op=False):
+        def all_to_all_single(
+            output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False
+        ):
             d = c.level(group)[1]
             c._charge(group, ring_bytes("all_to_all", input.numel() * input.element_size(), d))
-            return o["all_to_all_single"](output, input, output_split_sizes, input_split_sizes, group=group,
-                                          async_op=async_op)
+            return o["all_to_all_single"](
+                output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
+            )
 
-        for name, fn in (("all_gather_single", all_gather_single),
-                         ("reduce_scatter_single", reduce_scatter_single),
-                         ("all_reduce", all_reduce), ("all_to_all_single", all_to_all_single)):
+        for name, fn in (
+            ("all_gather_single", all_gather_single),
+            ("reduce_scatter_single", reduce_scatter_single),
+            ("all_reduce", all_reduce),
+            ("all_to_all_single", all_to_all_single),
+        ):
             setattr(dist, name, fn)
         return self
 
@@ -112,8 +120,7 @@ def shard_model(model, topo: Topology, mode: str, precision: str):
         mesh = init_device_mesh("cpu", (topo.world_size,), mesh_dim_names=("shard",))
     elif mode == "hsdp":
         # node-major ranks: mesh[i] = node i's ranks -> shard inside, replicate across nodes
-        mesh = init_device_mesh("cpu", (topo.num_nodes, topo.ranks_per_node),
-                                mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh("cpu", (topo.num_nodes, topo.ranks_per_node), mesh_dim_names=("replicate", "shard"))
     else:
         raise ConfigError(f"--mode '{mode}' is not valid; use full or hsdp")
     dt = DTYPES[precision]
@@ -148,8 +155,12 @@ def main(argv=None) -> int:
     world, rank = env["world_size"], env["rank"]
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=cfg.distributed.collective_timeout_s))
+        dist.init_process_group(
+            "gloo",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=cfg.distributed.collective_timeout_s),
+        )
     topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     t, lg = cfg.train, cfg.logging
     log = print if rank == 0 else (lambda *a, **k: None)
@@ -159,16 +170,24 @@ def main(argv=None) -> int:
     counter = CommCounter(topo).install()
     model, mesh = shard_model(model, topo, args.mode, cfg.precision)
     prm = t.optimizer.params
-    opt = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=prm.lr, betas=tuple(prm.betas), eps=prm.eps,
-                            foreach=True)
+    opt = torch.optim.AdamW(
+        param_groups(model, t.weight_decay), lr=prm.lr, betas=tuple(prm.betas), eps=prm.eps, foreach=True
+    )
     from megatron_topo.data import build_datasets
 
     gb = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * world
-    train_ds, _, _ = build_datasets(cfg.data, seq_length=cfg.model.seq_length, seed=t.seed,
-                                    num_samples=(t.train_iters * gb, 0, 0), vocab_size=cfg.model.vocab_size,
-                                    is_builder=rank == 0, barrier=dist.barrier if world > 1 else None)
-    batches = Batches(train_ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, world, rank,
-                      torch.device("cpu"))
+    train_ds, _, _ = build_datasets(
+        cfg.data,
+        seq_length=cfg.model.seq_length,
+        seed=t.seed,
+        num_samples=(t.train_iters * gb, 0, 0),
+        vocab_size=cfg.model.vocab_size,
+        is_builder=rank == 0,
+        barrier=dist.barrier if world > 1 else None,
+    )
+    batches = Batches(
+        train_ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, world, rank, torch.device("cpu")
+    )
     writer = M.MetricsWriter(lg.log_dir, enabled=rank == 0, tensorboard=False)
     log(f"topology: {topo.describe()}; FSDP2 fully_shard mode={args.mode} mesh={tuple(mesh.shape)}")
     log(f"model: {nparams:,} parameters; precision {cfg.precision}; global batch {gb} x {cfg.model.seq_length} tokens")
@@ -196,20 +215,37 @@ def main(argv=None) -> int:
         consumed += gb
         step += 1
         comm = counter.reset()
-        vec = torch.tensor([torch.stack(losses).float().mean().item(), comm["intra_gpu"], comm["intra_node"],
-                            comm["inter_node"], comm["control"]], dtype=torch.float64)
+        vec = torch.tensor(
+            [
+                torch.stack(losses).float().mean().item(),
+                comm["intra_gpu"],
+                comm["intra_node"],
+                comm["inter_node"],
+                comm["control"],
+            ],
+            dtype=torch.float64,
+        )
         if world > 1:
             counter._orig["all_reduce"](vec)
         counter.reset()
         dt = time.perf_counter() - t0  # wall clock with the per-step log reduction, as the trainer's
         if step % lg.log_interval == 0 or step == t.train_iters:
-            writer.log(step, {
-                "loss": vec[0].item() / world, "lr": lr, "grad_norm": float(norm), "step_time_s": dt,
-                "samples_per_sec": gb / dt, "tokens_per_sec": gb * cfg.model.seq_length / dt,
-                "peak_mem_bytes": M.peak_memory_bytes("cpu"),
-                "comm_bytes_intra_gpu": int(vec[1]), "comm_bytes_intra_node": int(vec[2]),
-                "comm_bytes_inter_node": int(vec[3]), "comm_bytes_control": int(vec[4]),
-            })
+            writer.log(
+                step,
+                {
+                    "loss": vec[0].item() / world,
+                    "lr": lr,
+                    "grad_norm": float(norm),
+                    "step_time_s": dt,
+                    "samples_per_sec": gb / dt,
+                    "tokens_per_sec": gb * cfg.model.seq_length / dt,
+                    "peak_mem_bytes": M.peak_memory_bytes("cpu"),
+                    "comm_bytes_intra_gpu": int(vec[1]),
+                    "comm_bytes_intra_node": int(vec[2]),
+                    "comm_bytes_inter_node": int(vec[3]),
+                    "comm_bytes_control": int(vec[4]),
+                },
+            )
             log(f"step {step}: loss {vec[0].item() / world:.4f} step_time {dt:.3f}s")
     writer.close()
     if world > 1:

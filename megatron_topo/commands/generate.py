@@ -9,6 +9,7 @@ names a tokenizer that can be built (``tokenizer_type``/``vocab_file``), ``text:
 quoted: one line). ``--prompt`` needs that tokenizer; ``--prompt-ids`` never does. The context is
 the last ``seq_length`` tokens. Bad input prints one line on stderr and exits 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,11 @@ def parse_args(argv=None):
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--load-unverified", action="store_true", help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified")
+    p.add_argument(
+        "--load-unverified",
+        action="store_true",
+        help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified",
+    )
     return p.parse_args(argv)
 
 
@@ -84,19 +89,22 @@ def load_model(checkpoint: str, device: str = "cpu", unverified: bool = False):
     try:
         missing, unexpected = model.load_state_dict(st["params"], strict=False)
     except RuntimeError as e:
-        raise CheckpointError(f"{st['step_dir']}: weights do not fit config.yml's model: "
-                              f"{str(e).strip().splitlines()[-1].strip()}") from None
+        raise CheckpointError(
+            f"{st['step_dir']}: weights do not fit config.yml's model: {str(e).strip().splitlines()[-1].strip()}"
+        ) from None
     # tied: the head's weight is the embedding's (stored once, under the embedding's name)
     tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
     missing = [m for m in missing if m not in tied]
     if missing or unexpected:
-        raise CheckpointError(f"{st['step_dir']}: parameters do not match config.yml "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise CheckpointError(
+            f"{st['step_dir']}: parameters do not match config.yml (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     return model.eval(), cfg
 
 
-def generate(model, ids: list[int], n: int, greedy: bool, temperature: float, top_k: int, seed: int,
-             context: int) -> list[int]:
+def generate(
+    model, ids: list[int], n: int, greedy: bool, temperature: float, top_k: int, seed: int, context: int
+) -> list[int]:
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -115,7 +123,7 @@ def generate(model, ids: list[int], n: int, greedy: bool, temperature: float, to
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
             out.append(nxt)
-    return out[len(ids):]
+    return out[len(ids) :]
 
 
 def check_device(name: str) -> str:
@@ -142,13 +150,15 @@ def check_args(args) -> None:
     import math
 
     if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS:
-        raise GenerateError(f"--max-new-tokens {args.max_new_tokens}: must lie in [0, {MAX_NEW_TOKENS:,}] (2**20, "
-                            f"the longest seq_length a model may have)")
+        raise GenerateError(
+            f"--max-new-tokens {args.max_new_tokens}: must lie in [0, {MAX_NEW_TOKENS:,}] (2**20, "
+            f"the longest seq_length a model may have)"
+        )
     if not math.isfinite(args.temperature) or args.temperature <= 0:
         raise GenerateError(f"--temperature {args.temperature}: must be a finite number > 0")
     if args.top_k < 0:
         raise GenerateError(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
-    if not -2**63 <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
+    if not -(2**63) <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise GenerateError(f"--seed {args.seed}: must lie in [-2**63, 2**64)")
     check_device(args.device)
 
@@ -163,19 +173,23 @@ def main(argv=None) -> int:
         tok, why = build_tokenizer_or_none(cfg)
         if args.prompt is not None:
             if tok is None:
-                raise GenerateError(f"--prompt needs the checkpoint's tokenizer, which cannot be built ({why}); "
-                                    f"use --prompt-ids")
+                raise GenerateError(
+                    f"--prompt needs the checkpoint's tokenizer, which cannot be built ({why}); use --prompt-ids"
+                )
             ids = tok.tokenize(args.prompt)
             if not ids:
                 raise GenerateError("--prompt is empty after tokenization")
             bad = [i for i in ids if not 0 <= i < cfg.model.vocab_size]
             if bad:
-                raise GenerateError(f"--prompt: token {bad[0]} ({tok.name}) is outside the model's vocabulary "
-                                    f"0..{cfg.model.vocab_size - 1}")
+                raise GenerateError(
+                    f"--prompt: token {bad[0]} ({tok.name}) is outside the model's vocabulary "
+                    f"0..{cfg.model.vocab_size - 1}"
+                )
         else:
             ids = parse_ids(args.prompt_ids, cfg.model.vocab_size)
-        new = generate(model, ids, args.max_new_tokens, args.greedy, args.temperature, args.top_k, args.seed,
-                       cfg.model.seq_length)
+        new = generate(
+            model, ids, args.max_new_tokens, args.greedy, args.temperature, args.top_k, args.seed, cfg.model.seq_length
+        )
     except (CheckpointError, GenerateError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

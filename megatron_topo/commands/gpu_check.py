@@ -24,6 +24,7 @@ it checks, and prints as one table (exit status 1 on any FAIL):
 A check that does not finish within ``--timeout`` seconds is reported as a hang (the watchdog
 prints the table so far and exits 1), not waited out. ``--small`` shrinks the layers for a CPU run.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,15 @@ from typing import Optional
 from ..cli import OneLineParser
 from ..config import ConfigError
 
-SMALL = {"hidden_size": 256, "num_attention_heads": 8, "seq_length": 128, "max_position_embeddings": 128,
-         "vocab_size": 1024, "train_micro_batch_size_per_gpu": 1}
-LAYER_20B = 12 * 6144 ** 2 + 13 * 6144  # parameters of one GPT-NeoX-20B layer: the unit the kernels are timed on
+SMALL = {
+    "hidden_size": 256,
+    "num_attention_heads": 8,
+    "seq_length": 128,
+    "max_position_embeddings": 128,
+    "vocab_size": 1024,
+    "train_micro_batch_size_per_gpu": 1,
+}
+LAYER_20B = 12 * 6144**2 + 13 * 6144  # parameters of one GPT-NeoX-20B layer: the unit the kernels are timed on
 
 
 def parse_args(argv=None):
@@ -65,14 +72,29 @@ def _free_port() -> int:
 def spawn(args, argv: list[str]) -> int:
     """Run this check as ``args.spawn`` local ranks; rank 0's table is the output."""
     port = str(_free_port())
-    rest = [a for i, a in enumerate(argv) if a != "--spawn" and (i == 0 or argv[i - 1] != "--spawn")
-            and not a.startswith("--spawn=")]
+    rest = [
+        a
+        for i, a in enumerate(argv)
+        if a != "--spawn" and (i == 0 or argv[i - 1] != "--spawn") and not a.startswith("--spawn=")
+    ]
     procs = []
     for r in range(args.spawn):
-        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(args.spawn), "LOCAL_RANK": str(r),
-               "LOCAL_WORLD_SIZE": str(args.spawn), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-        procs.append(subprocess.Popen([sys.executable, "-m", "megatron_topo.commands.gpu_check", *rest], env=env,
-                                      stdout=None if r == 0 else subprocess.DEVNULL))
+        env = {
+            **os.environ,
+            "RANK": str(r),
+            "WORLD_SIZE": str(args.spawn),
+            "LOCAL_RANK": str(r),
+            "LOCAL_WORLD_SIZE": str(args.spawn),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "megatron_topo.commands.gpu_check", *rest],
+                env=env,
+                stdout=None if r == 0 else subprocess.DEVNULL,
+            )
+        )
     deadline = time.monotonic() + args.timeout * 8
     codes = []
     for p in procs:
@@ -103,11 +125,15 @@ class Watchdog:
 
     def _fire(self, check: str) -> None:
         from .gpu_check_cases import Row
+
         row = Row(check, "FAIL", f"did not finish within {self.timeout:g} s on rank {self.rank}: a hang")
         if self.rank == 0:
             print(self.render([*self.rows, row]), flush=True)
-        print(f"error: rank {self.rank}: {check} did not finish within {self.timeout:g} s (a hang)",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: rank {self.rank}: {check} did not finish within {self.timeout:g} s (a hang)",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(1)
 
 
@@ -122,11 +148,23 @@ def render(rows) -> str:
 
 def dry_run_projection(configs: list[str], sets: list[str], world: int, rank: int) -> dict:
     """The dry run of the check's own config (a separate process: it makes its own process group)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                                           "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cmd = [sys.executable, os.path.join(root, "train.py"), *configs, *[a for s in sets for a in ("--set", s)],
-           "--dry-run", "--world-size", str(world), "--rank", str(rank)]
+    cmd = [
+        sys.executable,
+        os.path.join(root, "train.py"),
+        *configs,
+        *[a for s in sets for a in ("--set", s)],
+        "--dry-run",
+        "--world-size",
+        str(world),
+        "--rank",
+        str(rank),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
         raise RuntimeError((out.stderr.strip().splitlines() or ["dry run failed"])[-1])
@@ -169,12 +207,12 @@ def _checks(args, cfg, sets, rt) -> int:
     import torch
     import torch.distributed as dist
 
-    from . import gpu_check_cases as C
     from .. import preflight
     from ..analysis import autoplan
     from ..training import build_engine, loss_fn
     from ..training.runtime import seed_everything
     from ..zero_topo import memory
+    from . import gpu_check_cases as C
 
     seed_everything(cfg.train.seed)
     rows: list = []
@@ -212,10 +250,10 @@ def _checks(args, cfg, sets, rt) -> int:
     comm_trace: list = []
 
     def communicators():
-        row, tr = C.communicators_row(eng.comm, eng.groups, cfg.train.seed * 1000 + rt.rank,
-                                      args.max_delay_ms / 1e3)
+        row, tr = C.communicators_row(eng.comm, eng.groups, cfg.train.seed * 1000 + rt.rank, args.max_delay_ms / 1e3)
         comm_trace.extend(tr)
         return row
+
     rows.append(run("communicators", communicators))
 
     step_trace: list = []
@@ -236,20 +274,27 @@ def _checks(args, cfg, sets, rt) -> int:
         finally:
             tracer.restore()
         step_trace.extend(tracer.trace)
-        return C.Row("collective order", "PASS", f"one step ({accum} micro-batches, {args.layers} layers of "
-                                                 f"hidden {cfg.model.hidden_size}, plan {plan.preset}): "
-                                                 f"{len(tracer.trace)} collectives; loss scale "
-                                                 f"{stats['loss_scale']:g}, grad norm {stats['grad_norm']:.3g}")
+        return C.Row(
+            "collective order",
+            "PASS",
+            f"one step ({accum} micro-batches, {args.layers} layers of "
+            f"hidden {cfg.model.hidden_size}, plan {plan.preset}): "
+            f"{len(tracer.trace)} collectives; loss scale "
+            f"{stats['loss_scale']:g}, grad norm {stats['grad_norm']:.3g}",
+        )
+
     step_row = run("collective order", train_step)
 
     # agreement: every rank's rows, traces and shard digests, compared on rank 0
     digests = C.shard_digests(eng) if step_row.status == "PASS" else {}
     mine = {"rows": rows + [step_row], "comm": comm_trace, "step": step_trace, "digests": digests}
     if dev.type == "cuda":
-        mine["memory"] = {"peak": torch.cuda.max_memory_allocated(dev) - base,
-                          "reserved": torch.cuda.max_memory_reserved(dev),
-                          "allocated": torch.cuda.max_memory_allocated(dev),
-                          "used": (lambda f, t: t - f)(*torch.cuda.mem_get_info(dev))}
+        mine["memory"] = {
+            "peak": torch.cuda.max_memory_allocated(dev) - base,
+            "reserved": torch.cuda.max_memory_reserved(dev),
+            "allocated": torch.cuda.max_memory_allocated(dev),
+            "used": (lambda f, t: t - f)(*torch.cuda.mem_get_info(dev)),
+        }
     everyone = [None] * rt.world_size
     dog.start("agreement")
     if rt.distributed:
@@ -276,8 +321,9 @@ def _checks(args, cfg, sets, rt) -> int:
     if order.status == "PASS":
         why = C.first_trace_problem([e["step"] for e in everyone])
         if why:
-            merged[5] = C.Row("collective order", "FAIL", f"ranks issued different collectives: {why} "
-                                                          f"(NCCL/RCCL would hang)")
+            merged[5] = C.Row(
+                "collective order", "FAIL", f"ranks issued different collectives: {why} (NCCL/RCCL would hang)"
+            )
         merged.append(C.replicas_row([e["digests"] for e in everyone]))
     else:
         merged.append(C.Row("replicated shards", "SKIP", "the training step failed"))
@@ -290,6 +336,7 @@ def _checks(args, cfg, sets, rt) -> int:
 
 def memory_row(everyone, projection, cfg, plan, rt, preflight, memory):
     from .gpu_check_cases import Row
+
     gib = memory.GIB
     est = preflight.estimate(cfg, plan, rt.topo.world_size)
     proj = ""
@@ -307,13 +354,19 @@ def memory_row(everyone, projection, cfg, plan, rt, preflight, memory):
     frag = max(e["memory"]["reserved"] - e["memory"]["allocated"] for e in everyone)
     limit = preflight.device_memory_bytes(cfg, rt.device)
     reserve = preflight.reserve_bytes(cfg, limit)
-    detail = (f"step peak {peak / gib:.2f} GiB allocated (max over ranks); {text}; context + communicators "
-              f"{other / gib:.2f} GiB, allocator overhead {frag / gib:.2f} GiB vs reserve {reserve / gib:.1f} GiB")
+    detail = (
+        f"step peak {peak / gib:.2f} GiB allocated (max over ranks); {text}; context + communicators "
+        f"{other / gib:.2f} GiB, allocator overhead {frag / gib:.2f} GiB vs reserve {reserve / gib:.1f} GiB"
+    )
     if peak > est["total"]:
         return Row("memory", "FAIL", f"the step allocated more than the preflight's estimate: {detail}")
     if other + frag > reserve:
-        return Row("memory", "FAIL", f"the reserve is too small for this machine (set system.memory_reserve_gib "
-                                     f">= {(other + frag) / gib:.1f}): {detail}")
+        return Row(
+            "memory",
+            "FAIL",
+            f"the reserve is too small for this machine (set system.memory_reserve_gib "
+            f">= {(other + frag) / gib:.1f}): {detail}",
+        )
     return Row("memory", "PASS", detail)
 
 

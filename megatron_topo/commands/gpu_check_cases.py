@@ -3,6 +3,7 @@
 Each returns a :class:`Row`: ``PASS``, ``FAIL`` or ``SKIP`` (not applicable here, e.g. the network
 plugin on CPU) and one line of detail. They run on every rank; the table merges the ranks' rows.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -40,6 +41,7 @@ def triton_row(device: torch.device) -> Row:
     """The Triton version; on NVIDIA GPUs older than 3.6 fails (subnormal scales flushed to zero)."""
     try:
         import triton
+
         version = triton.__version__
     except Exception as e:  # noqa: BLE001 - any import failure is the answer
         if device.type == "cuda":
@@ -47,8 +49,12 @@ def triton_row(device: torch.device) -> Row:
         return Row("triton", "SKIP", "not installed; CPU runs use cpu_fast / the reference kernels")
     nvidia = device.type == "cuda" and torch.version.hip is None
     if nvidia and _version(version) < TRITON_MIN:
-        return Row("triton", "FAIL", f"triton {version} flushes subnormal block scales to zero on NVIDIA "
-                                     f"(triton PR 8557); install triton >= 3.6 (requirements.txt pins 3.7.1)")
+        return Row(
+            "triton",
+            "FAIL",
+            f"triton {version} flushes subnormal block scales to zero on NVIDIA "
+            f"(triton PR 8557); install triton >= 3.6 (requirements.txt pins 3.7.1)",
+        )
     where = "NVIDIA" if nvidia else ("ROCm" if device.type == "cuda" else "not used on CPU")
     return Row("triton", "PASS", f"triton {version} ({where})")
 
@@ -71,7 +77,7 @@ def special_input(n: int, dtype: torch.dtype, block: int, seed: int) -> torch.Te
             x[lo + int(torch.randint(0, hi - lo, (1,), generator=g))] = specials[b % 3]
         elif kind == 3:
             x[lo] = 127.0
-            x[lo + 1:hi] = torch.arange(hi - lo - 1, dtype=torch.float32) % 254 - 126.5
+            x[lo + 1 : hi] = torch.arange(hi - lo - 1, dtype=torch.float32) % 254 - 126.5
         elif kind == 4:
             x[lo:hi] = x[lo:hi] * 1e-39
         elif kind == 5 and dtype != torch.float16:
@@ -102,6 +108,7 @@ def kernel_backend(device: torch.device) -> tuple[Optional[str], str]:
     if kernels.cpu_fast_available():
         return "cpu_fast", "cpu_fast"
     from ..zero_topo.kernels import cpu_fast
+
     return None, f"cpu_fast unavailable ({cpu_fast.unavailable_reason()}): the reference runs"
 
 
@@ -124,8 +131,10 @@ def kernels_row(device: torch.device, blocks: tuple[int, int], n: int = 1 << 16)
                     bad.append(f"quantize {tag}")
                     continue
                 for out in (torch.float32, dtype):
-                    if not _same(kernels.dequantize(q, s, bits, blk, n, dtype=out, backend=backend),
-                                 R.dequantize(qr, sr, bits, blk, n, out)):
+                    if not _same(
+                        kernels.dequantize(q, s, bits, blk, n, dtype=out, backend=backend),
+                        R.dequantize(qr, sr, bits, blk, n, out),
+                    ):
                         bad.append(f"dequantize {tag}")
                 k = 4
                 perm = list(range(k))[::-1]
@@ -134,18 +143,27 @@ def kernels_row(device: torch.device, blocks: tuple[int, int], n: int = 1 << 16)
                 if not (_same(qo, qro) and _same(so, sro)):
                     bad.append(f"quantize_reordered {tag}")
                 qs, ss = qo.view(k, -1), so.view(k, -1)
-                if not _same(kernels.dequantize_sum(qs, ss, bits, blk, n // k, backend=backend),
-                             R.dequantize_sum(qro.view(k, -1), sro.view(k, -1), bits, blk, n // k)):
+                if not _same(
+                    kernels.dequantize_sum(qs, ss, bits, blk, n // k, backend=backend),
+                    R.dequantize_sum(qro.view(k, -1), sro.view(k, -1), bits, blk, n // k),
+                ):
                     bad.append(f"dequantize_sum {tag}")
                 a, b = kernels.dequantize_sum_requantize(qs, ss, bits, blk, backend=backend)
                 ar, br = R.dequantize_sum_requantize(qro.view(k, -1), sro.view(k, -1), bits, blk)
                 if not (_same(a, ar) and _same(b, br)):
                     bad.append(f"dequantize_sum_requantize {tag}")
     if bad:
-        return Row("kernels", "FAIL", f"{name} differs from the reference: {', '.join(bad[:4])}"
-                                      + (f" (+{len(bad) - 4} more)" if len(bad) > 4 else ""))
-    return Row("kernels", "PASS", f"{name} = reference bit for bit: 5 ops x {cases} cases (NaN/inf, +-0, "
-                                  f"ties, subnormal scales)")
+        return Row(
+            "kernels",
+            "FAIL",
+            f"{name} differs from the reference: {', '.join(bad[:4])}"
+            + (f" (+{len(bad) - 4} more)" if len(bad) > 4 else ""),
+        )
+    return Row(
+        "kernels",
+        "PASS",
+        f"{name} = reference bit for bit: 5 ops x {cases} cases (NaN/inf, +-0, ties, subnormal scales)",
+    )
 
 
 def _sync(device: torch.device) -> None:
@@ -169,8 +187,12 @@ def kernel_speed_row(device: torch.device, numel: int, block: int, repeat: int =
         times.append(time.perf_counter() - t0)
     best = min(times[1:])  # the first call compiles
     gbs = numel * x.element_size() * 2 / best / 1e9
-    return Row("kernel speed", "PASS", f"{backend}: INT8 quantize + dequantize of {numel / 1e6:,.0f} M elements "
-                                       f"({str(dtype)[6:]}, block {block}) {best * 1e3:,.1f} ms ({gbs:,.3g} GB/s)")
+    return Row(
+        "kernel speed",
+        "PASS",
+        f"{backend}: INT8 quantize + dequantize of {numel / 1e6:,.0f} M elements "
+        f"({str(dtype)[6:]}, block {block}) {best * 1e3:,.1f} ms ({gbs:,.3g} GB/s)",
+    )
 
 
 # ------------------------------------------------------------------------------ network plugin
@@ -189,16 +211,28 @@ def network_plugin_row(device: torch.device) -> Row:
     for n in names:
         try:
             ctypes.CDLL(n)
-            return Row("network plugin", "PASS", f"{n} loads" + (f"; NCCL_NET={os.environ['NCCL_NET']}"
-                                                                 if os.environ.get("NCCL_NET") else ""))
+            return Row(
+                "network plugin",
+                "PASS",
+                f"{n} loads" + (f"; NCCL_NET={os.environ['NCCL_NET']}" if os.environ.get("NCCL_NET") else ""),
+            )
         except OSError as e:
             errors.append(str(e).split(":")[-1].strip())
     if torch.version.hip is None and os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband"):
-        return Row("network plugin", "PASS", "no plugin; NCCL's own InfiniBand transport "
-                                             f"({', '.join(sorted(os.listdir('/sys/class/infiniband'))[:4])})")
-    return Row("network plugin", "FAIL", "no librccl-net.so / libnccl-net.so loads (" + "; ".join(errors[:2])
-               + "): collectives between nodes would fall back to TCP sockets; load the aws-ofi plugin "
-                 "(docs/frontier.md §1 step 3)")
+        return Row(
+            "network plugin",
+            "PASS",
+            "no plugin; NCCL's own InfiniBand transport "
+            f"({', '.join(sorted(os.listdir('/sys/class/infiniband'))[:4])})",
+        )
+    return Row(
+        "network plugin",
+        "FAIL",
+        "no librccl-net.so / libnccl-net.so loads ("
+        + "; ".join(errors[:2])
+        + "): collectives between nodes would fall back to TCP sockets; load the aws-ofi plugin "
+        "(docs/frontier.md §1 step 3)",
+    )
 
 
 # ------------------------------------------------------------------------------ collectives
@@ -227,9 +261,17 @@ class TracingDelays:
             group = args[1] if op == "all_reduce" else args[2]
             if group.size > 1:
                 time.sleep(self.rng.random() * self.max_delay_s)
-                self.trace.append({"seq": len(self.trace), "op": op, "group": list(group.ranks),
-                                   "bytes": t.numel() * t.element_size(), "dtype": str(t.dtype)[6:]})
+                self.trace.append(
+                    {
+                        "seq": len(self.trace),
+                        "op": op,
+                        "group": list(group.ranks),
+                        "bytes": t.numel() * t.element_size(),
+                        "dtype": str(t.dtype)[6:],
+                    }
+                )
             return real(*args, **kw)
+
         return call
 
     def restore(self) -> None:
@@ -257,8 +299,10 @@ def compare_traces(traces: list[list[dict]]) -> Optional[str]:
         mine = [key(e) for e in tr]
         if mine != ref:
             i = next((i for i, (a, b) in enumerate(zip(ref, mine)) if a != b), min(len(ref), len(mine)))
-            return (f"rank {r}'s collective {i} is {mine[i] if i < len(mine) else 'missing'}, rank 0's "
-                    f"{ref[i] if i < len(ref) else 'missing'}")
+            return (
+                f"rank {r}'s collective {i} is {mine[i] if i < len(mine) else 'missing'}, rank 0's "
+                f"{ref[i] if i < len(ref) else 'missing'}"
+            )
     per_group: dict[tuple, dict[int, list]] = {}
     for r, tr in enumerate(traces):
         for e in tr:
@@ -294,14 +338,19 @@ def communicators_row(comm, groups, seed: int, max_delay_s: float, rounds: int =
     if wrong:
         return Row("communicators", "FAIL", f"wrong sums on {', '.join(sorted(set(wrong)))}"), tracer.trace
     sizes = ", ".join(f"{n} {g.size}" for n, g in named)
-    return Row("communicators", "PASS", f"{len(named)} live at once ({sizes}), {rounds} rounds, random delays "
-                                        f"<= {max_delay_s * 1e3:.0f} ms"), tracer.trace
+    return Row(
+        "communicators",
+        "PASS",
+        f"{len(named)} live at once ({sizes}), {rounds} rounds, random delays <= {max_delay_s * 1e3:.0f} ms",
+    ), tracer.trace
 
 
 def shard_digests(engine) -> dict:
     """SHA-256 of every unit's primary shard and optimizer state, keyed by what a replica holds."""
+
     def h(t: torch.Tensor) -> str:
         return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+
     out = {}
     for i, (u, master) in enumerate(zip(engine.units, engine.optimizer.params)):
         u.wait_publish()
@@ -325,5 +374,8 @@ def replicas_row(digests: list[dict]) -> Row:
                 seen[k] = (r, v)
     if bad:
         return Row("replicated shards", "FAIL", "differ: " + "; ".join(bad[:3]))
-    return Row("replicated shards", "PASS" if compared else "SKIP",
-               f"{compared} replicated shard copies equal bit for bit" if compared else "no shard is replicated")
+    return Row(
+        "replicated shards",
+        "PASS" if compared else "SKIP",
+        f"{compared} replicated shard copies equal bit for bit" if compared else "no shard is replicated",
+    )

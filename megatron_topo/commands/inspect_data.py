@@ -7,13 +7,13 @@
 
 The index is checked first; a bad dataset prints one line on stderr and exits 1.
 """
+
 from __future__ import annotations
 
 import json
 import sys
 
 from megatron_topo.cli import OneLineParser
-
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer
 from megatron_topo.data.build import check_token_range
 from megatron_topo.data.errors import error_line
@@ -21,10 +21,16 @@ from megatron_topo.data.errors import error_line
 
 def stats(ds: MMapIndexedDataset) -> dict:
     sizes = ds.sizes
-    return {"prefix": ds.prefix, "documents": ds.num_documents, "sequences": len(ds), "tokens": ds.num_tokens,
-            "dtype": ds.dtype.name, "bin_bytes": ds.bin_size,
-            "min_sequence_tokens": int(sizes.min()) if len(sizes) else 0,
-            "max_sequence_tokens": int(sizes.max()) if len(sizes) else 0}
+    return {
+        "prefix": ds.prefix,
+        "documents": ds.num_documents,
+        "sequences": len(ds),
+        "tokens": ds.num_tokens,
+        "dtype": ds.dtype.name,
+        "bin_bytes": ds.bin_size,
+        "min_sequence_tokens": int(sizes.min()) if len(sizes) else 0,
+        "max_sequence_tokens": int(sizes.max()) if len(sizes) else 0,
+    }
 
 
 def main(argv=None) -> int:
@@ -34,8 +40,12 @@ def main(argv=None) -> int:
     p.add_argument("--stats", action="store_true", help="print counts as JSON (the default without --doc)")
     p.add_argument("--tokenizer-type", default=None, help="with --doc: also print the detokenized text")
     p.add_argument("--vocab-file", default=None)
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="scan the .bin and fail unless every token id is in [0, VOCAB_SIZE)")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="scan the .bin and fail unless every token id is in [0, VOCAB_SIZE)",
+    )
     args = p.parse_args(argv)
     if args.vocab_size is not None and args.vocab_size < 1:
         print(f"error: --vocab-size {args.vocab_size}: must be >= 1", file=sys.stderr)

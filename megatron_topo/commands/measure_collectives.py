@@ -12,6 +12,7 @@ when the ranks span several nodes, the ``--set system.latency_inter_node_us=...`
 measured step cost to tools/predict_perf.py (docs/frontier.md §4). It writes
 ``OUT/collectives.json`` atomically. Bad arguments print one line on stderr and exit 2.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,7 @@ OPS = ("all_gather", "reduce_scatter")
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # as zero_topo.comm
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def parse_args(argv=None):
@@ -108,15 +109,32 @@ def measure(args) -> dict:
                 numel = max(world, int(mb * MIB / elem) // world * world)
                 t = statistics.median(time_op(op, numel, world, dtype, rt.device, args.iters, args.warmup))
                 S = numel * elem
-                rows.append({"op": op, "mb": mb, "bytes": S, "seconds": t, "algbw_gbs": S / t / 1e9,
-                             "busbw_gbs": S * (world - 1) / world / t / 1e9})
+                rows.append(
+                    {
+                        "op": op,
+                        "mb": mb,
+                        "bytes": S,
+                        "seconds": t,
+                        "algbw_gbs": S / t / 1e9,
+                        "busbw_gbs": S * (world - 1) / world / t / 1e9,
+                    }
+                )
         fits = {}
         for op in ops:
             pts = [(world, r["bytes"], r["seconds"]) for r in rows if r["op"] == op]
             fits[op] = fit_ring(pts) if len(pts) >= 2 else None
-        return {"world_size": world, "nodes": rt.topo.num_nodes, "ranks_per_node": rt.topo.ranks_per_node,
-                "backend": dist.get_backend(), "device": str(rt.device), "dtype": args.dtype,
-                "iters": args.iters, "rows": rows, "fit": fits, "rank": rt.rank}
+        return {
+            "world_size": world,
+            "nodes": rt.topo.num_nodes,
+            "ranks_per_node": rt.topo.ranks_per_node,
+            "backend": dist.get_backend(),
+            "device": str(rt.device),
+            "dtype": args.dtype,
+            "iters": args.iters,
+            "rows": rows,
+            "fit": fits,
+            "rank": rt.rank,
+        }
     finally:
         if rt.heartbeat is not None:
             rt.heartbeat.stop()
@@ -126,21 +144,26 @@ def measure(args) -> dict:
 
 
 def render(r: dict) -> str:
-    lines = [f"{r['world_size']} ranks ({r['nodes']} node(s) x {r['ranks_per_node']}), {r['backend']} on "
-             f"{r['device']}, {r['dtype']}, median of {r['iters']} calls (slowest rank each)", "",
-             f"{'collective':<15} {'MB/rank':>8} {'ms':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}"]
+    lines = [
+        f"{r['world_size']} ranks ({r['nodes']} node(s) x {r['ranks_per_node']}), {r['backend']} on "
+        f"{r['device']}, {r['dtype']}, median of {r['iters']} calls (slowest rank each)",
+        "",
+        f"{'collective':<15} {'MB/rank':>8} {'ms':>10} {'algbw GB/s':>11} {'busbw GB/s':>11}",
+    ]
     for x in r["rows"]:
-        lines.append(f"{x['op']:<15} {x['mb']:>8g} {x['seconds'] * 1e3:>10.3f} {x['algbw_gbs']:>11.2f} "
-                     f"{x['busbw_gbs']:>11.2f}")
+        lines.append(
+            f"{x['op']:<15} {x['mb']:>8g} {x['seconds'] * 1e3:>10.3f} {x['algbw_gbs']:>11.2f} {x['busbw_gbs']:>11.2f}"
+        )
     lines.append("")
     for op, f in r["fit"].items():
         if f is None:
             lines.append(f"{op}: one size only, no fit (pass two or more --sizes-mb)")
             continue
-        lines.append(f"{op}: alpha {f['alpha_us']:.1f} us per ring step, beta {f['beta_gbs']:.1f} GB/s per rank "
-                     f"(worst residual {f['worst_rel_residual'] * 100:.0f} %)"
-                     + ("; alpha < 0: the sizes do not resolve the latency, add smaller ones" if f["alpha_us"] < 0
-                        else ""))
+        lines.append(
+            f"{op}: alpha {f['alpha_us']:.1f} us per ring step, beta {f['beta_gbs']:.1f} GB/s per rank "
+            f"(worst residual {f['worst_rel_residual'] * 100:.0f} %)"
+            + ("; alpha < 0: the sizes do not resolve the latency, add smaller ones" if f["alpha_us"] < 0 else "")
+        )
     alphas = [f["alpha_us"] for f in r["fit"].values() if f and f["alpha_us"] > 0]
     if alphas and r["nodes"] > 1:
         lines.append(f"for tools/predict_perf.py: --set system.latency_inter_node_us={statistics.median(alphas):.1f}")

@@ -10,6 +10,7 @@ resumed run's steps count once: a job resumed from an earlier checkpoint superse
 its predecessor wrote after that checkpoint (train.py moves them to metrics.jsonl.superseded; in an
 older file they are dropped here, with a note), and the records of one step merge. Bad input prints one line on stderr and exits 2.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,8 @@ import os
 import sys
 import warnings
 
-from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.atomic import atomic_path
+from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.metrics import drop_superseded, metrics_path, read_metrics
 
 # panel -> (title, keys tried in order: the canonical key first, then common spellings)
@@ -40,8 +41,13 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, metavar="FILE.png", help="output image (PNG)")
     p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per RUN_DIR")
     p.add_argument("--smooth", type=int, default=1, metavar="N", help="trailing moving average over N points")
-    p.add_argument("--metrics", nargs="+", default=None, metavar="KEY",
-                   help="plot these metrics.jsonl keys instead of loss / TFLOPS / tokens/s")
+    p.add_argument(
+        "--metrics",
+        nargs="+",
+        default=None,
+        metavar="KEY",
+        help="plot these metrics.jsonl keys instead of loss / TFLOPS / tokens/s",
+    )
     p.add_argument("--title", default=None, help="figure title")
     p.add_argument("--force", action="store_true", help="replace an existing --out that plot_metrics did not write")
     return p.parse_args(argv)
@@ -66,8 +72,10 @@ def _say_skipped(label: str, what: str, steps: list, vals: list) -> None:
     bad = [st for st, v in zip(steps, vals) if not math.isfinite(v)]
     if bad:
         shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        print(f"plot_metrics: warning: {label}: {what}: {len(bad)} non-finite value(s) not drawn (step {shown})",
-              file=sys.stderr)
+        print(
+            f"plot_metrics: warning: {label}: {what}: {len(bad)} non-finite value(s) not drawn (step {shown})",
+            file=sys.stderr,
+        )
 
 
 def smooth(values: list[float], n: int) -> list[float]:
@@ -108,20 +116,27 @@ def load_runs(run_dirs: list[str]) -> list[list[dict]]:
             s = r["step"]
             if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s != int(s):
                 shown = repr(s) if len(repr(s)) <= 40 else repr(s)[:40] + "..."
-                raise PlotError(f"{path}: a record has step {shown}; steps must be integers (a metrics.jsonl "
-                                f"written by megatron_topo.metrics.MetricsWriter)")
+                raise PlotError(
+                    f"{path}: a record has step {shown}; steps must be integers (a metrics.jsonl "
+                    f"written by megatron_topo.metrics.MetricsWriter)"
+                )
         recs, dropped = drop_superseded(recs)  # one curve per run: a resume supersedes later steps
         if dropped:
-            print(f"plot_metrics: note: {path}: {dropped} records of steps that a resumed job trained again "
-                  f"are not drawn (superseded by the resume)", file=sys.stderr)
+            print(
+                f"plot_metrics: note: {path}: {dropped} records of steps that a resumed job trained again "
+                f"are not drawn (superseded by the resume)",
+                file=sys.stderr,
+            )
         by_step: dict = {}
         for r in recs:  # an eval record shares its step with the training record
             by_step.setdefault(int(r["step"]), {}).update(r)
         recs = [by_step[s] for s in sorted(by_step)]
         if not recs:
             size = os.path.getsize(path)
-            raise PlotError(f"{path}: no records (" + ("the file is empty)" if not size else
-                                                     f"no line of its {size:,} bytes is a record)"))
+            raise PlotError(
+                f"{path}: no records ("
+                + ("the file is empty)" if not size else f"no line of its {size:,} bytes is a record)")
+            )
         runs.append(recs)
     return runs
 
@@ -132,9 +147,15 @@ SOFTWARE = "megatron_topo plot_metrics"  # the PNG's Software text: an earlier p
 def _check_out(out: str, run_dirs, force: bool) -> None:
     from megatron_topo.safe_outputs import check_output_file, head
 
-    check_output_file(out, "--out", PlotError, force, inputs=[metrics_path(d) for d in run_dirs],
-                      ours=lambda p: SOFTWARE.encode() in head(p, 1 << 12),
-                      kind=lambda p: None if head(p, 8) == b"\x89PNG\r\n\x1a\n" else "is not a PNG image")
+    check_output_file(
+        out,
+        "--out",
+        PlotError,
+        force,
+        inputs=[metrics_path(d) for d in run_dirs],
+        ours=lambda p: SOFTWARE.encode() in head(p, 1 << 12),
+        kind=lambda p: None if head(p, 8) == b"\x89PNG\r\n\x1a\n" else "is not a PNG image",
+    )
 
 
 def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None, force: bool = False) -> str:
@@ -187,8 +208,16 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None, force
             if keys is PANELS["loss"][1]:  # held-out loss of the same run, dashed
                 es, ev, _ = series(recs, ("eval_loss",))
                 if es:
-                    ax.plot(es, ev, color=c, linestyle="--", linewidth=1.2, marker="o", markersize=3,
-                            label=f"{label} (eval)")
+                    ax.plot(
+                        es,
+                        ev,
+                        color=c,
+                        linestyle="--",
+                        linewidth=1.2,
+                        marker="o",
+                        markersize=3,
+                        label=f"{label} (eval)",
+                    )
         ax.set_title(ttl)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)

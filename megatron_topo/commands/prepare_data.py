@@ -10,6 +10,7 @@ shuffle indices for the run's sample counts (which depend on the world size). Ev
 finds it. Run it on a login node or as the first step of the batch job (slurm/ does the latter:
 a no-op when the caches are there).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,11 @@ from megatron_topo.cli import OneLineParser
 
 
 def main(argv=None) -> int:
-    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       usage_line="python tools/prepare_data.py CONFIG.yml [MORE.yml ...] "
-                                  "--world-size N [--set KEY=VALUE ...]")
+    ap = OneLineParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage_line="python tools/prepare_data.py CONFIG.yml [MORE.yml ...] --world-size N [--set KEY=VALUE ...]",
+    )
     ap.add_argument("configs", nargs="+", help="YAML files merged in order (as for train.py)")
     ap.add_argument("--world-size", type=int, required=True, help="ranks of the run the caches are for")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -40,19 +43,29 @@ def main(argv=None) -> int:
         cfg = load_config(args.configs, args.overrides)
         n = dataset_num_samples(cfg, args.world_size)
         t0 = time.perf_counter()
-        splits = build_datasets(cfg.data, seq_length=cfg.model.seq_length, seed=cfg.train.seed, num_samples=n,
-                                vocab_size=cfg.model.vocab_size, is_builder=True, barrier=None)
+        splits = build_datasets(
+            cfg.data,
+            seq_length=cfg.model.seq_length,
+            seed=cfg.train.seed,
+            num_samples=n,
+            vocab_size=cfg.model.vocab_size,
+            is_builder=True,
+            barrier=None,
+        )
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
-    sizes = ", ".join(f"{name} {len(ds) if ds is not None else 0}"
-                      for name, ds in zip(("train", "valid", "test"), splits))
+    sizes = ", ".join(
+        f"{name} {len(ds) if ds is not None else 0}" for name, ds in zip(("train", "valid", "test"), splits)
+    )
     cache = cfg.data.data_cache_dir or "data_cache"
-    print(f"data ready for {args.world_size} ranks in {time.perf_counter() - t0:.1f} s: {sizes} samples "
-          f"(caches in {os.path.abspath(cache)})")
+    print(
+        f"data ready for {args.world_size} ranks in {time.perf_counter() - t0:.1f} s: {sizes} samples "
+        f"(caches in {os.path.abspath(cache)})"
+    )
     return 0
 
 

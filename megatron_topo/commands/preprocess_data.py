@@ -17,6 +17,7 @@ as json/parquet/arrow with ``--hf-data-files``). GPT-NeoX's and Megatron-LM's fl
 cannot honour are refused with the reason. Bad input prints one line on stderr and exits 1;
 existing output is never overwritten by a failed run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,27 +32,45 @@ from megatron_topo.data.tokenizer import MERGE_FILE_IGNORED
 # Megatron-LM flags we refuse (with why) when given a value other than their no-op default.
 REFUSED = {
     "split_sentences": "--split-sentences is not supported: it needs NLTK's punkt model (a download) and "
-                       "writes *_sentence datasets for BERT-style training; GPT training reads whole documents",
+    "writes *_sentence datasets for BERT-style training; GPT training reads whole documents",
     "vocab_extra_ids": "--vocab-extra-ids is not supported: T5 sentinel tokens are for encoder-decoder models; "
-                       "this trainer is GPT-NeoX (decoder) only",
+    "this trainer is GPT-NeoX (decoder) only",
 }
 
 
 def parse_args(argv=None):
     p = OneLineParser(prog="preprocess_data.py", description=__doc__.splitlines()[0], error_status=1)
-    p.add_argument("--input", nargs="+", default=[],
-                   help="files/directories, also comma-separated: .jsonl[.zst|.gz|.xz], .parquet, .arrow, "
-                        "datasets save_to_disk folders, text files")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        default=[],
+        help="files/directories, also comma-separated: .jsonl[.zst|.gz|.xz], .parquet, .arrow, "
+        "datasets save_to_disk folders, text files",
+    )
     p.add_argument("--output-prefix", required=True, help="writes {PREFIX}_{key}_document.bin/.idx")
     p.add_argument("--tokenizer-type", required=True, help=f"one of {', '.join(TOKENIZERS)}")
-    p.add_argument("--vocab-file", "--vocab", dest="vocab_file", default=None,
-                   help="tokenizer.json (HFTokenizer), .model (SPMTokenizer), vocab.json (GPT2BPETokenizer)")
+    p.add_argument(
+        "--vocab-file",
+        "--vocab",
+        dest="vocab_file",
+        default=None,
+        help="tokenizer.json (HFTokenizer), .model (SPMTokenizer), vocab.json (GPT2BPETokenizer)",
+    )
     p.add_argument("--merge-file", default=None, help="merges.txt (GPT2BPETokenizer, HFGPT2Tokenizer)")
-    p.add_argument("--tokenizer-model", default=None,
-                   help="Megatron's name for the tokenizer file (same as --vocab-file for SPM/HF models)")
+    p.add_argument(
+        "--tokenizer-model",
+        default=None,
+        help="Megatron's name for the tokenizer file (same as --vocab-file for SPM/HF models)",
+    )
     p.add_argument("--vocab-size", type=int, default=None, help="CharLevelTokenizer only (default 512)")
-    p.add_argument("--jsonl-keys", "--json-keys", dest="jsonl_keys", nargs="+", default=["text"],
-                   help="JSON keys / columns to tokenize (default: text); --json-keys is Megatron's name")
+    p.add_argument(
+        "--jsonl-keys",
+        "--json-keys",
+        dest="jsonl_keys",
+        nargs="+",
+        default=["text"],
+        help="JSON keys / columns to tokenize (default: text); --json-keys is Megatron's name",
+    )
     p.add_argument("--append-eod", action="store_true", help="append the end-of-document id to each document")
     p.add_argument("--ftfy", action="store_true", help="fix mojibake/unicode with ftfy.fix_text before tokenizing")
     p.add_argument("--num-docs", type=int, default=None, help="expected number of documents (progress total)")
@@ -62,29 +81,48 @@ def parse_args(argv=None):
     p.add_argument("--skip-bad-lines", action="store_true", help="warn about and skip bad lines/files")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     hf = p.add_argument_group("HuggingFace datasets")
-    hf.add_argument("--hf-dataset", default=None, metavar="NAME_OR_PATH",
-                    help="datasets.load_dataset path: a hub name, a local dataset folder or script, or a "
-                         "builder (json, parquet, arrow, csv, text) with --hf-data-files")
+    hf.add_argument(
+        "--hf-dataset",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="datasets.load_dataset path: a hub name, a local dataset folder or script, or a "
+        "builder (json, parquet, arrow, csv, text) with --hf-data-files",
+    )
     hf.add_argument("--hf-subset", default=None, help="the dataset's configuration name")
-    hf.add_argument("--hf-split", default=None, help="split to read (default train); also for save_to_disk "
-                                                     "DatasetDict folders given to --input")
+    hf.add_argument(
+        "--hf-split",
+        default=None,
+        help="split to read (default train); also for save_to_disk DatasetDict folders given to --input",
+    )
     hf.add_argument("--hf-data-files", nargs="+", default=None, help="data_files for a builder")
     hf.add_argument("--hf-revision", default=None, help="hub revision (branch, tag or commit)")
     hf.add_argument("--hf-cache-dir", default=None, help="datasets cache (non-streaming loads)")
     stream = hf.add_mutually_exclusive_group()
-    stream.add_argument("--hf-streaming", dest="hf_streaming", action="store_true", default=None,
-                        help="stream the dataset (the default: one pass, nothing cached)")
-    stream.add_argument("--no-hf-streaming", dest="hf_streaming", action="store_false",
-                        help="download/convert into the datasets cache first")
+    stream.add_argument(
+        "--hf-streaming",
+        dest="hf_streaming",
+        action="store_true",
+        default=None,
+        help="stream the dataset (the default: one pass, nothing cached)",
+    )
+    stream.add_argument(
+        "--no-hf-streaming",
+        dest="hf_streaming",
+        action="store_false",
+        help="download/convert into the datasets cache first",
+    )
     mg = p.add_argument_group("Megatron-LM flags (accepted as no-ops or refused with a reason)")
     mg.add_argument("--split-sentences", action="store_true", help=argparse.SUPPRESS)
-    mg.add_argument("--keep-newlines", action="store_true",
-                    help="no-op: newlines are always kept (there is no sentence splitting)")
+    mg.add_argument(
+        "--keep-newlines", action="store_true", help="no-op: newlines are always kept (there is no sentence splitting)"
+    )
     mg.add_argument("--lang", default="english", help="no-op: only used by sentence splitting")
-    mg.add_argument("--partitions", type=int, default=1,
-                    help="no-op: parallelism comes from --workers and the output is the same")
-    mg.add_argument("--keep-sequential-samples", action="store_true",
-                    help="no-op: documents are always written in input order")
+    mg.add_argument(
+        "--partitions", type=int, default=1, help="no-op: parallelism comes from --workers and the output is the same"
+    )
+    mg.add_argument(
+        "--keep-sequential-samples", action="store_true", help="no-op: documents are always written in input order"
+    )
     mg.add_argument("--chunk-size", type=int, default=None, help="no-op: work is split in ~1 MB chunks")
     mg.add_argument("--vocab-extra-ids", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -112,21 +150,42 @@ def main(argv=None) -> int:
     try:
         check_args(args)
         if args.merge_file and str(args.tokenizer_type).lower() in {t.lower() for t in MERGE_FILE_IGNORED}:
-            print(f"note: --merge-file {args.merge_file} is ignored: {args.tokenizer_type} does not read a merges file "
-                  f"(GPT-NeoX ignores it too)")
+            print(
+                f"note: --merge-file {args.merge_file} is ignored: {args.tokenizer_type} does not read a merges file "
+                f"(GPT-NeoX ignores it too)"
+            )
             args.merge_file = None
         hf = None
         if args.hf_dataset:
-            hf = {"path": args.hf_dataset, "name": args.hf_subset, "split": args.hf_split,
-                  "data_files": args.hf_data_files, "streaming": args.hf_streaming,
-                  "revision": args.hf_revision, "cache_dir": args.hf_cache_dir}
-        stats = preprocess(args.input, args.output_prefix, args.tokenizer_type, args.vocab_file,
-                           keys=args.jsonl_keys, append_eod=args.append_eod, workers=args.workers,
-                           skip_bad_lines=args.skip_bad_lines, vocab_size=args.vocab_size,
-                           progress=not args.quiet, merge_file=args.merge_file, ftfy=args.ftfy,
-                           num_docs=args.num_docs, log_interval=args.log_interval,
-                           dataset_impl=args.dataset_impl, hf_dataset=hf,
-                           hf_split=args.hf_split, force=args.force)
+            hf = {
+                "path": args.hf_dataset,
+                "name": args.hf_subset,
+                "split": args.hf_split,
+                "data_files": args.hf_data_files,
+                "streaming": args.hf_streaming,
+                "revision": args.hf_revision,
+                "cache_dir": args.hf_cache_dir,
+            }
+        stats = preprocess(
+            args.input,
+            args.output_prefix,
+            args.tokenizer_type,
+            args.vocab_file,
+            keys=args.jsonl_keys,
+            append_eod=args.append_eod,
+            workers=args.workers,
+            skip_bad_lines=args.skip_bad_lines,
+            vocab_size=args.vocab_size,
+            progress=not args.quiet,
+            merge_file=args.merge_file,
+            ftfy=args.ftfy,
+            num_docs=args.num_docs,
+            log_interval=args.log_interval,
+            dataset_impl=args.dataset_impl,
+            hf_dataset=hf,
+            hf_split=args.hf_split,
+            force=args.force,
+        )
     except (DataError, OSError) as e:
         print(f"error: {error_line(e)}", file=sys.stderr)
         return 1
@@ -135,11 +194,13 @@ def main(argv=None) -> int:
         return 130
     for key, prefix in stats.outputs.items():
         print(f"wrote {prefix}.bin/.idx ({key})")
-    print(f"{stats.documents} documents, {stats.tokens} tokens ({stats.dtype}), "
-          f"{stats.input_bytes / 1e6:.1f} MB in {stats.seconds:.1f} s: {stats.mb_per_s:.2f} MB/s, "
-          f"{stats.tokens_per_s:,.0f} tokens/s with {stats.workers} worker(s)"
-          + (f"; skipped {stats.skipped} bad" if stats.skipped else "")
-          + (f"; {stats.empty} empty documents left out" if stats.empty else ""))
+    print(
+        f"{stats.documents} documents, {stats.tokens} tokens ({stats.dtype}), "
+        f"{stats.input_bytes / 1e6:.1f} MB in {stats.seconds:.1f} s: {stats.mb_per_s:.2f} MB/s, "
+        f"{stats.tokens_per_s:,.0f} tokens/s with {stats.workers} worker(s)"
+        + (f"; skipped {stats.skipped} bad" if stats.skipped else "")
+        + (f"; {stats.empty} empty documents left out" if stats.empty else "")
+    )
     return 0
 
 

@@ -5,6 +5,7 @@
 
 Launched directly (one process), by torchrun, or by srun (see slurm/).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,16 +21,29 @@ def main(argv=None) -> int:
 
         print(describe_keys())
         return 0
-    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       usage_line="python train.py CONFIG.yml [MORE.yml ...] [--set KEY=VALUE ...]")
+    ap = OneLineParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage_line="python train.py CONFIG.yml [MORE.yml ...] [--set KEY=VALUE ...]",
+    )
     ap.add_argument("configs", nargs="+", help="YAML files merged in order")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a config key, e.g. --set train_iters=10 --set zero_topo.preset=zero3")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="run one step's real engine code as one rank on meta tensors and the fake process "
-                         "group (no data, no GPU): prints the config, plan, traffic and memory; last line JSON")
-    ap.add_argument("--world-size", type=int, default=None,
-                    help="with --dry-run: the world to emulate (default: the launcher's)")
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set train_iters=10 --set zero_topo.preset=zero3",
+    )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run one step's real engine code as one rank on meta tensors and the fake process "
+        "group (no data, no GPU): prints the config, plan, traffic and memory; last line JSON",
+    )
+    ap.add_argument(
+        "--world-size", type=int, default=None, help="with --dry-run: the world to emulate (default: the launcher's)"
+    )
     ap.add_argument("--rank", type=int, default=None, help="with --dry-run: the rank to be (default: the launcher's)")
     args = ap.parse_args(argv)
     if (args.world_size is not None or args.rank is not None) and not args.dry_run:
@@ -103,8 +117,11 @@ def _train(args, signals) -> int:
     except Exception as e:
         # a vanished peer or a collective time-out: one line naming the lost rank, then exit at
         # once (tearing down a broken process group can hang)
-        line = describe_failure(e, rt.rank, rt.world_size, rt.heartbeat, cfg.distributed.collective_timeout_s) \
-            if rt is not None and rt.distributed else None
+        line = (
+            describe_failure(e, rt.rank, rt.world_size, rt.heartbeat, cfg.distributed.collective_timeout_s)
+            if rt is not None and rt.distributed
+            else None
+        )
         if line is not None:
             print(f"error: {line}", file=sys.stderr, flush=True)
             sys.stdout.flush()
@@ -116,8 +133,11 @@ def _train(args, signals) -> int:
         if oom is not None:  # a model too large for this machine: one line, not a C++ traceback
             if rt is not None and rt.heartbeat is not None:
                 rt.heartbeat.stop()
-            print(f"error: rank {rt.rank if rt is not None else 0}: out of memory ({oom}); use a smaller model or "
-                  f"micro-batch, shard more (zero_topo.preset: zero3 or topo) or add ranks", file=sys.stderr)
+            print(
+                f"error: rank {rt.rank if rt is not None else 0}: out of memory ({oom}); use a smaller model or "
+                f"micro-batch, shard more (zero_topo.preset: zero3 or topo) or add ranks",
+                file=sys.stderr,
+            )
             return 1
         raise
     finally:
@@ -126,10 +146,15 @@ def _train(args, signals) -> int:
         rt.heartbeat.stop()
     if rt.rank == 0 and last.get("before_training"):  # a signal during start-up: nothing trained
         where = f"the checkpoint {last['checkpoint']} stands" if last.get("checkpoint") else "nothing saved"
-        print(f"stopped by {last['stopped_by']} before training started (step {trainer.state.step}); "
-              f"no step trained; {where}", flush=True)
+        print(
+            f"stopped by {last['stopped_by']} before training started (step {trainer.state.step}); "
+            f"no step trained; {where}",
+            flush=True,
+        )
     elif rt.rank == 0 and last.get("stopped_by"):  # SIGTERM/SIGUSR1/SIGUSR2/SIGINT: saved, exit 0
-        where = f"checkpoint {last['checkpoint']}" if last.get("checkpoint") else "no checkpoint (checkpoint.save is unset)"
+        where = (
+            f"checkpoint {last['checkpoint']}" if last.get("checkpoint") else "no checkpoint (checkpoint.save is unset)"
+        )
         print(f"stopped by {last['stopped_by']} at step {trainer.state.step}; {where}", flush=True)
     elif rt.rank == 0:
         lg = cfg.logging
@@ -185,8 +210,11 @@ def take_run_folders(cfg, rt, lock) -> None:
                 lock.acquire(folder, what)
         except (runlock.LockError, OSError) as e:
             lock.release()
-            err = e if isinstance(e, runlock.LockError) else runlock.LockError(
-                f"cannot lock the run folder: {e.filename or ''}: {e.strerror or e}")
+            err = (
+                e
+                if isinstance(e, runlock.LockError)
+                else runlock.LockError(f"cannot lock the run folder: {e.filename or ''}: {e.strerror or e}")
+            )
     if rt.distributed:
         import torch.distributed as dist
 
@@ -268,10 +296,17 @@ def _out_of_memory(e: BaseException):
     import torch
 
     text = str(e)
-    oom_types = tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
-                                  getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
-    if not (isinstance(e, MemoryError) or isinstance(e, oom_types) or "can't allocate memory" in text
-            or "out of memory" in text.lower()):
+    oom_types = tuple(
+        t
+        for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))
+        if t is not None
+    )
+    if not (
+        isinstance(e, MemoryError)
+        or isinstance(e, oom_types)
+        or "can't allocate memory" in text
+        or "out of memory" in text.lower()
+    ):
         return None
     m = re.search(r"(?:tried to allocate|allocate) ([0-9.]+ ?[KMGT]?i?B|\d+ bytes)", text)
     return f"an allocation of {m.group(1)} failed" if m else (text.splitlines()[0][:120] if text else type(e).__name__)

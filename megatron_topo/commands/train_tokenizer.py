@@ -10,6 +10,7 @@ an ``<|endoftext|>`` token (the EOD id) and reproduce any text exactly (byte-lev
 BPE; byte fallback, identity normalization and no dummy prefix for sentencepiece). The output is
 written atomically; bad input prints one line on stderr and exits 1.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,6 @@ import tempfile
 
 from megatron_topo.atomic import atomic_path
 from megatron_topo.cli import OneLineParser
-
 from megatron_topo.data import DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import expand_sources, iter_source_documents
@@ -38,8 +38,13 @@ def train_bpe(texts, vocab_size: int, output: str, min_frequency: int = 2) -> No
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer)
     tok.save(output)
 
@@ -51,7 +56,7 @@ def _spm_pieces(texts):
             if piece and len(piece) + len(line) > SPM_PIECE_CHARS:
                 yield piece
                 piece = ""
-            piece += line[: SPM_PIECE_CHARS]
+            piece += line[:SPM_PIECE_CHARS]
         if piece:
             yield piece
 
@@ -63,12 +68,24 @@ def train_sentencepiece(texts, vocab_size: int, output: str, model_type: str = "
         prefix = os.path.join(tmp, "spm")
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=_spm_pieces(texts), model_prefix=prefix, vocab_size=vocab_size,
-                model_type=model_type, character_coverage=1.0, byte_fallback=True,
-                normalization_rule_name="identity", add_dummy_prefix=False, remove_extra_whitespaces=False,
-                split_digits=True, allow_whitespace_only_pieces=True, user_defined_symbols=SPECIAL[:1],
-                max_sentence_length=4 * SPM_PIECE_CHARS + 16, input_sentence_size=2_000_000,
-                shuffle_input_sentence=True, num_threads=os.cpu_count() or 1, minloglevel=2)
+                sentence_iterator=_spm_pieces(texts),
+                model_prefix=prefix,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=1.0,
+                byte_fallback=True,
+                normalization_rule_name="identity",
+                add_dummy_prefix=False,
+                remove_extra_whitespaces=False,
+                split_digits=True,
+                allow_whitespace_only_pieces=True,
+                user_defined_symbols=SPECIAL[:1],
+                max_sentence_length=4 * SPM_PIECE_CHARS + 16,
+                input_sentence_size=2_000_000,
+                shuffle_input_sentence=True,
+                num_threads=os.cpu_count() or 1,
+                minloglevel=2,
+            )
         except (RuntimeError, OSError) as e:
             raise DataError(f"sentencepiece training failed: {str(e).splitlines()[0] if str(e) else e}") from None
         shutil.copyfile(prefix + ".model", output)
@@ -76,8 +93,12 @@ def train_sentencepiece(texts, vocab_size: int, output: str, model_type: str = "
 
 def parse_args(argv=None):
     p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("--input", nargs="+", required=True,
-                   help=".jsonl[.zst|.gz|.xz], .parquet, .arrow, datasets folders, text files or directories")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        required=True,
+        help=".jsonl[.zst|.gz|.xz], .parquet, .arrow, datasets folders, text files or directories",
+    )
     p.add_argument("--model-type", required=True, choices=["bpe", "sentencepiece"])
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--output", required=True, help="tokenizer.json (bpe) or NAME.model (sentencepiece)")
@@ -94,14 +115,25 @@ def main(argv=None) -> int:
     try:
         smallest = 256 + len(SPECIAL) + 1 if args.model_type == "bpe" else 256 + 4 + 1
         if not smallest <= args.vocab_size <= MAX_VOCAB:
-            raise DataError(f"--vocab-size {args.vocab_size}: must lie in [{smallest}, {MAX_VOCAB:,}] (at least the "
-                            f"byte alphabet plus special tokens)")
+            raise DataError(
+                f"--vocab-size {args.vocab_size}: must lie in [{smallest}, {MAX_VOCAB:,}] (at least the "
+                f"byte alphabet plus special tokens)"
+            )
         if args.min_frequency < 0:
             raise DataError(f"--min-frequency {args.min_frequency}: must be >= 0")
         files = expand_sources(args.input)
-        check_output_file(args.output, "--output", DataError, args.force, inputs=[s.path for s in files],
-                          kind=lambda p: None if args.model_type != "bpe" or head(p, 64).lstrip()[:1] in (b"{", b"")
-                          else "is not a tokenizers JSON file")
+        check_output_file(
+            args.output,
+            "--output",
+            DataError,
+            args.force,
+            inputs=[s.path for s in files],
+            kind=lambda p: (
+                None
+                if args.model_type != "bpe" or head(p, 64).lstrip()[:1] in (b"{", b"")
+                else "is not a tokenizers JSON file"
+            ),
+        )
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
         count, failure = [0], []

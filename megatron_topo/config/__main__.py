@@ -1,5 +1,6 @@
 """``python -m megatron_topo.config``: every key, its type, default and valid values;
 ``--neox-table``: the GPT-NeoX compatibility table (docs/neox_compat.md)."""
+
 import sys
 
 from . import describe_keys, neox_table_markdown

@@ -1,20 +1,27 @@
 """Validation of a merged config: every declared field from its ``option`` metadata, the rules
 that tie several fields together, and DeepSpeed's batch-size rule once the world size is known."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional
 
 from .deepspeed import BATCH_KEYS, derive_micro_batch, record_auto_batch
-from .options import (ConfigError, _check_attention_config, _check_declared, _check_split, _collect, _short,
-                      attention_config_layers, raise_problems)
+from .options import (
+    ConfigError,
+    _check_attention_config,
+    _check_declared,
+    _check_split,
+    _collect,
+    _short,
+    attention_config_layers,
+    raise_problems,
+)
 from .schema import AUTO_TRIAL_KEYS, PRECISIONS, Config, ModelConfig, ZeroTopoConfig, _declared, resolve_precision
-
 
 MAX_TOKENS_PER_RANK_STEP = 1 << 32  # a step's size bound: micro-batch x accumulation x seq_length per rank
 
 
-def validate(cfg: Config, problems: Optional[list] = None, *,
-             arch_problems: Callable[[ModelConfig], list]) -> None:
+def validate(cfg: Config, problems: Optional[list] = None, *, arch_problems: Callable[[ModelConfig], list]) -> None:
     """Every declared field's bounds and choices (from its ``option`` metadata), then the rules
     that tie fields together. Every problem is found: raised together (ConfigErrors, one line
     each), or appended to ``problems``. ``arch_problems(model_config)``: the architecture's own
@@ -38,13 +45,17 @@ def _cross_checks(cfg: Config, problems: list, arch_problems: Callable[[ModelCon
         _collect(problems, resolve_precision, t)
     tokens = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * m.seq_length
     if tokens > MAX_TOKENS_PER_RANK_STEP:
-        add(f"a step would take {tokens:,} tokens per rank (train_micro_batch_size_per_gpu "
+        add(
+            f"a step would take {tokens:,} tokens per rank (train_micro_batch_size_per_gpu "
             f"{t.train_micro_batch_size_per_gpu} x gradient_accumulation_steps {t.gradient_accumulation_steps} x "
             f"seq_length {m.seq_length}); the bound is {MAX_TOKENS_PER_RANK_STEP:,} (2**32): use fewer micro-batches "
-            f"per step")
+            f"per step"
+        )
     if 0 <= t.optimizer.params.lr < t.min_lr < float("inf"):
-        add(f"min_lr {t.min_lr:g} is above optimizer.params.lr {t.optimizer.params.lr:g}: the schedule would decay "
-            f"upwards and train at min_lr; set min_lr <= lr")
+        add(
+            f"min_lr {t.min_lr:g} is above optimizer.params.lr {t.optimizer.params.lr:g}: the schedule would decay "
+            f"upwards and train at min_lr; set min_lr <= lr"
+        )
     if m.num_attention_heads and m.hidden_size % m.num_attention_heads:
         add(f"hidden_size {m.hidden_size} is not divisible by num_attention_heads {m.num_attention_heads}")
     if m.max_position_embeddings is not None and m.seq_length > m.max_position_embeddings:
@@ -55,45 +66,62 @@ def _cross_checks(cfg: Config, problems: list, arch_problems: Callable[[ModelCon
     elif m.attention_config is not None:
         n = attention_config_layers(m.attention_config, m.num_layers)
         if n is None:
-            add(f"attention_config's \"all\" pattern does not divide num_layers {m.num_layers}")
+            add(f'attention_config\'s "all" pattern does not divide num_layers {m.num_layers}')
         elif n != m.num_layers:
-            add(f"attention_config covers {n} layers but num_layers is {m.num_layers}; e.g. "
-                f"[[[\"global\"], {m.num_layers}]]")
+            add(
+                f"attention_config covers {n} layers but num_layers is {m.num_layers}; e.g. "
+                f'[[["global"], {m.num_layers}]]'
+            )
     if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:
         problems.extend(arch_problems(m))  # the architecture's own rules (model/spec.py)
     if not d.train_data_paths:
         for name in ("train_data_weights", "valid_data_paths", "test_data_paths"):
             if getattr(d, name):
-                add(f"{name} is set but train_data_paths is not (with data_path, split cuts the "
-                    f"data); set train_data_paths too or drop {name}")
-        if d.data_path is not None and _check_split(d.split) is None \
-                and float(str(d.split).replace("/", ",").split(",")[0] or 0) <= 0:
-            add(f"split '{d.split}' gives the train split no share of {d.data_path}; "
-                f"the first number must be > 0, e.g. 969,30,1")
+                add(
+                    f"{name} is set but train_data_paths is not (with data_path, split cuts the "
+                    f"data); set train_data_paths too or drop {name}"
+                )
+        if (
+            d.data_path is not None
+            and _check_split(d.split) is None
+            and float(str(d.split).replace("/", ",").split(",")[0] or 0) <= 0
+        ):
+            add(
+                f"split '{d.split}' gives the train split no share of {d.data_path}; "
+                f"the first number must be > 0, e.g. 969,30,1"
+            )
     elif d.train_data_weights is not None and len(d.train_data_weights) != len(d.train_data_paths):
-        add(f"train_data_weights has {len(d.train_data_weights)} values for "
-            f"{len(d.train_data_paths)} train_data_paths; give one weight per path")
+        add(
+            f"train_data_weights has {len(d.train_data_weights)} values for "
+            f"{len(d.train_data_paths)} train_data_paths; give one weight per path"
+        )
     _eval_checks(cfg, add)
     if cfg.zero_optimization is not None and cfg.zero_topo.preset != "ddp":
-        add(f"zero_optimization and zero_topo.preset={cfg.zero_topo.preset} both choose the "
-            f"sharding; keep one of them")
+        add(f"zero_optimization and zero_topo.preset={cfg.zero_topo.preset} both choose the sharding; keep one of them")
     z = cfg.zero_topo
     changed = [k for k in AUTO_TRIAL_KEYS if getattr(z, k) != getattr(ZeroTopoConfig(), k)]
     if changed and z.preset != "auto":
-        add(f"zero_topo.{changed[0]}={getattr(z, changed[0])} applies to zero_topo.preset: auto only, and the preset "
-            f"is {z.preset}; drop it or set preset: auto")
+        add(
+            f"zero_topo.{changed[0]}={getattr(z, changed[0])} applies to zero_topo.preset: auto only, and the preset "
+            f"is {z.preset}; drop it or set preset: auto"
+        )
     if t.train_batch_size is not None:
         given = cfg.batch_given if cfg.batch_given is not None else frozenset(BATCH_KEYS)
         # the accumulation is derived from the global batch (DeepSpeed), unless the micro-batch is not
         # given: then the accumulation given (or 1) and the world size give the micro-batch
-        name = "train_micro_batch_size_per_gpu" if "train_micro_batch_size_per_gpu" in given else (
-            "gradient_accumulation_steps" if "gradient_accumulation_steps" in given else None)
+        name = (
+            "train_micro_batch_size_per_gpu"
+            if "train_micro_batch_size_per_gpu" in given
+            else ("gradient_accumulation_steps" if "gradient_accumulation_steps" in given else None)
+        )
         per = getattr(t, name) if name else 1
         if per and t.train_batch_size % per:
             add(f"train_batch_size {t.train_batch_size} is not a multiple of {name} {per}: no world size gives it")
     if c.finetune_from and c.load:
-        add(f"finetune_from ({c.finetune_from}) and load ({c.load}) both name the starting point; keep one "
-            f"(load with finetune: true is the same as finetune_from)")
+        add(
+            f"finetune_from ({c.finetune_from}) and load ({c.load}) both name the starting point; keep one "
+            f"(load with finetune: true is the same as finetune_from)"
+        )
 
 
 def _eval_checks(cfg: Config, add) -> None:
@@ -108,29 +136,37 @@ def _eval_checks(cfg: Config, add) -> None:
         return
     off = "or set eval_interval: 0 to turn evaluation off"
     if lg.eval_iters == 0:
-        add(f"eval_iters is 0 but eval_interval {lg.eval_interval} evaluates every {lg.eval_interval} steps on "
-            f"0 batches (no evaluation would run); set eval_iters >= 1 (micro-batches per evaluation), {off}")
+        add(
+            f"eval_iters is 0 but eval_interval {lg.eval_interval} evaluates every {lg.eval_interval} steps on "
+            f"0 batches (no evaluation would run); set eval_iters >= 1 (micro-batches per evaluation), {off}"
+        )
     if d.train_data_paths:
         if not d.valid_data_paths:
-            add(f"eval_interval {lg.eval_interval} evaluates on valid_data_paths, which is not set; "
-                f"set valid_data_paths, {off}")
+            add(
+                f"eval_interval {lg.eval_interval} evaluates on valid_data_paths, which is not set; "
+                f"set valid_data_paths, {off}"
+            )
     elif d.data_path is not None and _check_split(d.split) is None:
         shares = [float(x) for x in str(d.split).replace("/", ",").split(",") if x.strip()] + [0.0, 0.0]
         if shares[1] <= 0:
-            add(f"split '{d.split}' gives the validation split no share of {d.data_path}, but eval_interval "
-                f"{lg.eval_interval} evaluates on it; give it a share (e.g. 969,30,1), {off}")
+            add(
+                f"split '{d.split}' gives the validation split no share of {d.data_path}, but eval_interval "
+                f"{lg.eval_interval} evaluates on it; give it a share (e.g. 969,30,1), {off}"
+            )
 
 
-def check_batch_size(cfg: Config, world_size: int, ranks_per_node: int = 1,
-                     keep_global: Optional[int] = None, keep_from: str = "") -> Optional[str]:
+def check_batch_size(
+    cfg: Config, world_size: int, ranks_per_node: int = 1, keep_global: Optional[int] = None, keep_from: str = ""
+) -> Optional[str]:
     derive_micro_batch(cfg, world_size)  # DeepSpeed: train_batch_size without a micro-batch gives it
     line = _global_batch(cfg, world_size, ranks_per_node, keep_global, keep_from)
     record_auto_batch(cfg, world_size)  # "auto" batch keys: named in the note line
     return line
 
 
-def _global_batch(cfg: Config, world_size: int, ranks_per_node: int = 1,
-                  keep_global: Optional[int] = None, keep_from: str = "") -> Optional[str]:
+def _global_batch(
+    cfg: Config, world_size: int, ranks_per_node: int = 1, keep_global: Optional[int] = None, keep_from: str = ""
+) -> Optional[str]:
     """DeepSpeed's rule once the world is known: train_batch_size = micro-batch x accumulation x
     world size, with the accumulation count derived from the global batch (as DeepSpeed does when
     the accumulation is not given), so the global batch stays the same on any node count.
@@ -156,19 +192,27 @@ def _global_batch(cfg: Config, world_size: int, ranks_per_node: int = 1,
         unit = "nodes" if rpn > 1 else "ranks"
         n_now = max(1, world_size // rpn)
         q //= rpn
-        ok = sorted({d for i in range(1, int(q ** 0.5) + 1) if q % i == 0 for d in (i, q // i)})
+        ok = sorted({d for i in range(1, int(q**0.5) + 1) if q % i == 0 for d in (i, q // i)})
         below = [n for n in ok if n < n_now]
         above = [n for n in ok if n > n_now]
-        near = " or ".join(f"{n} {unit if n > 1 else unit[:-1]}" + (f" ({n * rpn} ranks)" if rpn > 1 else "")
-                           for n in ([below[-1]] if below else []) + ([above[0]] if above else []))
+        near = " or ".join(
+            f"{n} {unit if n > 1 else unit[:-1]}" + (f" ({n * rpn} ranks)" if rpn > 1 else "")
+            for n in ([below[-1]] if below else []) + ([above[0]] if above else [])
+        )
         raise ConfigError(
             f"global batch {target} ({source}) cannot be reached on {world_size} ranks with micro-batch {micro}: "
             f"{target} is not a multiple of {micro} x {world_size}; nearest valid: {near or 'none'}"
-            + ("; or set train_batch_size to change the global batch" if t.train_batch_size is None else
-               "; or change train_batch_size / train_micro_batch_size_per_gpu"))
+            + (
+                "; or set train_batch_size to change the global batch"
+                if t.train_batch_size is None
+                else "; or change train_batch_size / train_micro_batch_size_per_gpu"
+            )
+        )
     accum = target // per
     if accum == t.gradient_accumulation_steps:
         return None
     old, t.gradient_accumulation_steps = t.gradient_accumulation_steps, accum
-    return (f"global batch {target} ({source}) on {world_size} ranks x micro-batch {micro}: "
-            f"gradient_accumulation_steps {old} -> {accum}")
+    return (
+        f"global batch {target} ({source}) on {world_size} ranks x micro-batch {micro}: "
+        f"gradient_accumulation_steps {old} -> {accum}"
+    )

@@ -2,6 +2,7 @@
 annotation, unknown keys named with the closest valid one, a key set in two files refused),
 ``--set`` overrides, GPT-NeoX / DeepSpeed aliases resolved, the vocabulary size derived, every
 problem reported at once."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,19 @@ from .checks import validate
 from .deepspeed import AUTO, BATCH_KEYS, HF_AUTO_KEYS, apply_scheduler, resolve_autos
 from .neox import REJECTED_KEYS
 from .neox_keys import NEOX_UNSUPPORTED
-from .options import (ConfigError, _collect, _Float, _fmt, _Int, _kind, _norm, _short,
-                      _strip_optional, _type_name, raise_problems)
+from .options import (
+    ConfigError,
+    _collect,
+    _Float,
+    _fmt,
+    _Int,
+    _kind,
+    _norm,
+    _short,
+    _strip_optional,
+    _type_name,
+    raise_problems,
+)
 from .schema import _BLOCK_SECTIONS, MAX_VOCAB, Config, _key_index, _section_type
 from .yaml_io import load_yaml, parse_set
 
@@ -142,9 +154,7 @@ def _merge_key(obj, raw_key, value, where: str, origin: dict, src: str, problems
     key = _norm(raw_key)
     path = f"{where}.{key}" if where else key
     if key not in names:
-        raise ConfigError(
-            f"{src}: unknown key '{path}'{_suggest(key, names)} (valid: {', '.join(sorted(names))})"
-        )
+        raise ConfigError(f"{src}: unknown key '{path}'{_suggest(key, names)} (valid: {', '.join(sorted(names))})")
     tp = hints[key]
     base = _strip_optional(tp)
     if isinstance(value, str) and value == "auto" and path in HF_AUTO_KEYS:
@@ -178,7 +188,7 @@ def merge_into(cfg: Config, data: dict, src: str, origin: dict, problems: Option
 def _merge_top(cfg, index, raw_key, value, src, origin, problems):
     key = _norm(raw_key)
     if key == "deepspeed_extra_args" and isinstance(value, dict):  # GPT-NeoX hands these to DeepSpeed as top-level
-        for k, v in value.items():                                  # keys and refuses one set elsewhere as well
+        for k, v in value.items():  # keys and refuses one set elsewhere as well
             if any(p == _norm(k) or p.startswith(_norm(k) + ".") for p in origin):
                 raise ConfigError(f"{src}: deepspeed_extra_args.{k} is also set elsewhere; give it once")
             _collect(problems, _merge_top, cfg, index, k, v, src, origin, problems)
@@ -225,8 +235,9 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
             unreadable = True
             continue
         if data is None or data == {}:  # would silently give the default model
-            problems.append(f"{p}: the file sets no keys (it is empty or only comments); give the config it "
-                            f"was meant to hold")
+            problems.append(
+                f"{p}: the file sets no keys (it is empty or only comments); give the config it was meant to hold"
+            )
             unreadable = True  # its keys are unknown: none is called missing (one line)
             continue
         _collect(problems, merge_into, cfg, data, p, origin, problems)
@@ -264,7 +275,8 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     require = require and not unreadable
     if require:
         _collect(problems, check_required, origin, from_hf)
-    from ..model.neox_checkpoint import check as check_neox, is_neox_checkpoint
+    from ..model.neox_checkpoint import check as check_neox
+    from ..model.neox_checkpoint import is_neox_checkpoint
 
     for key in ("finetune_from", "load"):  # a GPT-NeoX/DeepSpeed checkpoint: imported or refused with the way
         path = getattr(c, key)
@@ -292,9 +304,11 @@ def check_required(origin: dict, from_hf: bool = False) -> None:
     """One line naming every required key the files and ``--set`` leave unset."""
     missing = [k for k in REQUIRED_KEYS if k not in origin and not (from_hf and k in HF_SUPPLIED)]
     if missing:
-        raise ConfigError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (GPT-NeoX has no "
-                          f"default for {'it' if len(missing) == 1 else 'them'}); set "
-                          f"{'it' if len(missing) == 1 else 'them'} in a config file or with --set")
+        raise ConfigError(
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (GPT-NeoX has no "
+            f"default for {'it' if len(missing) == 1 else 'them'}); set "
+            f"{'it' if len(missing) == 1 else 'them'} in a config file or with --set"
+        )
 
 
 def no_effect_settings(cfg: Config, origin: dict) -> list[str]:
@@ -312,8 +326,11 @@ def no_effect_settings(cfg: Config, origin: dict) -> list[str]:
         f = next((f for f in dataclasses.fields(obj) if f.name == parts[-1]), None)
         if f is None or f.metadata.get("neox") != "accepted":
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        )
         value = getattr(obj, f.name)
         if value != default:
             out.append(f"{path}={value}")
@@ -325,19 +342,25 @@ def _resolve_aliases(cfg: Config, origin: dict, problems: list) -> None:
     optimizer.params.weight_decay, the DeepSpeed scheduler block."""
     c, t = cfg.checkpoint, cfg.train
     if cfg.zero_optimization is not None and cfg.zero_topo.preset == "ddp" and "zero_topo.preset" in origin:
-        problems.append(f"zero_optimization and zero_topo.preset=ddp (set in {origin['zero_topo.preset']}) both "
-                        f"choose the sharding; keep one of them")
+        problems.append(
+            f"zero_optimization and zero_topo.preset=ddp (set in {origin['zero_topo.preset']}) both "
+            f"choose the sharding; keep one of them"
+        )
     if c.keep_last_n_checkpoints is not None:
         if "keep_last" in origin and c.keep_last != c.keep_last_n_checkpoints:
-            problems.append(f"keep_last {c.keep_last} and keep_last_n_checkpoints {c.keep_last_n_checkpoints} "
-                            f"are the same setting; give one")
+            problems.append(
+                f"keep_last {c.keep_last} and keep_last_n_checkpoints {c.keep_last_n_checkpoints} "
+                f"are the same setting; give one"
+            )
         c.keep_last = c.keep_last_n_checkpoints
         c.keep_last_n_checkpoints = None
     wd = t.optimizer.params.weight_decay
     if wd is not None:
         if "weight_decay" in origin and wd != t.weight_decay:
-            problems.append(f"weight_decay {_fmt(t.weight_decay)} and optimizer.params.weight_decay {_fmt(wd)} are "
-                            f"the same setting; give one")
+            problems.append(
+                f"weight_decay {_fmt(t.weight_decay)} and optimizer.params.weight_decay {_fmt(wd)} are "
+                f"the same setting; give one"
+            )
         t.weight_decay = wd
         t.optimizer.params.weight_decay = None
     apply_scheduler(cfg, origin, problems)
@@ -363,17 +386,21 @@ def resolve_vocab_size(cfg: Config, explicit: bool, tokenizer_explicit: bool) ->
     except (DataError, OSError, ValueError) as e:
         if explicit:
             return  # the data pipeline reports an unusable tokenizer when it needs one
-        raise ConfigError(f"vocab_size is unset and the tokenizer ({d.tokenizer_type}) cannot be built to derive it: "
-                          f"{str(e).splitlines()[0]}; fix the tokenizer files or set vocab_size") from None
+        raise ConfigError(
+            f"vocab_size is unset and the tokenizer ({d.tokenizer_type}) cannot be built to derive it: "
+            f"{str(e).splitlines()[0]}; fix the tokenizer files or set vocab_size"
+        ) from None
     n = tok.vocab_size
     if not explicit:
         m.vocab_size = padded_vocab_size(n, m.make_vocab_size_divisible_by, cfg.neox.model_parallel_size)
         if m.vocab_size > MAX_VOCAB:
             raise ConfigError(f"the tokenizer's {n} ids pad to {m.vocab_size}, over {MAX_VOCAB}")
     elif m.vocab_size < n:
-        raise ConfigError(f"vocab_size {m.vocab_size} is smaller than the tokenizer's {n} ids ({d.tokenizer_type}); "
-                          f"use at least {n}, e.g. {padded_vocab_size(n, m.make_vocab_size_divisible_by)} "
-                          f"(or drop vocab_size: it is then derived like GPT-NeoX's)")
+        raise ConfigError(
+            f"vocab_size {m.vocab_size} is smaller than the tokenizer's {n} ids ({d.tokenizer_type}); "
+            f"use at least {n}, e.g. {padded_vocab_size(n, m.make_vocab_size_divisible_by)} "
+            f"(or drop vocab_size: it is then derived like GPT-NeoX's)"
+        )
 
 
 def _paths(d: dict, prefix: str = ""):

@@ -5,6 +5,7 @@ a one-line doc into the dataclass field's metadata; :func:`_check_declared` chec
 metadata. Also here: the one-line errors, key normalisation, type names and value rendering for
 messages, and the checks of single fields that a bound cannot say.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,9 +37,23 @@ def raise_problems(problems: list) -> None:
         raise ConfigErrors(problems)
 
 
-def option(default=dataclasses.MISSING, doc: str = "", *, factory=None, ge=None, gt=None, le=None, lt=None,
-           choices=None, ignore_case: bool = False, allow_inf: bool = False, length=None, why: str = "",
-           check=None, neox: str = ""):
+def option(
+    default=dataclasses.MISSING,
+    doc: str = "",
+    *,
+    factory=None,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    choices=None,
+    ignore_case: bool = False,
+    allow_inf: bool = False,
+    length=None,
+    why: str = "",
+    check=None,
+    neox: str = "",
+):
     """A config field with its checks: bounds (``ge``/``gt``/``le``/``lt``; on each item of a
     list), ``choices`` (a tuple, or a callable returning one), ``length`` of a list, non-finite
     floats refused unless ``allow_inf``; ``why`` is appended to a choices error; ``check(value)``
@@ -46,8 +61,20 @@ def option(default=dataclasses.MISSING, doc: str = "", *, factory=None, ge=None,
     DeepSpeed key of that name is handled, for the compatibility table (docs/neox_compat.md):
     ``implemented`` (it does what it does there) or ``accepted`` (valid values change nothing
     because they are what this trainer does anyway; others are refused with ``why``)."""
-    meta = dict(doc=doc, ge=ge, gt=gt, le=le, lt=lt, choices=choices, ignore_case=ignore_case,
-                allow_inf=allow_inf, length=length, why=why, check=check, neox=neox)
+    meta = dict(
+        doc=doc,
+        ge=ge,
+        gt=gt,
+        le=le,
+        lt=lt,
+        choices=choices,
+        ignore_case=ignore_case,
+        allow_inf=allow_inf,
+        length=length,
+        why=why,
+        check=check,
+        neox=neox,
+    )
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -74,9 +101,7 @@ def _type_name(tp) -> str:
         return f"a list of {_type_name(arg)}"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
-    return {int: "an integer", float: "a number", bool: "a boolean (true/false)", str: "a string"}.get(
-        tp, str(tp)
-    )
+    return {int: "an integer", float: "a number", bool: "a boolean (true/false)", str: "a string"}.get(tp, str(tp))
 
 
 class _Int(int):
@@ -142,8 +167,12 @@ def _check_declared(path: str, value, meta) -> None:
         raise ConfigError(f"{path} must be a finite number, got {value}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         ge, gt, le, lt = (meta.get(k) for k in ("ge", "gt", "le", "lt"))
-        if ((ge is not None and not value >= ge) or (gt is not None and not value > gt)
-                or (le is not None and not value <= le) or (lt is not None and not value < lt)):
+        if (
+            (ge is not None and not value >= ge)
+            or (gt is not None and not value > gt)
+            or (le is not None and not value <= le)
+            or (lt is not None and not value < lt)
+        ):
             raise ConfigError(f"{path} must {_bounds_text(meta)}, got {_fmt(value)}")
     choices = meta.get("choices")
     if choices is not None:
@@ -194,20 +223,27 @@ def _check_attention_config(v) -> Optional[str]:
     every layer), or the expanded list of one type per layer: only global (dense causal)
     attention, which is also what ``flash`` computes; the layer count is checked against
     num_layers separately."""
-    bad = "expected [[[types], count], ...] with types global or flash, e.g. [[[\"global\"], 12]]"
+    bad = 'expected [[[types], count], ...] with types global or flash, e.g. [[["global"], 12]]'
     if not isinstance(v, list) or not v:
         return bad
     if all(isinstance(item, str) for item in v):  # already expanded, as GPT-NeoX accepts it
         v = [[v, 1]]
     for item in v:
-        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and item[0]
-                and (item[1] == "all" or isinstance(item[1], int) and not isinstance(item[1], bool) and item[1] >= 1)):
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], list)
+            and item[0]
+            and (item[1] == "all" or isinstance(item[1], int) and not isinstance(item[1], bool) and item[1] >= 1)
+        ):
             return bad
         other = [t for t in item[0] if t not in ("global", "flash")]
         if other:
-            return (f"attention type {other[0]!r} is not supported; only dense causal attention is implemented "
-                    f"(global, or flash: the same attention, which scaled_dot_product_attention runs as a "
-                    f"flash kernel where it can)")
+            return (
+                f"attention type {other[0]!r} is not supported; only dense causal attention is implemented "
+                f"(global, or flash: the same attention, which scaled_dot_product_attention runs as a "
+                f"flash kernel where it can)"
+            )
     return None
 
 

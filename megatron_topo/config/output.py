@@ -1,5 +1,6 @@
 """What the config shows: the effective config file, ``--list-keys`` (every key with its type,
 default, valid values and doc) and the GPT-NeoX compatibility table (``--neox-table``)."""
+
 from __future__ import annotations
 
 import os
@@ -18,15 +19,16 @@ from .schema import Config, SystemConfig, _declared, _key_index
 def neox_table() -> list[tuple[str, str, str]]:
     """(key, status, why) for every GPT-NeoX / DeepSpeed key: implemented, accepted (valid values
     are what this trainer does anyway; others refused with the reason) or rejected."""
-    cfg = Config(zero_optimization=ZeroOptimizationBlock(offload_optimizer=OffloadBlock(),
-                                                         offload_param=OffloadBlock()),
-                 system=SystemConfig())
+    cfg = Config(
+        zero_optimization=ZeroOptimizationBlock(offload_optimizer=OffloadBlock(), offload_param=OffloadBlock()),
+        system=SystemConfig(),
+    )
     cfg.train.scheduler = SchedulerBlock()
     rows = []
     for path, _value, meta in _declared(cfg):
         status = meta.get("neox") or ("implemented" if path in NEOX_IMPLEMENTED else "")
         if path.startswith("neox."):
-            path = path[len("neox."):]
+            path = path[len("neox.") :]
         if not status:
             continue
         why = meta.get("doc", "")
@@ -47,9 +49,13 @@ def neox_table() -> list[tuple[str, str, str]]:
 def neox_table_markdown() -> str:
     rows = neox_table()
     counts = {s: sum(1 for r in rows if r[1] == s) for s in ("implemented", "accepted", "rejected")}
-    out = [f"{counts['implemented']} implemented, {counts['accepted']} accepted, {counts['rejected']} rejected "
-           f"(generated from megatron_topo/config/: `python -m megatron_topo.config --neox-table`).", "",
-           "| Key | Status | Why |", "|---|---|---|"]
+    out = [
+        f"{counts['implemented']} implemented, {counts['accepted']} accepted, {counts['rejected']} rejected "
+        f"(generated from megatron_topo/config/: `python -m megatron_topo.config --neox-table`).",
+        "",
+        "| Key | Status | Why |",
+        "|---|---|---|",
+    ]
     out += [f"| `{k}` | {s} | {w.replace('|', '/')} |" for k, s, w in rows]
     return "\n".join(out)
 
@@ -63,12 +69,15 @@ def note_lines(cfg: Config) -> list[str]:
         out.append(f"note: set but without effect in megatron_topo (docs/neox_compat.md): {', '.join(cfg.no_effect)}")
     if cfg.auto_values:
         vals = ", ".join(f"{k}={_fmt(v) if not isinstance(v, list) else v}" for k, v in sorted(cfg.auto_values.items()))
-        out.append(f"note: DeepSpeed \"auto\" values taken from the rest of the config (as the HF Trainer fills "
-                   f"them): {vals}")
+        out.append(
+            f'note: DeepSpeed "auto" values taken from the rest of the config (as the HF Trainer fills them): {vals}'
+        )
     lg, t = cfg.logging, cfg.train
     if 0 < t.train_iters < lg.eval_interval:
-        out.append(f"note: eval_interval {lg.eval_interval} is above train_iters {t.train_iters}: no step of this run "
-                   f"evaluates (eval_interval: 0 says so; GPT-NeoX would evaluate once at the end)")
+        out.append(
+            f"note: eval_interval {lg.eval_interval} is above train_iters {t.train_iters}: no step of this run "
+            f"evaluates (eval_interval: 0 says so; GPT-NeoX would evaluate once at the end)"
+        )
     return out
 
 
@@ -93,7 +102,9 @@ def describe_keys() -> str:
         opt = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
         typ = re.sub(r"\b(an?) ", "", _type_name(tp)).replace(" (true/false)", "") + (" or null" if opt else "")
         default = "null" if value is None else _fmt(value) if not isinstance(value, list) else str(value)
-        lines.append(f"{path:<42} {typ:<28} default {default:<14} {'; '.join(valid):<36} {meta.get('doc', '')}".rstrip())
+        lines.append(
+            f"{path:<42} {typ:<28} default {default:<14} {'; '.join(valid):<36} {meta.get('doc', '')}".rstrip()
+        )
     return "\n".join(lines)
 
 
@@ -124,18 +135,21 @@ def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
     """Before a run writes into ``log_dir``: refuse a log_dir that is or lies inside a checkpoint's
     step folder (its config.yml is the checkpoint's, digest-checked), and a ``config.yml`` there
     that no run wrote (a user's own file: it is not overwritten)."""
-    from .options import ConfigError
-
     from ..safe_outputs import checkpoint_step_above
+    from .options import ConfigError
 
     p = checkpoint_step_above(log_dir)
     if p is not None:
-        raise ConfigError(f"log_dir {log_dir} lies inside the checkpoint folder {p}; the run would write its "
-                          f"config.yml and metrics over the checkpoint's files: set log_dir elsewhere")
+        raise ConfigError(
+            f"log_dir {log_dir} lies inside the checkpoint folder {p}; the run would write its "
+            f"config.yml and metrics over the checkpoint's files: set log_dir elsewhere"
+        )
     path = os.path.join(log_dir, name)
     if os.path.lexists(path) and not (os.path.isfile(path) and not os.path.islink(path) and _written_by_a_run(path)):
-        raise ConfigError(f"log_dir {log_dir} holds a {name} that no run wrote (a file of your own?); it is not "
-                          f"overwritten: move it, or set log_dir to another folder")
+        raise ConfigError(
+            f"log_dir {log_dir} holds a {name} that no run wrote (a file of your own?); it is not "
+            f"overwritten: move it, or set log_dir to another folder"
+        )
 
 
 def check_run_outputs(cfg: Config) -> None:
@@ -153,16 +167,22 @@ def check_run_outputs(cfg: Config) -> None:
     for key, path in (("tensorboard_dir", lg.tensorboard_dir), ("data_cache_dir", cfg.data.data_cache_dir)):
         step = checkpoint_step_above(path) if path else None
         if step is not None:
-            raise ConfigError(f"{key} {path} lies inside the checkpoint folder {step}; the run would write into the "
-                              f"checkpoint: set {key} elsewhere")
+            raise ConfigError(
+                f"{key} {path} lies inside the checkpoint folder {step}; the run would write into the "
+                f"checkpoint: set {key} elsewhere"
+            )
     metrics = os.path.join(lg.log_dir, "metrics.jsonl")
     if os.path.islink(metrics):
-        raise ConfigError(f"log_dir {lg.log_dir}: metrics.jsonl is a symbolic link; the run appends its records to "
-                          f"metrics.jsonl and would write into what it points to: remove the link or set log_dir "
-                          f"elsewhere")
+        raise ConfigError(
+            f"log_dir {lg.log_dir}: metrics.jsonl is a symbolic link; the run appends its records to "
+            f"metrics.jsonl and would write into what it points to: remove the link or set log_dir "
+            f"elsewhere"
+        )
     if os.path.exists(metrics) and not stat.S_ISREG(os.stat(metrics).st_mode):
-        raise ConfigError(f"log_dir {lg.log_dir}: metrics.jsonl is {_kind(os.stat(metrics).st_mode)}, not a file; "
-                          f"the run appends its records there: remove it or set log_dir elsewhere")
+        raise ConfigError(
+            f"log_dir {lg.log_dir}: metrics.jsonl is {_kind(os.stat(metrics).st_mode)}, not a file; "
+            f"the run appends its records there: remove it or set log_dir elsewhere"
+        )
 
 
 def write_effective_config(cfg: Config, directory: str, name: str = "config.yml") -> str:

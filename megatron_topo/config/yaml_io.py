@@ -1,6 +1,7 @@
 """Reading config files: YAML with YAML 1.2 scalars (``on``/``no``/``0755``/``1:30`` stay strings;
 only ``true``/``false`` are booleans), a key repeated in one mapping refused, a bound on how far
 aliases may expand; ``.json`` files as DeepSpeed configs; ``--set dotted.key=value``."""
+
 from __future__ import annotations
 
 import json
@@ -11,14 +12,18 @@ import yaml
 
 from .options import ConfigError, _Float, _Int, _norm
 
-
 MAX_YAML_VALUES = 100_000  # a config has a few hundred; aliases may not expand past this
 
 
 def _decode(path: str, raw: bytes) -> str:
     """UTF-8 (optionally with a BOM) or UTF-16/32 with a BOM, as YAML allows; else one line."""
-    for bom, enc in ((b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe\x00\x00", "utf-32-le"),
-                     (b"\xef\xbb\xbf", "utf-8-sig"), (b"\xfe\xff", "utf-16"), (b"\xff\xfe", "utf-16")):
+    for bom, enc in (
+        (b"\x00\x00\xfe\xff", "utf-32-be"),
+        (b"\xff\xfe\x00\x00", "utf-32-le"),
+        (b"\xef\xbb\xbf", "utf-8-sig"),
+        (b"\xfe\xff", "utf-16"),
+        (b"\xff\xfe", "utf-16"),
+    ):
         if raw.startswith(bom):
             break
     else:
@@ -26,8 +31,10 @@ def _decode(path: str, raw: bytes) -> str:
     try:
         return raw.decode(enc)
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not valid {enc.upper().replace('-SIG', '')} text (byte 0x{raw[e.start]:02x} at "
-                          f"offset {e.start}); save the file as UTF-8") from None
+        raise ConfigError(
+            f"{path}: not valid {enc.upper().replace('-SIG', '')} text (byte 0x{raw[e.start]:02x} at "
+            f"offset {e.start}); save the file as UTF-8"
+        ) from None
 
 
 def _expanded_size(obj, limit: int, memo: dict) -> int:
@@ -66,8 +73,10 @@ def parse_yaml(text: str, name: str):
     except RecursionError:
         raise ConfigError(f"{name}: invalid YAML: nested too deeply") from None
     if _expanded_size(data, MAX_YAML_VALUES, {}) > MAX_YAML_VALUES:
-        raise ConfigError(f"{name}: the YAML expands to more than {MAX_YAML_VALUES:,} values through its aliases "
-                          f"(&anchor/*alias); a config needs a few hundred")
+        raise ConfigError(
+            f"{name}: the YAML expands to more than {MAX_YAML_VALUES:,} values through its aliases "
+            f"(&anchor/*alias); a config needs a few hundred"
+        )
     return data
 
 
@@ -83,6 +92,7 @@ def load_yaml(path: str) -> dict:
         raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
     text = _decode(path, raw)
     if path.lower().endswith(".json"):  # a DeepSpeed (or GPT-NeoX JSON) config
+
         def pairs(items):
             seen = set()
             for k, _ in items:
@@ -93,6 +103,7 @@ def load_yaml(path: str) -> dict:
 
         def no_nan(c):
             raise ValueError(f"{c} is not a JSON number")
+
         try:
             data = json.loads(text, object_pairs_hook=pairs, parse_constant=no_nan)
         except RecursionError:
@@ -146,18 +157,30 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_CORE = {"tag:yaml.org,2002:bool", "tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
-         "tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:value"}  # YAML 1.1 only: dates and '=' stay strings
+_CORE = {
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:timestamp",
+    "tag:yaml.org,2002:value",
+}  # YAML 1.1 only: dates and '=' stay strings
 _UniqueKeyLoader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in rs if tag not in _CORE] for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    ch: [(tag, rx) for tag, rx in rs if tag not in _CORE] for ch, rs in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 _UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789"))
+    "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
+)
 _UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:[0-9]+(?:_[0-9]+)*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
-               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+    re.compile(
+        r"^(?:[-+]?(?:[0-9]+(?:_[0-9]+)*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
 

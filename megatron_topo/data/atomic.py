@@ -1,5 +1,6 @@
 """Atomic output for the data pipeline: :mod:`megatron_topo.atomic` plus ``.npy`` arrays and JSON
 records."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ Sample ``i`` of the blend comes from the dataset whose share so far lags its wei
 counts track the weights within one sample at every prefix. Each dataset is asked for
 ``ceil(weight * num_samples * 1.005)`` samples, as GPT-NeoX/Megatron do.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,10 @@ def normalize_weights(weights: Optional[Sequence[float]], n: int, what: str) -> 
     if len(weights) != n:
         raise DataError(f"{what}: {len(weights)} weights for {n} datasets; give one weight per path")
     if any(not (w > 0 and math.isfinite(w)) for w in weights):
-        raise DataError(f"{what}: weights {weights} must all be positive finite numbers (leave a path out "
-                        f"rather than giving it weight 0)")
+        raise DataError(
+            f"{what}: weights {weights} must all be positive finite numbers (leave a path out "
+            f"rather than giving it weight 0)"
+        )
     total = sum(weights)
     return [w / total for w in weights]
 
@@ -45,8 +48,9 @@ def build_blending_indices(weights: Sequence[float], size: int) -> tuple[np.ndar
     taken = [0] * n
     rest = range(1, n)
     block = 1 << 20
-    with tqdm(total=size, desc="blending indices", unit="sample", unit_scale=True,
-              disable=size < 8 * block) as bar:  # pure Python: ~0.3 s per million samples
+    with tqdm(
+        total=size, desc="blending indices", unit="sample", unit_scale=True, disable=size < 8 * block
+    ) as bar:  # pure Python: ~0.3 s per million samples
         for lo in range(0, size, block):
             hi = min(size, lo + block)
             ds_out, sample_out = [0] * (hi - lo), [0] * (hi - lo)
@@ -70,15 +74,24 @@ class BlendedDataset(MappedArrays):
     """``len(ds) == num_samples``; ``ds[i]`` is sample ``dataset_sample_index[i]`` of dataset
     ``dataset_index[i]``."""
 
-    def __init__(self, name: str, datasets: list, weights: Sequence[float], num_samples: int,
-                 cache: Optional[IndexCache], cache_key: Optional[dict] = None):
+    def __init__(
+        self,
+        name: str,
+        datasets: list,
+        weights: Sequence[float],
+        num_samples: int,
+        cache: Optional[IndexCache],
+        cache_key: Optional[dict] = None,
+    ):
         self.name, self.datasets, self.weights, self.size = name, datasets, list(weights), num_samples
         from .gpt_dataset import available_memory_bytes
 
         need, have = num_samples * 9, available_memory_bytes()
         if need > have:
-            raise DataError(f"{name} blend: {num_samples:,} samples need {need / 2**30:,.1f} GiB of blending "
-                            f"indices, more than the {have / 2**30:,.1f} GiB of memory available; lower train_iters")
+            raise DataError(
+                f"{name} blend: {num_samples:,} samples need {need / 2**30:,.1f} GiB of blending "
+                f"indices, more than the {have / 2**30:,.1f} GiB of memory available; lower train_iters"
+            )
 
         def build():
             di, si = build_blending_indices(self.weights, num_samples)
@@ -88,8 +101,12 @@ class BlendedDataset(MappedArrays):
         if cache is None:
             arrays = build()
         else:
-            params = {"version": BLEND_VERSION, "weights": self.weights, "num_samples": num_samples,
-                      "datasets": cache_key or {}}
+            params = {
+                "version": BLEND_VERSION,
+                "weights": self.weights,
+                "num_samples": num_samples,
+                "datasets": cache_key or {},
+            }
             tag = f"blend_{name}_{num_samples}ns_{short_hash(params)}"
             arrays = cache.get(tag, params, keys, build)
             self._mapped = cache.paths(tag, keys)[1]

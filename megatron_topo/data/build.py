@@ -1,4 +1,5 @@
 """``build_datasets``: the trainer's entry point (train/valid/test datasets from a DataConfig)."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,16 @@ SPLIT_NAMES = ("train", "valid", "test")
 _SCAN_PROGRESS_BYTES = 1 << 30
 
 
-def build_datasets(data_cfg, *, seq_length: int, seed: int, num_samples: tuple[int, int, int], vocab_size: int,
-                   is_builder: bool = True, barrier: Optional[Callable[[], None]] = None):
+def build_datasets(
+    data_cfg,
+    *,
+    seq_length: int,
+    seed: int,
+    num_samples: tuple[int, int, int],
+    vocab_size: int,
+    is_builder: bool = True,
+    barrier: Optional[Callable[[], None]] = None,
+):
     """Train, valid and test datasets (None where a split is empty, has no paths or 0 samples).
 
     Each has ``__len__`` and ``__getitem__(i) -> np.ndarray[int64]`` of ``seq_length + 1`` tokens,
@@ -75,34 +84,50 @@ def _build(cfg, seq_length, seed, num_samples, vocab_size, may_build: bool):
             if len(prefixes) == 1:
                 out.append(gpt(name, prefixes[0], (0, len(open_dataset(prefixes[0]))), n))
                 continue
-            parts = [gpt(name, p, (0, len(open_dataset(p))), c)
-                     for p, c in zip(prefixes, samples_per_dataset(weights, n))]
-            key = {"seq_length": seq_length, "seed": seed,
-                   "datasets": [[os.path.abspath(p), data_fingerprint(open_dataset(p))] for p in prefixes]}
+            parts = [
+                gpt(name, p, (0, len(open_dataset(p))), c) for p, c in zip(prefixes, samples_per_dataset(weights, n))
+            ]
+            key = {
+                "seq_length": seq_length,
+                "seed": seed,
+                "datasets": [[os.path.abspath(p), data_fingerprint(open_dataset(p))] for p in prefixes],
+            }
             out.append(BlendedDataset(name, parts, weights, n, cache, key))
         return tuple(out)
 
     if cfg.data_path is None:
-        raise DataError("data_path: no data given; set data_path (a PREFIX of PREFIX.bin/.idx, or 'builtin') "
-                        "or train_data_paths")
+        raise DataError(
+            "data_path: no data given; set data_path (a PREFIX of PREFIX.bin/.idx, or 'builtin') or train_data_paths"
+        )
     if cfg.data_path == "builtin":
-        prefix = ensure_builtin_corpus(cache_dir, cfg.tokenizer_type, cfg.vocab_file,
-                                       getattr(cfg, "builtin_corpus_bytes", DEFAULT_MAX_BYTES), may_build)
+        prefix = ensure_builtin_corpus(
+            cache_dir,
+            cfg.tokenizer_type,
+            cfg.vocab_file,
+            getattr(cfg, "builtin_corpus_bytes", DEFAULT_MAX_BYTES),
+            may_build,
+        )
     else:
         prefix = strip_suffix(cfg.data_path)
     ds = open_dataset(prefix)
     ranges = split_ranges(cfg.split, len(ds))
     if num_samples[0] > 0 and ranges[0][1] <= ranges[0][0]:
-        raise DataError(f"{prefix}: split '{cfg.split}' gives the train split 0 of the {len(ds)} documents; "
-                        f"raise the first share (e.g. 949,50,1) or add data")
-    return tuple(None if end <= start or n == 0 else gpt(name, prefix, (start, end), n)
-                 for name, (start, end), n in zip(SPLIT_NAMES, ranges, num_samples))
+        raise DataError(
+            f"{prefix}: split '{cfg.split}' gives the train split 0 of the {len(ds)} documents; "
+            f"raise the first share (e.g. 949,50,1) or add data"
+        )
+    return tuple(
+        None if end <= start or n == 0 else gpt(name, prefix, (start, end), n)
+        for name, (start, end), n in zip(SPLIT_NAMES, ranges, num_samples)
+    )
 
 
 def _open_checked(prefix: str, vocab_size: int, cache: IndexCache) -> MMapIndexedDataset:
     if not dataset_exists(prefix) and dataset_exists(prefix + "_text_document"):
-        raise DataError(f"{prefix}.idx: file not found; did you mean {prefix}_text_document "
-                        f"(preprocessing writes PREFIX_text_document.bin/.idx)?")
+        raise DataError(
+            f"{prefix}.idx: file not found; did you mean {prefix}_text_document "
+            f"(preprocessing writes PREFIX_text_document.bin/.idx)?"
+        )
     ds = MMapIndexedDataset(prefix)
     if ds.dtype.kind not in "iu":
         raise DataError(f"{prefix}.idx: dtype {ds.dtype.name} cannot hold token ids; expected an integer dtype")
@@ -122,8 +147,13 @@ def check_token_range(ds: MMapIndexedDataset, vocab_size: int, cache: Optional[I
         from tqdm import tqdm
 
         total = ds.num_tokens * ds.dtype.itemsize
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"checking {os.path.basename(ds.prefix)}",
-                  disable=total < _SCAN_PROGRESS_BYTES) as bar:
+        with tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            desc=f"checking {os.path.basename(ds.prefix)}",
+            disable=total < _SCAN_PROGRESS_BYTES,
+        ) as bar:
             return list(ds.token_id_range(progress=bar.update))
 
     # keyed on the files' identity (size, inode, mtime, ctime, sampled digest): a .bin rewritten in
@@ -135,7 +165,9 @@ def check_token_range(ds: MMapIndexedDataset, vocab_size: int, cache: Optional[I
         name = f"{os.path.basename(ds.prefix)}_{short_hash(params['prefix'], 8)}_token_range"
         low, high = cache.get_json(name, params, scan)
     if high >= vocab_size:
-        raise DataError(f"{ds.prefix}: token id {high} is >= vocab_size {vocab_size}; preprocess with the "
-                        f"model's tokenizer or raise vocab_size above {high}")
+        raise DataError(
+            f"{ds.prefix}: token id {high} is >= vocab_size {vocab_size}; preprocess with the "
+            f"model's tokenizer or raise vocab_size above {high}"
+        )
     if low < 0:
         raise DataError(f"{ds.prefix}: token id {low} is negative; valid ids are 0..{vocab_size - 1}")

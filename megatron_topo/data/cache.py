@@ -4,6 +4,7 @@ The JSON is written last (and removed first when rebuilding), so a matching JSON
 arrays beside it are complete. Everything is written atomically. Cached arrays are loaded
 memory-mapped.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,7 @@ class IndexCache:
         base = os.path.join(self.directory, name)
         return base + ".json", {k: f"{base}_{k}.npy" for k in keys}
 
-    def get(self, name: str, params: dict, keys: tuple[str, ...],
-            build: Callable[[], dict]) -> dict[str, np.ndarray]:
+    def get(self, name: str, params: dict, keys: tuple[str, ...], build: Callable[[], dict]) -> dict[str, np.ndarray]:
         params = json.loads(json.dumps(params))  # normalise tuples -> lists, as read back
         json_path, npy = self.paths(name, keys)
         stored = _read_json(json_path)
@@ -53,8 +53,10 @@ class IndexCache:
                 pass  # damaged cache file: rebuild
         if not self.may_build:
             why = "missing" if stored is None else "stale (built for other parameters)"
-            raise DataError(f"{json_path}: index cache {why} after the barrier; the builder process "
-                            f"(is_builder=True) builds it, in a data_cache_dir that every process shares")
+            raise DataError(
+                f"{json_path}: index cache {why} after the barrier; the builder process "
+                f"(is_builder=True) builds it, in a data_cache_dir that every process shares"
+            )
         os.makedirs(self.directory, exist_ok=True)
         remove_quietly(json_path)
         arrays = build()
@@ -72,8 +74,10 @@ class IndexCache:
             return stored["value"]
         if not self.may_build:
             why = "missing" if stored is None else "stale (built for other parameters)"
-            raise DataError(f"{path}: cache {why} after the barrier; the builder process (is_builder=True) "
-                            f"writes it, in a data_cache_dir that every process shares")
+            raise DataError(
+                f"{path}: cache {why} after the barrier; the builder process (is_builder=True) "
+                f"writes it, in a data_cache_dir that every process shares"
+            )
         value = build()
         os.makedirs(self.directory, exist_ok=True)
         save_json(path, {"params": params, "value": value})

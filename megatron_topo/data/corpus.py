@@ -7,6 +7,7 @@ A chunk is the unit of parallel work: up to ~1 MB of JSON lines (with the number
 line, for error messages), a batch of records (parquet / ``datasets`` rows) or a batch of
 plain-text file paths (a worker reads them).
 """
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,10 @@ def iter_lines(path: str) -> Iterator[bytes]:
     except DataError:
         raise
     except Exception as e:  # zstandard.ZstdError on a damaged frame
-        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e}); is it a complete "
-                        f"{'zstd-compressed ' if path.endswith(ZST_SUFFIX) else ''}file?") from None
+        raise DataError(
+            f"{path}: cannot read ({type(e).__name__}: {e}); is it a complete "
+            f"{'zstd-compressed ' if path.endswith(ZST_SUFFIX) else ''}file?"
+        ) from None
 
 
 def parse_json_line(line: bytes, keys: tuple[str, ...]) -> Optional[list[str]]:
@@ -109,8 +112,6 @@ def read_text_file(path: str) -> str:
         raise ValueError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
 
 
-
-
 @dataclass
 class Source:
     kind: str  # "jsonl", "text", "parquet", "arrow", "hf_disk", "hf_load"
@@ -139,7 +140,10 @@ def is_saved_dataset(path: str) -> bool:
     """A folder written by ``datasets``' ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
     return os.path.isdir(path) and (
         os.path.isfile(os.path.join(path, "dataset_dict.json"))
-        or (os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json"))))
+        or (
+            os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json"))
+        )
+    )
 
 
 def file_kind(path: str) -> str:
@@ -149,8 +153,10 @@ def file_kind(path: str) -> str:
         if path.endswith(suffix):
             base = path[: -len(suffix)]
             if not base.endswith(JSONL_SUFFIXES):
-                raise DataError(f"{path}: compressed inputs must be JSON lines (.jsonl{suffix}, .json{suffix}); "
-                                f"decompress other files first")
+                raise DataError(
+                    f"{path}: compressed inputs must be JSON lines (.jsonl{suffix}, .json{suffix}); "
+                    f"decompress other files first"
+                )
             return "jsonl"
     if base.endswith(JSONL_SUFFIXES):
         return "jsonl"
@@ -161,16 +167,19 @@ def file_kind(path: str) -> str:
     return "text"
 
 
-def expand_sources(inputs: Iterable[str], hf_dataset: Optional[dict] = None,
-                   hf_split: Optional[str] = None) -> list[Source]:
+def expand_sources(
+    inputs: Iterable[str], hf_dataset: Optional[dict] = None, hf_split: Optional[str] = None
+) -> list[Source]:
     """Files named directly, ``datasets`` folders, every non-hidden file under other folders
     (sorted), then the ``hf_dataset`` (``{"path", "name", "split", "data_files", "streaming",
     "cache_dir", "revision"}``) if given. ``hf_split``: the split of DatasetDict folders."""
     sources: list[Source] = []
     paths = split_inputs(inputs or [])
     if not paths and not hf_dataset:
-        raise DataError("no input given; pass --input FILE_OR_DIR[,...] (.jsonl[.zst|.gz|.xz], .parquet, "
-                        "text files, datasets folders) or --hf-dataset NAME")
+        raise DataError(
+            "no input given; pass --input FILE_OR_DIR[,...] (.jsonl[.zst|.gz|.xz], .parquet, "
+            "text files, datasets folders) or --hf-dataset NAME"
+        )
     split = hf_split or (hf_dataset or {}).get("split") or "train"
     for p in paths:
         if is_saved_dataset(p):
@@ -190,8 +199,10 @@ def expand_sources(inputs: Iterable[str], hf_dataset: Optional[dict] = None,
         elif os.path.exists(p):
             _regular_input(p)
         else:
-            raise DataError(f"{p}: no such file or directory (inputs are .jsonl[.zst|.gz|.xz], .parquet, .arrow, "
-                            f"text files, datasets save_to_disk folders or directories of them)")
+            raise DataError(
+                f"{p}: no such file or directory (inputs are .jsonl[.zst|.gz|.xz], .parquet, .arrow, "
+                f"text files, datasets save_to_disk folders or directories of them)"
+            )
     if hf_dataset:
         spec = dict(hf_dataset)
         if is_saved_dataset(spec["path"]) and not spec.get("data_files"):
@@ -211,13 +222,15 @@ def _compressed_lines(path: str) -> Iterator[bytes]:
         with opener(path, "rb") as f:
             yield from f
     except EOFError:
-        raise DataError(f"{path}: truncated {what} stream (it ends before its end marker); is the file "
-                        f"complete?") from None
+        raise DataError(
+            f"{path}: truncated {what} stream (it ends before its end marker); is the file complete?"
+        ) from None
     except (OSError, lzma.LZMAError, gzip.BadGzipFile) as e:
         if isinstance(e, OSError) and e.filename:
             raise
-        raise DataError(f"{path}: cannot read ({type(e).__name__}: {e}); is it a complete {what}-compressed "
-                        f"file?") from None
+        raise DataError(
+            f"{path}: cannot read ({type(e).__name__}: {e}); is it a complete {what}-compressed file?"
+        ) from None
 
 
 def _lines(path: str) -> Iterator[bytes]:
@@ -231,8 +244,10 @@ def _check_columns(name: str, columns, keys) -> None:
         return
     missing = [k for k in keys if k not in columns]
     if missing:
-        raise DataError(f"{name}: no column '{missing[0]}' (columns: {', '.join(map(str, list(columns)[:12]))}); "
-                        f"pick the text column with --jsonl-keys")
+        raise DataError(
+            f"{name}: no column '{missing[0]}' (columns: {', '.join(map(str, list(columns)[:12]))}); "
+            f"pick the text column with --jsonl-keys"
+        )
 
 
 def _batches_of_rows(name: str, batches, keys, chunk_rows: int) -> Iterator[Chunk]:
@@ -243,8 +258,9 @@ def _batches_of_rows(name: str, batches, keys, chunk_rows: int) -> Iterator[Chun
         n = len(batch[names[0]]) if names else 0
         for at in range(0, n, chunk_rows):
             items = [{k: batch[k][j] for k in names} for j in range(at, min(n, at + chunk_rows))]
-            nbytes = sum(len(it[k].encode("utf-8", "surrogatepass")) for it in items for k in keys
-                         if isinstance(it.get(k), str))
+            nbytes = sum(
+                len(it[k].encode("utf-8", "surrogatepass")) for it in items for k in keys if isinstance(it.get(k), str)
+            )
             yield Chunk("rows", name, row, items, nbytes)
             row += len(items)
 
@@ -253,8 +269,9 @@ def _dataset_chunks(src: Source, keys, chunk_rows: int) -> Iterator[Chunk]:
     try:
         import datasets
     except ImportError:
-        raise DataError(f"{src.path}: reading HuggingFace datasets needs the 'datasets' package "
-                        f"(pip install datasets)") from None
+        raise DataError(
+            f"{src.path}: reading HuggingFace datasets needs the 'datasets' package (pip install datasets)"
+        ) from None
     opts = src.options
     try:
         if src.kind == "arrow":
@@ -265,9 +282,15 @@ def _dataset_chunks(src: Source, keys, chunk_rows: int) -> Iterator[Chunk]:
             streaming = opts.get("streaming")
             if streaming is None:
                 streaming = True
-            ds = datasets.load_dataset(src.path, opts.get("name"), split=opts.get("split") or "train",
-                                       data_files=opts.get("data_files") or None, streaming=streaming,
-                                       cache_dir=opts.get("cache_dir"), revision=opts.get("revision"))
+            ds = datasets.load_dataset(
+                src.path,
+                opts.get("name"),
+                split=opts.get("split") or "train",
+                data_files=opts.get("data_files") or None,
+                streaming=streaming,
+                cache_dir=opts.get("cache_dir"),
+                revision=opts.get("revision"),
+            )
     except DataError:
         raise
     except Exception as e:  # FileNotFoundError, DatasetNotFoundError, ValueError (bad split), ...
@@ -313,8 +336,9 @@ def _parquet_chunks(src: Source, keys, chunk_rows: int) -> Iterator[Chunk]:
         raise DataError(f"{src.path}: not a readable parquet file ({type(e).__name__}: {first})") from None
 
 
-def iter_source_chunks(sources: list[Source], keys=("text",), chunk_bytes: int = CHUNK_BYTES,
-                       chunk_lines: int = CHUNK_LINES) -> Iterator[Chunk]:
+def iter_source_chunks(
+    sources: list[Source], keys=("text",), chunk_bytes: int = CHUNK_BYTES, chunk_lines: int = CHUNK_LINES
+) -> Iterator[Chunk]:
     """Chunks of every source, in source order (plain-text files are batched, the batch flushed
     before the next non-text source)."""
     keys = tuple(keys)
@@ -351,8 +375,9 @@ def iter_source_chunks(sources: list[Source], keys=("text",), chunk_bytes: int =
         yield text_batch
 
 
-def iter_source_documents(sources: list[Source], keys=("text",), skip_bad_lines: bool = False,
-                          warn=None) -> Iterator[str]:
+def iter_source_documents(
+    sources: list[Source], keys=("text",), skip_bad_lines: bool = False, warn=None
+) -> Iterator[str]:
     """Texts under ``keys[0]`` of every document, in input order (tokenizer training)."""
     keys = tuple(keys)[:1]
     for chunk in iter_source_chunks(sources, keys):
@@ -365,8 +390,13 @@ def iter_source_documents(sources: list[Source], keys=("text",), skip_bad_lines:
                 if values is not None:
                     yield values[0]
             except ValueError as e:
-                where = (item if chunk.kind == "text" else f"{chunk.path} row {chunk.first_line + i}"
-                         if chunk.kind == "rows" else f"{chunk.path}:{chunk.first_line + i}")
+                where = (
+                    item
+                    if chunk.kind == "text"
+                    else f"{chunk.path} row {chunk.first_line + i}"
+                    if chunk.kind == "rows"
+                    else f"{chunk.path}:{chunk.first_line + i}"
+                )
                 if not skip_bad_lines:
                     raise DataError(f"{where}: {e}; use --skip-bad-lines to skip such lines") from None
                 if warn is not None:

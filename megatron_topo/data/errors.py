@@ -1,4 +1,5 @@
 """The one exception type of the data pipeline."""
+
 from __future__ import annotations
 
 

@@ -14,6 +14,7 @@ arrays are built from ``np.random.RandomState(seed)`` exactly as Megatron-LM's l
 "Documents" are the index's sequences (GPT-NeoX/Megatron semantics; one per document in the
 files our preprocessing writes).
 """
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,7 @@ LAST_EPOCH_THRESHOLD = 0.80
 
 def parse_split(split: str) -> list[float]:
     """``"949,50,1"`` (or ``"949/50/1"``, fewer parts padded with 0) -> normalised weights."""
-    bad = DataError(f"split '{split}': expected up to 3 non-negative numbers with a positive sum, "
-                    f"e.g. 949,50,1")
+    bad = DataError(f"split '{split}': expected up to 3 non-negative numbers with a positive sum, e.g. 949,50,1")
     try:
         parts = [float(s) for s in str(split).replace("/", ",").split(",") if s.strip() != ""]
     except ValueError:
@@ -72,8 +72,9 @@ def build_doc_idx(documents: np.ndarray, num_epochs: int, rng, separate_last_epo
     return np.concatenate((first, last))
 
 
-def build_sample_idx(sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, num_samples: int,
-                     chunk: int = 1 << 24) -> np.ndarray:
+def build_sample_idx(
+    sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, num_samples: int, chunk: int = 1 << 24
+) -> np.ndarray:
     """``(num_samples + 1, 2)`` array of (doc_idx position, offset) where each sample starts
     (the last row is where the last sample's final token lies)."""
     lengths = np.asarray(sizes)[doc_idx].astype(np.int64)
@@ -83,8 +84,8 @@ def build_sample_idx(sizes: np.ndarray, doc_idx: np.ndarray, seq_length: int, nu
     for lo in range(0, num_samples + 1, chunk):
         starts = np.arange(lo, min(num_samples + 1, lo + chunk), dtype=np.int64) * seq_length
         pos = np.searchsorted(ends, starts, side="right")
-        out[lo: lo + starts.size, 0] = pos
-        out[lo: lo + starts.size, 1] = starts - (ends[pos] - lengths[pos])
+        out[lo : lo + starts.size, 0] = pos
+        out[lo : lo + starts.size, 1] = starts - (ends[pos] - lengths[pos])
     return out
 
 
@@ -99,8 +100,9 @@ def build_shuffle_idx(num_samples: int, total_size: int, rng) -> np.ndarray:
     return np.concatenate((first, last))
 
 
-def build_index_mappings(sizes: np.ndarray, documents: np.ndarray, num_samples: int, seq_length: int,
-                         seed: int) -> dict[str, np.ndarray]:
+def build_index_mappings(
+    sizes: np.ndarray, documents: np.ndarray, num_samples: int, seq_length: int, seed: int
+) -> dict[str, np.ndarray]:
     tokens_per_epoch = int(np.asarray(sizes)[documents].sum(dtype=np.int64))
     num_epochs = num_epochs_needed(tokens_per_epoch, seq_length, num_samples)
     rng = np.random.RandomState(seed=seed)
@@ -138,15 +140,26 @@ def file_identity(path: str) -> dict:
         for i, off in enumerate(spots):
             f.seek(off)
             h.update(f.read((1 << 16) if i < 2 else _SAMPLE_BLOCK))
-    return {"bytes": st.st_size, "inode": st.st_ino, "device": st.st_dev, "mtime_ns": st.st_mtime_ns,
-            "ctime_ns": st.st_ctime_ns, "sampled_sha256": h.hexdigest()}
+    return {
+        "bytes": st.st_size,
+        "inode": st.st_ino,
+        "device": st.st_dev,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "sampled_sha256": h.hexdigest(),
+    }
 
 
 def data_fingerprint(ds: MMapIndexedDataset) -> dict:
     """What identifies a dataset's contents (caches are keyed on it): both files' identities."""
-    return {"version": FINGERPRINT_VERSION, "idx": file_identity(index_file_path(ds.prefix)),
-            "bin": file_identity(data_file_path(ds.prefix)), "sequences": len(ds), "tokens": ds.num_tokens,
-            "dtype": ds.dtype.name}
+    return {
+        "version": FINGERPRINT_VERSION,
+        "idx": file_identity(index_file_path(ds.prefix)),
+        "bin": file_identity(data_file_path(ds.prefix)),
+        "sequences": len(ds),
+        "tokens": ds.num_tokens,
+        "dtype": ds.dtype.name,
+    }
 
 
 def index_bytes(tokens_per_epoch: int, num_documents: int, num_samples: int, seq_length: int) -> int:
@@ -179,29 +192,48 @@ def check_index_size(prefix: str, name: str, tokens: int, documents: int, num_sa
     have = available_memory_bytes()
     if need > have:
         epochs = num_epochs_needed(tokens, seq_length, num_samples)
-        raise DataError(f"{prefix}: the {name} split needs {num_samples:,} samples of {seq_length} tokens "
-                        f"({epochs:,} epochs of its {tokens:,} tokens), whose index arrays take "
-                        f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of memory available; "
-                        f"lower train_iters (or eval_iters) or add data")
+        raise DataError(
+            f"{prefix}: the {name} split needs {num_samples:,} samples of {seq_length} tokens "
+            f"({epochs:,} epochs of its {tokens:,} tokens), whose index arrays take "
+            f"{need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of memory available; "
+            f"lower train_iters (or eval_iters) or add data"
+        )
 
 
 class GPTDataset(MappedArrays):
     """``ds[i]`` -> int64 array of ``seq_length + 1`` tokens; ``len(ds)`` >= ``num_samples``."""
 
-    def __init__(self, name: str, indexed: MMapIndexedDataset, doc_range: tuple[int, int], num_samples: int,
-                 seq_length: int, seed: int, cache: Optional[IndexCache]):
+    def __init__(
+        self,
+        name: str,
+        indexed: MMapIndexedDataset,
+        doc_range: tuple[int, int],
+        num_samples: int,
+        seq_length: int,
+        seed: int,
+        cache: Optional[IndexCache],
+    ):
         self.name, self.indexed, self.seq_length = name, indexed, seq_length
         start, end = doc_range
         tokens = int(indexed.sizes[start:end].sum(dtype=np.int64))
         if tokens < 2:
-            raise DataError(f"{indexed.prefix}: the {name} split (documents {start}..{end}) has {tokens} "
-                            f"tokens; a sample needs at least 2 (change split or add data)")
+            raise DataError(
+                f"{indexed.prefix}: the {name} split (documents {start}..{end}) has {tokens} "
+                f"tokens; a sample needs at least 2 (change split or add data)"
+            )
         if num_samples < 1 or seq_length < 1:
             raise DataError(f"{name}: num_samples {num_samples} and seq_length {seq_length} must be >= 1")
         check_index_size(indexed.prefix, name, tokens, end - start, num_samples, seq_length)
-        params = {"version": INDEX_VERSION, "prefix": os.path.abspath(indexed.prefix), "split": name,
-                  "documents": [start, end], "num_samples": num_samples, "seq_length": seq_length,
-                  "seed": seed, "data": data_fingerprint(indexed)}
+        params = {
+            "version": INDEX_VERSION,
+            "prefix": os.path.abspath(indexed.prefix),
+            "split": name,
+            "documents": [start, end],
+            "num_samples": num_samples,
+            "seq_length": seq_length,
+            "seed": seed,
+            "data": data_fingerprint(indexed),
+        }
         documents = np.arange(start, end, dtype=np.int64)
 
         def build():

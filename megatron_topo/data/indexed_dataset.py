@@ -15,6 +15,7 @@ little-endian::
 Files written by our preprocessing have one sequence per document (doc_idx = 0..n).
 Reading never loads the files: arrays are views of ``mmap`` objects.
 """
+
 from __future__ import annotations
 
 import array
@@ -31,8 +32,7 @@ from .pair_commit import commit_pair, finish_interrupted, journal_path
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
-DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float32, 7: np.float64,
-          8: np.uint16}
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float32, 7: np.float64, 8: np.uint16}
 HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequences, len(doc_idx): 34 bytes
 _VERIFY_CHUNK = 1 << 22
 
@@ -41,8 +41,9 @@ def dtype_code(dtype) -> int:
     for code, dt in DTYPES.items():
         if np.dtype(dt) == np.dtype(dtype):
             return code
-    raise DataError(f"dtype {np.dtype(dtype)} has no MMIDIDX code; valid: "
-                    + ", ".join(np.dtype(d).name for d in DTYPES.values()))
+    raise DataError(
+        f"dtype {np.dtype(dtype)} has no MMIDIDX code; valid: " + ", ".join(np.dtype(d).name for d in DTYPES.values())
+    )
 
 
 def best_fitting_dtype(vocab_size: Optional[int]):
@@ -92,30 +93,38 @@ class MMapIndexedDataset:
         idx_path, bin_path = index_file_path(self.prefix), data_file_path(self.prefix)
         for path in (idx_path, bin_path):
             if not os.path.isfile(path):
-                raise DataError(f"{path}: file not found (a dataset is PREFIX.bin + PREFIX.idx, "
-                                f"e.g. data/pile_text_document)")
+                raise DataError(
+                    f"{path}: file not found (a dataset is PREFIX.bin + PREFIX.idx, e.g. data/pile_text_document)"
+                )
         idx_size = os.path.getsize(idx_path)
         with open(idx_path, "rb") as f:
             head = f.read(HEADER.size)
         if not MAGIC.startswith(head[: len(MAGIC)]):
-            raise DataError(f"{idx_path}: wrong magic {head[:len(MAGIC)]!r}; expected {MAGIC!r} "
-                            f"(a GPT-NeoX/Megatron MMIDIDX index)")
+            raise DataError(
+                f"{idx_path}: wrong magic {head[: len(MAGIC)]!r}; expected {MAGIC!r} "
+                f"(a GPT-NeoX/Megatron MMIDIDX index)"
+            )
         if len(head) < HEADER.size:
-            raise DataError(f"{idx_path}: truncated index: {idx_size} bytes, the header alone is "
-                            f"{HEADER.size} bytes")
+            raise DataError(f"{idx_path}: truncated index: {idx_size} bytes, the header alone is {HEADER.size} bytes")
         _, version, code, n_seq, n_doc_idx = HEADER.unpack(head)
         if version != VERSION:
             raise DataError(f"{idx_path}: index version {version} is not supported; valid: {VERSION}")
         if code not in DTYPES:
-            raise DataError(f"{idx_path}: unknown dtype code {code}; valid: "
-                            + ", ".join(f"{c} ({np.dtype(d).name})" for c, d in DTYPES.items()))
+            raise DataError(
+                f"{idx_path}: unknown dtype code {code}; valid: "
+                + ", ".join(f"{c} ({np.dtype(d).name})" for c, d in DTYPES.items())
+            )
         expected = HEADER.size + n_seq * 12 + n_doc_idx * 8
         if idx_size < expected:
-            raise DataError(f"{idx_path}: truncated index: {idx_size} bytes, the header promises "
-                            f"{n_seq} sequences and {n_doc_idx} doc_idx entries = {expected} bytes")
+            raise DataError(
+                f"{idx_path}: truncated index: {idx_size} bytes, the header promises "
+                f"{n_seq} sequences and {n_doc_idx} doc_idx entries = {expected} bytes"
+            )
         if idx_size not in (expected, expected + n_seq):  # Megatron-LM multimodal adds int8 modes
-            raise DataError(f"{idx_path}: corrupted index: {idx_size - expected} unexpected trailing "
-                            f"bytes after {expected} bytes of header and arrays")
+            raise DataError(
+                f"{idx_path}: corrupted index: {idx_size - expected} unexpected trailing "
+                f"bytes after {expected} bytes of header and arrays"
+            )
         if n_doc_idx < 1:
             raise DataError(f"{idx_path}: corrupted index: doc_idx is empty (it must start with 0)")
         self.dtype = np.dtype(DTYPES[code])
@@ -136,36 +145,45 @@ class MMapIndexedDataset:
         idx_path, item = index_file_path(self.prefix), self.dtype.itemsize
         n = len(self.sizes)
         if self.doc_idx[0] != 0 or self.doc_idx[-1] != n:
-            raise DataError(f"{idx_path}: corrupted index: doc_idx runs from {self.doc_idx[0]} to "
-                            f"{self.doc_idx[-1]}; it must run from 0 to the {n} sequences")
+            raise DataError(
+                f"{idx_path}: corrupted index: doc_idx runs from {self.doc_idx[0]} to "
+                f"{self.doc_idx[-1]}; it must run from 0 to the {n} sequences"
+            )
         expect_next = 0
         for lo in range(0, n, _VERIFY_CHUNK):
             hi = min(n, lo + _VERIFY_CHUNK)
             sizes = self.sizes[lo:hi]
             if sizes.size and sizes.min() < 0:
                 bad = lo + int(np.argmax(sizes < 0))
-                raise DataError(f"{idx_path}: corrupted index: sequence {bad} has negative size "
-                                f"{self.sizes[bad]}")
+                raise DataError(f"{idx_path}: corrupted index: sequence {bad} has negative size {self.sizes[bad]}")
             ends = np.cumsum(sizes.astype(np.int64) * item) + expect_next
             starts = np.concatenate(([expect_next], ends[:-1]))
             wrong = np.flatnonzero(self.pointers[lo:hi] != starts)
             if wrong.size:
                 i = lo + int(wrong[0])
-                raise DataError(f"{idx_path}: corrupted index: sequence {i} starts at byte "
-                                f"{self.pointers[i]} but the sizes before it end at byte {starts[wrong[0]]}")
+                raise DataError(
+                    f"{idx_path}: corrupted index: sequence {i} starts at byte "
+                    f"{self.pointers[i]} but the sizes before it end at byte {starts[wrong[0]]}"
+                )
             expect_next = int(ends[-1]) if ends.size else expect_next
         for lo in range(0, len(self.doc_idx), _VERIFY_CHUNK):
-            d = self.doc_idx[lo: lo + _VERIFY_CHUNK + 1]
+            d = self.doc_idx[lo : lo + _VERIFY_CHUNK + 1]
             if d.size > 1 and (np.diff(d) < 0).any():
-                raise DataError(f"{idx_path}: corrupted index: doc_idx is not non-decreasing near "
-                                f"entry {lo + int(np.argmax(np.diff(d) < 0))}")
+                raise DataError(
+                    f"{idx_path}: corrupted index: doc_idx is not non-decreasing near "
+                    f"entry {lo + int(np.argmax(np.diff(d) < 0))}"
+                )
         if self.bin_size < expect_next:
-            raise DataError(f"{data_file_path(self.prefix)}: .bin is {self.bin_size} bytes but the index "
-                            f"says {n} sequences need {expect_next} bytes (truncated .bin or wrong .idx)")
+            raise DataError(
+                f"{data_file_path(self.prefix)}: .bin is {self.bin_size} bytes but the index "
+                f"says {n} sequences need {expect_next} bytes (truncated .bin or wrong .idx)"
+            )
         if self.bin_size > expect_next:  # an .idx and .bin from two different datasets
-            raise DataError(f"{data_file_path(self.prefix)}: .bin is {self.bin_size} bytes but the index "
-                            f"describes exactly {expect_next} bytes ({n} sequences of {self.dtype.name}); the .bin "
-                            f"and .idx come from different datasets (or the .idx is stale); re-run preprocessing")
+            raise DataError(
+                f"{data_file_path(self.prefix)}: .bin is {self.bin_size} bytes but the index "
+                f"describes exactly {expect_next} bytes ({n} sequences of {self.dtype.name}); the .bin "
+                f"and .idx come from different datasets (or the .idx is stale); re-run preprocessing"
+            )
 
     # ------------------------------------------------------------------ access
     def __len__(self) -> int:
@@ -185,8 +203,9 @@ class MMapIndexedDataset:
         if length is None:
             length = size - offset
         if offset < 0 or length < 0 or offset + length > size:
-            raise IndexError(f"{self.prefix}: tokens [{offset}, {offset + length}) out of range for "
-                             f"sequence {i} of {size} tokens")
+            raise IndexError(
+                f"{self.prefix}: tokens [{offset}, {offset + length}) out of range for sequence {i} of {size} tokens"
+            )
         if length == 0:
             return np.empty(0, self.dtype)
         start = int(self.pointers[i]) + offset * self.dtype.itemsize

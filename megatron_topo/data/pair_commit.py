@@ -7,6 +7,7 @@ previous pair untouched (only temporary files, which the next writer removes); a
 finished by the next reader or writer of ``PREFIX`` (:func:`finish_interrupted`), which completes the
 renames the journal names: no reader ever sees a new ``.bin`` with an old ``.idx``.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,18 +54,23 @@ def finish_interrupted(prefix: str) -> bool:
     try:
         names = json.loads(text)
         ok = isinstance(names, dict) and all(
-            isinstance(names.get(k), str) and re.fullmatch(rf"{base}\.{k}\.tmp\.\d+", names[k]) for k in ("bin", "idx"))
+            isinstance(names.get(k), str) and re.fullmatch(rf"{base}\.{k}\.tmp\.\d+", names[k]) for k in ("bin", "idx")
+        )
     except ValueError:
         ok = False
     if not ok:
-        raise DataError(f"{journal}: not a replacement journal of {prefix} (it names other files); remove it if no "
-                        f"replacement of the dataset is running")
+        raise DataError(
+            f"{journal}: not a replacement journal of {prefix} (it names other files); remove it if no "
+            f"replacement of the dataset is running"
+        )
     folder = os.path.dirname(os.path.abspath(prefix))
     try:
         _roll_forward(prefix, os.path.join(folder, names["bin"]), os.path.join(folder, names["idx"]))
     except OSError as e:
-        raise DataError(f"{prefix}: a replacement of its .bin/.idx was interrupted ({journal} is there) and cannot be "
-                        f"finished here ({e.strerror or e}); run again where the folder is writable") from None
+        raise DataError(
+            f"{prefix}: a replacement of its .bin/.idx was interrupted ({journal} is there) and cannot be "
+            f"finished here ({e.strerror or e}); run again where the folder is writable"
+        ) from None
     return True
 
 

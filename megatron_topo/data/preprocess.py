@@ -16,23 +16,33 @@ byte-identical .bin/.idx from jsonl, jsonl.gz, parquet or a ``datasets`` folder.
 chunks are in flight (bounded memory). Output files are written under temporary names and only
 renamed into place after the whole run succeeded: a failed run leaves existing output untouched.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 import os
 import sys
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 
 from .corpus import (  # noqa: F401  (expand_sources, iter_source_documents, Source: re-exported for callers)
-    CHUNK_BYTES, CHUNK_LINES, COMPRESSED, Chunk, Source, expand_sources, iter_source_chunks, iter_source_documents,
-    parse_json_line, read_text_file, row_values,
+    CHUNK_BYTES,
+    CHUNK_LINES,
+    COMPRESSED,
+    Chunk,
+    Source,
+    expand_sources,
+    iter_source_chunks,
+    iter_source_documents,
+    parse_json_line,
+    read_text_file,
+    row_values,
 )
 from .errors import DataError
 from .indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
@@ -68,8 +78,12 @@ class PreprocessStats:
         return self.input_bytes / 1e6 / max(self.seconds - self.startup_seconds, 1e-9)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "mb_per_s": self.mb_per_s, "tokens_per_s": self.tokens_per_s,
-                "steady_mb_per_s": self.steady_mb_per_s}
+        return {
+            **asdict(self),
+            "mb_per_s": self.mb_per_s,
+            "tokens_per_s": self.tokens_per_s,
+            "steady_mb_per_s": self.steady_mb_per_s,
+        }
 
 
 # ------------------------------------------------------------------------------ worker side
@@ -104,8 +118,9 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def init_worker(tokenizer_type, vocab_file, vocab_size, keys, append_eod, dtype, merge_file=None,
-                ftfy=False, parent_pid=None) -> None:
+def init_worker(
+    tokenizer_type, vocab_file, vocab_size, keys, append_eod, dtype, merge_file=None, ftfy=False, parent_pid=None
+) -> None:
     if parent_pid is not None:
         die_with_parent(parent_pid)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker
@@ -114,8 +129,13 @@ def init_worker(tokenizer_type, vocab_file, vocab_size, keys, append_eod, dtype,
         import ftfy as _ftfy
 
         fix = _ftfy.fix_text
-    _W.update(tok=build_tokenizer(tokenizer_type, vocab_file, vocab_size, merge_file), keys=tuple(keys),
-              append_eod=append_eod, dtype=np.dtype(dtype), fix=fix)
+    _W.update(
+        tok=build_tokenizer(tokenizer_type, vocab_file, vocab_size, merge_file),
+        keys=tuple(keys),
+        append_eod=append_eod,
+        dtype=np.dtype(dtype),
+        fix=fix,
+    )
 
 
 def encode_chunk(chunk: Chunk) -> dict:
@@ -154,8 +174,13 @@ def encode_chunk(chunk: Chunk) -> dict:
         flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
         if flat.size and (flat.min() < 0 or flat.max() >= tok.vocab_size):  # a broken tokenizer file
             bad = int(flat.max() if flat.max() >= tok.vocab_size else flat.min())
-            errors.append((len(chunk.items), chunk.path, f"{tok.name} produced token id {bad}, outside its "
-                                                         f"vocabulary [0, {tok.vocab_size})"))
+            errors.append(
+                (
+                    len(chunk.items),
+                    chunk.path,
+                    f"{tok.name} produced token id {bad}, outside its vocabulary [0, {tok.vocab_size})",
+                )
+            )
             flat, lengths = np.zeros(0, np.int64), np.zeros(0, np.int64)
         out[key] = (flat.astype(_W["dtype"]).tobytes(), lengths)
     errors.sort(key=lambda e: e[0])
@@ -175,11 +200,13 @@ def _tokenize_all(tok: Tokenizer, texts, errors) -> list[np.ndarray]:
         return arrays
 
 
-DATASET_IMPLS = {"mmap": None,
-                 "lazy": "the legacy IndexedDataset format (separate .idx/.bin layout, not MMIDIDX), which "
-                         "GPT-NeoX and Megatron no longer train from; use mmap",
-                 "cached": "the legacy IndexedDataset format (separate .idx/.bin layout, not MMIDIDX), which "
-                           "GPT-NeoX and Megatron no longer train from; use mmap"}
+DATASET_IMPLS = {
+    "mmap": None,
+    "lazy": "the legacy IndexedDataset format (separate .idx/.bin layout, not MMIDIDX), which "
+    "GPT-NeoX and Megatron no longer train from; use mmap",
+    "cached": "the legacy IndexedDataset format (separate .idx/.bin layout, not MMIDIDX), which "
+    "GPT-NeoX and Megatron no longer train from; use mmap",
+}
 
 
 # ------------------------------------------------------------------------------ main side
@@ -203,14 +230,28 @@ def output_prefix_for(output_prefix: str, key: str) -> str:
     return f"{output_prefix}_{key}_document"
 
 
-def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = "ByteLevel",
-               vocab_file: Optional[str] = None, keys: Iterable[str] = ("text",), append_eod: bool = False,
-               workers: int = 1, skip_bad_lines: bool = False, vocab_size: Optional[int] = None,
-               progress: bool = True, warn: Optional[Callable[[str], None]] = None,
-               merge_file: Optional[str] = None, ftfy: bool = False, num_docs: Optional[int] = None,
-               log_interval: Optional[int] = None, dataset_impl: str = "mmap",
-               hf_dataset: Optional[dict] = None, hf_split: Optional[str] = None,
-               log: Optional[Callable[[str], None]] = None, force: bool = False) -> PreprocessStats:
+def preprocess(
+    inputs: Iterable[str],
+    output_prefix: str,
+    tokenizer_type: str = "ByteLevel",
+    vocab_file: Optional[str] = None,
+    keys: Iterable[str] = ("text",),
+    append_eod: bool = False,
+    workers: int = 1,
+    skip_bad_lines: bool = False,
+    vocab_size: Optional[int] = None,
+    progress: bool = True,
+    warn: Optional[Callable[[str], None]] = None,
+    merge_file: Optional[str] = None,
+    ftfy: bool = False,
+    num_docs: Optional[int] = None,
+    log_interval: Optional[int] = None,
+    dataset_impl: str = "mmap",
+    hf_dataset: Optional[dict] = None,
+    hf_split: Optional[str] = None,
+    log: Optional[Callable[[str], None]] = None,
+    force: bool = False,
+) -> PreprocessStats:
     """Tokenize ``inputs`` (and ``hf_dataset``) into ``{output_prefix}_{key}_document.bin/.idx``
     for every key. GPT-NeoX's options: ``merge_file`` (GPT2BPETokenizer), ``ftfy`` (fix text with
     ftfy before tokenizing), ``num_docs`` (progress total, in documents), ``log_interval`` (a
@@ -244,8 +285,9 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
     if len(keys) > 1 and any(s.kind == "text" for s in sources):
         raise DataError(f"plain-text inputs hold one field; use one --jsonl-keys value, not {' '.join(keys)}")
     dtype = best_fitting_dtype(tok.vocab_size)
-    stats = PreprocessStats(dtype=np.dtype(dtype).name, workers=workers,
-                            outputs={k: output_prefix_for(output_prefix, k) for k in keys})
+    stats = PreprocessStats(
+        dtype=np.dtype(dtype).name, workers=workers, outputs={k: output_prefix_for(output_prefix, k) for k in keys}
+    )
     for prefix in stats.outputs.values():
         check_outputs(prefix, [s.path for s in sources], force)
     init_args = (tokenizer_type, vocab_file, vocab_size, keys, append_eod, np.dtype(dtype).str, merge_file, ftfy)
@@ -256,8 +298,12 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
         for k in keys:
             builders[k] = MMapIndexedDatasetBuilder(stats.outputs[k], dtype)
         if workers > 1:  # spawn: no forked tokenizer state; a worker that dies fails the run (no hang)
-            pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=init_worker,
-                                       initargs=init_args + (os.getpid(),))  # workers die with this process
+            pool = ProcessPoolExecutor(
+                workers,
+                mp_context=mp.get_context("spawn"),
+                initializer=init_worker,
+                initargs=init_args + (os.getpid(),),
+            )  # workers die with this process
             for f in [pool.submit(os.getpid) for _ in range(workers)]:
                 f.result()
             stats.startup_seconds = time.perf_counter() - t0
@@ -274,13 +320,16 @@ def preprocess(inputs: Iterable[str], output_prefix: str, tokenizer_type: str = 
                 bar.set_postfix(docs=stats.documents, tokens=stats.tokens, refresh=False)
                 if next_log is not None and stats.documents >= next_log:
                     dt = max(time.perf_counter() - t0, 1e-9)
-                    log(f"processed {stats.documents} documents ({stats.documents / dt:.1f} docs/s, "
-                        f"{stats.input_bytes / 1e6 / dt:.2f} MB/s, {stats.tokens} tokens)")
+                    log(
+                        f"processed {stats.documents} documents ({stats.documents / dt:.1f} docs/s, "
+                        f"{stats.input_bytes / 1e6 / dt:.2f} MB/s, {stats.tokens} tokens)"
+                    )
                     next_log = (stats.documents // log_interval + 1) * log_interval
         if stats.documents == 0:
             names = ", ".join(s.name for s in sources)
-            raise DataError(f"no documents found in {names} (empty input"
-                            f"{'; every line was bad' if stats.skipped else ''})")
+            raise DataError(
+                f"no documents found in {names} (empty input{'; every line was bad' if stats.skipped else ''})"
+            )
         for b in builders.values():
             b.finalize()
     except BaseException:
@@ -345,5 +394,13 @@ def _log(msg: str) -> None:
 def _progress_bar(total, enabled: bool, unit: str = "B"):
     from tqdm import tqdm
 
-    return tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=1000, desc="preprocess",
-                disable=not enabled, mininterval=0.5 if sys.stderr.isatty() else 10.0, file=sys.stderr)
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=True,
+        unit_divisor=1000,
+        desc="preprocess",
+        disable=not enabled,
+        mininterval=0.5 if sys.stderr.isatty() else 10.0,
+        file=sys.stderr,
+    )

@@ -14,6 +14,7 @@
 Every tokenizer can describe itself as a HuggingFace ``tokenizers`` object (``hf_backend``), which
 the HF export writes as ``tokenizer.json`` (megatron_topo/model/hf.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -96,7 +97,8 @@ class ByteLevelTokenizer(Tokenizer):
 
     def hf_backend(self):
         """BPE without merges over GPT-2's byte alphabet: id of byte b is b; EOD 256."""
-        from tokenizers import AddedToken, Tokenizer as _HF, decoders, models, pre_tokenizers
+        from tokenizers import AddedToken, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as _HF
 
         vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
         tok = _HF(models.BPE(vocab=vocab, merges=[]))
@@ -126,9 +128,11 @@ class CharLevelTokenizer(Tokenizer):
         ids = np.frombuffer(text.encode("utf-8", errors="replace"), np.uint8).astype(np.int64)
         if ids.size and ids.max() >= self._vocab_size:
             pos = int(np.argmax(ids >= self._vocab_size))
-            raise DataError(f"CharLevelTokenizer: byte {int(ids[pos])} at byte position {pos} of the UTF-8 text "
-                            f"is outside its {self._vocab_size} ids (ids are UTF-8 bytes, as GPT-NeoX's: use "
-                            f"--vocab-size 256 or more)")
+            raise DataError(
+                f"CharLevelTokenizer: byte {int(ids[pos])} at byte position {pos} of the UTF-8 text "
+                f"is outside its {self._vocab_size} ids (ids are UTF-8 bytes, as GPT-NeoX's: use "
+                f"--vocab-size 256 or more)"
+            )
         return ids
 
     def detokenize(self, ids) -> str:
@@ -138,7 +142,8 @@ class CharLevelTokenizer(Tokenizer):
 
     def hf_backend(self):
         """BPE without merges over GPT-2's byte alphabet (id of byte b is b, as here); EOD is id 0."""
-        from tokenizers import Tokenizer as _HF, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as _HF
+        from tokenizers import decoders, models, pre_tokenizers
 
         vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
         tok = _HF(models.BPE(vocab=vocab, merges=[]))
@@ -168,8 +173,9 @@ class HFTokenizer(Tokenizer):
     @property
     def eod(self) -> int:
         if self._eod is None:
-            raise DataError(f"{self.vocab_file}: the tokenizer has no end-of-document token "
-                            f"(looked for {', '.join(EOD_NAMES)})")
+            raise DataError(
+                f"{self.vocab_file}: the tokenizer has no end-of-document token (looked for {', '.join(EOD_NAMES)})"
+            )
         return self._eod
 
     def tokenize(self, text: str) -> list[int]:
@@ -183,7 +189,8 @@ class HFTokenizer(Tokenizer):
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def hf_backend(self):
-        from tokenizers import AddedToken, Tokenizer as _HF
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as _HF
 
         tok = _HF.from_str(self._tok.to_str())
         if self._eod is not None:
@@ -197,6 +204,7 @@ class HFTokenizer(Tokenizer):
 
 class GPT2BPETokenizer(HFTokenizer):
     """GPT-2's byte-level BPE from vocab.json + merges.txt (GPT-NeoX/Megatron ``GPT2BPETokenizer``)."""
+
     name = "GPT2BPETokenizer"
     split_special_tokens = True  # GPT-2's encoder never makes <|endoftext|> from text
 
@@ -214,10 +222,12 @@ class GPT2BPETokenizer(HFTokenizer):
 
 class HFGPT2Tokenizer(HFTokenizer):
     """GPT-NeoX's ``HFGPT2Tokenizer``: ``GPT2TokenizerFast`` plus a ``<|padding|>`` token."""
+
     name = "HFGPT2Tokenizer"
 
     def __init__(self, vocab_file: str, merge_file: Optional[str]):
-        from tokenizers import AddedToken, Tokenizer as _HF
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as _HF
 
         if os.path.isdir(vocab_file):  # a from_pretrained folder
             if os.path.isfile(os.path.join(vocab_file, "tokenizer.json")):
@@ -233,23 +243,32 @@ class HFGPT2Tokenizer(HFTokenizer):
                 self._tok = _HF.from_file(vocab_file)
             except Exception as e:
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise DataError(f"{vocab_file}: not a HuggingFace tokenizers JSON file ({first}); for a GPT-2 "
-                                f"vocab.json also give --merge-file") from None
+                raise DataError(
+                    f"{vocab_file}: not a HuggingFace tokenizers JSON file ({first}); for a GPT-2 "
+                    f"vocab.json also give --merge-file"
+                ) from None
         else:
             self._tok = _gpt2_bpe(self.name, vocab_file, merge_file)
         eod = self._tok.token_to_id("<|endoftext|>")
         if eod is None:
             raise DataError(f"{vocab_file}: vocabulary has no <|endoftext|> token ({self.name} uses it as EOD)")
-        self._tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False),
-                                      AddedToken("<|padding|>", special=True, normalized=False)])
+        self._tok.add_special_tokens(
+            [
+                AddedToken("<|endoftext|>", special=True, normalized=False),
+                AddedToken("<|padding|>", special=True, normalized=False),
+            ]
+        )
         self._eod = eod
         self.pad = self._tok.token_to_id("<|padding|>")
 
 
 def _bytes_to_unicode() -> dict:
     """GPT-2's reversible byte -> printable character table (byte-level BPE's alphabet)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
-        list(range(ord("\xae"), ord("\xff") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
     table, extra = {}, 0
     for b in range(256):
         if b in keep:
@@ -264,7 +283,8 @@ def _gpt2_bpe(name: str, vocab_file: str, merge_file: Optional[str]):
     """GPT-2's byte-level BPE (its regex pre-split, no prefix space) as a ``tokenizers`` object."""
     import json
 
-    from tokenizers import Tokenizer as _HF, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as _HF
+    from tokenizers import decoders, models, pre_tokenizers
 
     if not merge_file:
         raise DataError(f"{name} needs merge_file (--merge-file merges.txt) next to vocab_file (vocab.json)")
@@ -284,8 +304,9 @@ def _gpt2_bpe(name: str, vocab_file: str, merge_file: Optional[str]):
                 continue
             parts = line.rstrip("\r\n").split(" ")
             if len(parts) != 2 or parts[0] not in vocab or parts[1] not in vocab:
-                raise DataError(f"{merge_file}:{n}: not a merges.txt line of two vocabulary tokens "
-                                f"({line.strip()[:40]!r})")
+                raise DataError(
+                    f"{merge_file}:{n}: not a merges.txt line of two vocabulary tokens ({line.strip()[:40]!r})"
+                )
             merges.append((parts[0], parts[1]))
     tok = _HF(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -333,7 +354,8 @@ class SPMTokenizer(Tokenizer):
         whitespace as U+2581, the model's dummy-prefix / extra-whitespace / charsmap normalization;
         control and user-defined pieces become special tokens."""
         from sentencepiece import sentencepiece_model_pb2 as pb
-        from tokenizers import AddedToken, Regex, Tokenizer as _HF, decoders, models, normalizers
+        from tokenizers import AddedToken, Regex, decoders, models, normalizers
+        from tokenizers import Tokenizer as _HF
 
         m = pb.ModelProto()
         m.ParseFromString(self._sp.serialized_model_proto())
@@ -354,12 +376,18 @@ class SPMTokenizer(Tokenizer):
                     if a in ids and b in ids:
                         merges.append((ids[piece], ids[a], ids[b], a, b))
             merges.sort()
-            model = models.BPE(vocab=ids, merges=[(a, b) for *_, a, b in merges],
-                               unk_token=pieces[unk][0] if unk >= 0 else None,
-                               byte_fallback=m.trainer_spec.byte_fallback, fuse_unk=True)
+            model = models.BPE(
+                vocab=ids,
+                merges=[(a, b) for *_, a, b in merges],
+                unk_token=pieces[unk][0] if unk >= 0 else None,
+                byte_fallback=m.trainer_spec.byte_fallback,
+                fuse_unk=True,
+            )
         else:
-            raise DataError(f"{self.vocab_file}: HuggingFace export supports sentencepiece unigram and bpe "
-                            f"models, not model_type {pb.TrainerSpec.ModelType.Name(kind)}")
+            raise DataError(
+                f"{self.vocab_file}: HuggingFace export supports sentencepiece unigram and bpe "
+                f"models, not model_type {pb.TrainerSpec.ModelType.Name(kind)}"
+            )
         tok = _HF(model)
         ns = m.normalizer_spec
         steps = []
@@ -380,34 +408,50 @@ class SPMTokenizer(Tokenizer):
             dec.append(decoders.Strip(" ", 1, 0))
         tok.decoder = decoders.Sequence(dec)
         eod = self._eod if self._eod >= 0 else None
-        tok.add_special_tokens([AddedToken(piece, special=True, normalized=False) for i, (piece, _, t)
-                                in enumerate(pieces) if t in (T.CONTROL, T.UNKNOWN) or i == eod])
-        tok.add_tokens([AddedToken(piece, special=False, normalized=False) for i, (piece, _, t)
-                        in enumerate(pieces) if t == T.USER_DEFINED and i != eod])
+        tok.add_special_tokens(
+            [
+                AddedToken(piece, special=True, normalized=False)
+                for i, (piece, _, t) in enumerate(pieces)
+                if t in (T.CONTROL, T.UNKNOWN) or i == eod
+            ]
+        )
+        tok.add_tokens(
+            [
+                AddedToken(piece, special=False, normalized=False)
+                for i, (piece, _, t) in enumerate(pieces)
+                if t == T.USER_DEFINED and i != eod
+            ]
+        )
         return tok
 
 
-TOKENIZERS = {"ByteLevel": ByteLevelTokenizer, "CharLevelTokenizer": CharLevelTokenizer,
-              "HFTokenizer": HFTokenizer, "SPMTokenizer": SPMTokenizer, "GPT2BPETokenizer": GPT2BPETokenizer,
-              "HFGPT2Tokenizer": HFGPT2Tokenizer}
-_NEEDS_FILE = {"HFTokenizer": "a tokenizers JSON file such as GPT-NeoX-20B's tokenizer.json",
-               "SPMTokenizer": "a sentencepiece .model file",
-               "GPT2BPETokenizer": "GPT-2's vocab.json, with merge_file merges.txt",
-               "HFGPT2Tokenizer": "GPT-2's vocab.json (with merge_file merges.txt), a tokenizer.json or a "
-                                  "folder holding them; the hub's 'gpt2' cannot be fetched here"}
+TOKENIZERS = {
+    "ByteLevel": ByteLevelTokenizer,
+    "CharLevelTokenizer": CharLevelTokenizer,
+    "HFTokenizer": HFTokenizer,
+    "SPMTokenizer": SPMTokenizer,
+    "GPT2BPETokenizer": GPT2BPETokenizer,
+    "HFGPT2Tokenizer": HFGPT2Tokenizer,
+}
+_NEEDS_FILE = {
+    "HFTokenizer": "a tokenizers JSON file such as GPT-NeoX-20B's tokenizer.json",
+    "SPMTokenizer": "a sentencepiece .model file",
+    "GPT2BPETokenizer": "GPT-2's vocab.json, with merge_file merges.txt",
+    "HFGPT2Tokenizer": "GPT-2's vocab.json (with merge_file merges.txt), a tokenizer.json or a "
+    "folder holding them; the hub's 'gpt2' cannot be fetched here",
+}
 # Other projects' names: why they are not accepted, and what to use instead.
 REJECTED = {
     "tiktokentokenizer": "TiktokenTokenizer needs tiktoken's downloaded encodings; convert the encoding to a "
-                         "tokenizer.json and use HFTokenizer",
+    "tokenizer.json and use HFTokenizer",
     "sentencepiecetokenizer": "Megatron's SentencePieceTokenizer adds its own special tokens; for a plain "
-                              "sentencepiece model use SPMTokenizer",
+    "sentencepiece model use SPMTokenizer",
     "gptsentencepiecetokenizer": "use SPMTokenizer (EOD is <|endoftext|> if the model has it, else its eos id)",
     "llama2tokenizer": "use SPMTokenizer with the Llama tokenizer.model",
     "huggingfacetokenizer": "use HFTokenizer with the model folder's tokenizer.json as --vocab-file",
     "bertwordpiecelowercase": "BERT tokenizers are for encoder models; this trainer is GPT-NeoX (decoder) only",
     "bertwordpiececase": "BERT tokenizers are for encoder models; this trainer is GPT-NeoX (decoder) only",
-    "nulltokenizer": "NullTokenizer reads pre-tokenized ids; write .bin/.idx directly with "
-                     "MMapIndexedDatasetBuilder",
+    "nulltokenizer": "NullTokenizer reads pre-tokenized ids; write .bin/.idx directly with MMapIndexedDatasetBuilder",
 }
 
 
@@ -415,8 +459,12 @@ REJECTED = {
 MERGE_FILE_IGNORED = ("HFTokenizer", "SPMTokenizer", "CharLevelTokenizer")
 
 
-def build_tokenizer(tokenizer_type: str, vocab_file: Optional[str] = None,
-                    vocab_size: Optional[int] = None, merge_file: Optional[str] = None) -> Tokenizer:
+def build_tokenizer(
+    tokenizer_type: str,
+    vocab_file: Optional[str] = None,
+    vocab_size: Optional[int] = None,
+    merge_file: Optional[str] = None,
+) -> Tokenizer:
     """Build a tokenizer by GPT-NeoX name (case-insensitive). ``vocab_size`` only applies to
     CharLevelTokenizer (default 512); ``merge_file`` to GPT2BPETokenizer / HFGPT2Tokenizer."""
     names = {k.lower(): k for k in TOKENIZERS}
@@ -429,8 +477,9 @@ def build_tokenizer(tokenizer_type: str, vocab_file: Optional[str] = None,
     if merge_file and name in MERGE_FILE_IGNORED:
         merge_file = None  # GPT-NeoX ignores it for these (its corpora.py passes it with HFTokenizer)
     elif merge_file and name not in ("GPT2BPETokenizer", "HFGPT2Tokenizer"):
-        raise DataError(f"merge_file {merge_file}: only GPT2BPETokenizer and HFGPT2Tokenizer use a merges "
-                        f"file, not {name}")
+        raise DataError(
+            f"merge_file {merge_file}: only GPT2BPETokenizer and HFGPT2Tokenizer use a merges file, not {name}"
+        )
     if name in _NEEDS_FILE:
         if not vocab_file:
             raise DataError(f"{name} needs vocab_file ({_NEEDS_FILE[name]})")
@@ -441,7 +490,9 @@ def build_tokenizer(tokenizer_type: str, vocab_file: Optional[str] = None,
         return TOKENIZERS[name](vocab_file)
     if name == "CharLevelTokenizer":
         if vocab_size is not None and not 1 <= vocab_size <= 1 << 31:
-            raise DataError(f"--vocab-size {vocab_size}: must lie in [1, {1 << 31:,}] (CharLevelTokenizer's ids are "
-                            f"UTF-8 bytes: 256 or more holds any text; default 512)")
+            raise DataError(
+                f"--vocab-size {vocab_size}: must lie in [1, {1 << 31:,}] (CharLevelTokenizer's ids are "
+                f"UTF-8 bytes: 256 or more holds any text; default 512)"
+            )
         return CharLevelTokenizer(512 if vocab_size is None else vocab_size)
     return ByteLevelTokenizer()

@@ -4,6 +4,7 @@ Embedding -> N x [LayerNorm, causal self-attention with partial rotary, LayerNor
 with the parallel (``gpt_j_residual``) or sequential residual -> final LayerNorm -> untied head.
 Parameter layout and math follow HuggingFace ``GPTNeoXForCausalLM`` so weights map one to one.
 """
+
 from __future__ import annotations
 
 import torch
@@ -12,13 +13,20 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..config.schema import ModelConfig
-from .spec_base import (OUTPUT, ModelSpec, apply_rotary, init_by_role, init_std, parameter_seed,  # noqa: F401
-                        rotary_tables, rotate_half)
+from .spec_base import (
+    OUTPUT,
+    ModelSpec,
+    apply_rotary,
+    init_by_role,
+    parameter_seed,  # noqa: F401
+    rotary_tables,
+)
 from .spec_base import rotary_inv_freq as _inv_freq
 
 
-def gpt_flops(passes: float, sequences: int, seq_length: int, num_layers: int, hidden_size: int,
-              vocab_size: int) -> float:
+def gpt_flops(
+    passes: float, sequences: int, seq_length: int, num_layers: int, hidden_size: int, vocab_size: int
+) -> float:
     """Model FLOPs of ``passes`` passes over ``sequences`` sequences, counted the way GPT-NeoX does.
 
     Source: GPT-NeoX ``megatron/logging.py::get_flops`` as corrected by EleutherAI/gpt-neox PR #1094
@@ -165,8 +173,18 @@ class GPTNeoXSpec(ModelSpec):
 
     name = "gpt_neox"
     hf_model_types = ("gpt_neox",)
-    arch_keys = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "rotary_pct", "rotary_emb_base",
-                 "gpt_j_residual", "no_weight_tying", "norm", "layernorm_epsilon")
+    arch_keys = (
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "vocab_size",
+        "rotary_pct",
+        "rotary_emb_base",
+        "gpt_j_residual",
+        "no_weight_tying",
+        "norm",
+        "layernorm_epsilon",
+    )
 
     def module_class(self, cfg):
         return GPTNeoX
@@ -175,31 +193,46 @@ class GPTNeoXSpec(ModelSpec):
         out = []
         h = cfg.hidden_size
         if cfg.norm != "layernorm" or cfg.activation != "gelu" or cfg.mlp_type != "regular":
-            out.append(f"arch: gpt_neox builds LayerNorm and GPT-NeoX's gelu MLP, not norm={cfg.norm!r}, "
-                       f"activation={cfg.activation!r}, mlp_type={cfg.mlp_type!r}; drop arch (the llama architecture "
-                       f"is picked by rmsnorm/swiglu) or those keys")
+            out.append(
+                f"arch: gpt_neox builds LayerNorm and GPT-NeoX's gelu MLP, not norm={cfg.norm!r}, "
+                f"activation={cfg.activation!r}, mlp_type={cfg.mlp_type!r}; drop arch (the llama architecture "
+                f"is picked by rmsnorm/swiglu) or those keys"
+            )
         if cfg.intermediate_size is not None and cfg.intermediate_size != 4 * h:
-            out.append(f"intermediate_size {cfg.intermediate_size} is not valid; the MLP width is 4 x hidden_size = "
-                       f"{4 * h} (GPT-NeoX's regular MLP); drop the key or set it to {4 * h}")
+            out.append(
+                f"intermediate_size {cfg.intermediate_size} is not valid; the MLP width is 4 x hidden_size = "
+                f"{4 * h} (GPT-NeoX's regular MLP); drop the key or set it to {4 * h}"
+            )
         elif (4 * h) % cfg.mlp_multiple_of:
-            out.append(f"mlp_multiple_of {cfg.mlp_multiple_of} would round the MLP width 4 x hidden_size = {4 * h} "
-                       f"up; the gpt_neox architecture keeps 4 x hidden_size: use a divisor of it")
+            out.append(
+                f"mlp_multiple_of {cfg.mlp_multiple_of} would round the MLP width 4 x hidden_size = {4 * h} "
+                f"up; the gpt_neox architecture keeps 4 x hidden_size: use a divisor of it"
+            )
         if cfg.num_kv_heads is not None and cfg.num_kv_heads != cfg.num_attention_heads:
-            out.append(f"num_kv_heads {cfg.num_kv_heads} is not valid for the gpt_neox architecture; grouped-query "
-                       f"attention is the llama architecture's (norm: rmsnorm, activation: swiglu), use num_kv_heads "
-                       f"= num_attention_heads ({cfg.num_attention_heads}) or drop it")
-        for key, what in (("use_bias_in_norms", "LayerNorm"), ("use_bias_in_attn_linear", "attention projections"),
-                          ("use_bias_in_mlp", "MLP")):
+            out.append(
+                f"num_kv_heads {cfg.num_kv_heads} is not valid for the gpt_neox architecture; grouped-query "
+                f"attention is the llama architecture's (norm: rmsnorm, activation: swiglu), use num_kv_heads "
+                f"= num_attention_heads ({cfg.num_attention_heads}) or drop it"
+            )
+        for key, what in (
+            ("use_bias_in_norms", "LayerNorm"),
+            ("use_bias_in_attn_linear", "attention projections"),
+            ("use_bias_in_mlp", "MLP"),
+        ):
             if not getattr(cfg, key):
-                out.append(f"{key}=false is not valid for the gpt_neox architecture (its {what} always have "
-                           f"biases, as HF GPTNeoX); set it to true or drop it")
+                out.append(
+                    f"{key}=false is not valid for the gpt_neox architecture (its {what} always have "
+                    f"biases, as HF GPTNeoX); set it to true or drop it"
+                )
         if cfg.sliding_window_width:
-            out.append("sliding_window_width is not valid for the gpt_neox architecture; the sliding window is the "
-                       "llama architecture's (Mistral: norm: rmsnorm, activation: swiglu)")
+            out.append(
+                "sliding_window_width is not valid for the gpt_neox architecture; the sliding window is the "
+                "llama architecture's (Mistral: norm: rmsnorm, activation: swiglu)"
+            )
         return out
 
     def layer_matmul_params(self, cfg) -> int:
-        return 12 * cfg.hidden_size ** 2
+        return 12 * cfg.hidden_size**2
 
     def param_count(self, cfg) -> int:
         """Per layer 12h^2 + 13h (QKV, dense, 4h MLP, biases, 2 LayerNorms); embedding V*h (+ an
@@ -211,14 +244,23 @@ class GPTNeoXSpec(ModelSpec):
     def forward_flops(self, cfg, sequences: float, seq_length=None, passes: float = 1.0) -> float:
         """``passes`` forward passes over ``sequences`` sequences, as GPT-NeoX logs them
         (:func:`gpt_flops`)."""
-        return gpt_flops(passes, sequences, seq_length or cfg.seq_length, cfg.num_layers, cfg.hidden_size,
-                         cfg.vocab_size)
+        return gpt_flops(
+            passes, sequences, seq_length or cfg.seq_length, cfg.num_layers, cfg.hidden_size, cfg.vocab_size
+        )
 
     def activation_bytes(self, cfg, micro_batch: int, precision: str, recompute: bool) -> int:
         from ..zero_topo.memory import activation_bytes
 
-        return activation_bytes(cfg.hidden_size, cfg.num_attention_heads, cfg.num_layers, cfg.seq_length,
-                                cfg.vocab_size, micro_batch, precision, recompute)
+        return activation_bytes(
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_layers,
+            cfg.seq_length,
+            cfg.vocab_size,
+            micro_batch,
+            precision,
+            recompute,
+        )
 
     # ---------------------------------------------------------------- HF GPTNeoXForCausalLM
     def hf_head_name(self) -> str:
@@ -229,15 +271,15 @@ class GPTNeoXSpec(ModelSpec):
         it on load) or ``lm_head`` (transformers >= 5 module name)."""
         head_name = head_name or "embed_out"
         if name.startswith("head.embed_out."):
-            return head_name + name[len("head.embed_out"):]
+            return head_name + name[len("head.embed_out") :]
         if name.startswith("head.final_layer_norm."):
-            return "gpt_neox." + name[len("head."):]
+            return "gpt_neox." + name[len("head.") :]
         return "gpt_neox." + name
 
     def from_hf_key(self, name: str) -> str:
         if name.startswith("embed_out.") or name.startswith("lm_head."):
             return "head.embed_out." + name.split(".", 1)[1]
-        name = name[len("gpt_neox."):] if name.startswith("gpt_neox.") else name
+        name = name[len("gpt_neox.") :] if name.startswith("gpt_neox.") else name
         if name.startswith("final_layer_norm."):
             return "head." + name
         return name
@@ -276,8 +318,9 @@ class GPTNeoXSpec(ModelSpec):
             d = {"model_type": "gpt_neox", **kw}
         pct, base = float(cfg.rotary_pct), int(cfg.rotary_emb_base)
         d["rope_parameters"] = {"rope_theta": float(base), "partial_rotary_factor": pct, "rope_type": "default"}
-        d.update(rotary_pct=pct, rotary_emb_base=base, partial_rotary_factor=pct, rope_theta=float(base),
-                 rope_scaling=None)
+        d.update(
+            rotary_pct=pct, rotary_emb_base=base, partial_rotary_factor=pct, rope_theta=float(base), rope_scaling=None
+        )
         return "GPTNeoXForCausalLM", d
 
     def model_keys_from_hf(self, hf: dict, where: str) -> dict:
@@ -293,9 +336,13 @@ class GPTNeoXSpec(ModelSpec):
                 raise ConfigError(f"{where}: rope_type {kind!r} is not supported (plain rotary only)")
         h = int(hf["hidden_size"])
         out = dict(
-            num_layers=int(hf["num_hidden_layers"]), hidden_size=h, num_attention_heads=int(hf["num_attention_heads"]),
-            vocab_size=int(hf["vocab_size"]), max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            rotary_pct=float(pct), rotary_emb_base=int(float(base)),
+            num_layers=int(hf["num_hidden_layers"]),
+            hidden_size=h,
+            num_attention_heads=int(hf["num_attention_heads"]),
+            vocab_size=int(hf["vocab_size"]),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            rotary_pct=float(pct),
+            rotary_emb_base=int(float(base)),
             layernorm_epsilon=float(hf.get("layer_norm_eps", 1e-5)),
             gpt_j_residual=bool(hf.get("use_parallel_residual", True)),
             no_weight_tying=not bool(hf.get("tie_word_embeddings", False)),
@@ -310,4 +357,3 @@ class GPTNeoXSpec(ModelSpec):
         if unsupported:
             raise ConfigError(f"{where}: this GPT-NeoX variant cannot be built here: {'; '.join(unsupported)}")
         return out
-

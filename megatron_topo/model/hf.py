@@ -1,5 +1,6 @@
 """HF export/import helpers: name and config mapping (asked of the model spec), tokenizer files,
 streaming safetensors writers."""
+
 from __future__ import annotations
 
 import os
@@ -77,19 +78,26 @@ def write_hf_tokenizer(tok, out_dir: str, model_vocab_size: int, max_length: int
     from ..data import DataError
 
     if tok.vocab_size > model_vocab_size:
-        raise DataError(f"the tokenizer ({tok.name}) has {tok.vocab_size} ids but the model only "
-                        f"{model_vocab_size}")
+        raise DataError(f"the tokenizer ({tok.name}) has {tok.vocab_size} ids but the model only {model_vocab_size}")
     backend = tok.hf_backend()
     ids = hf_special_ids(tok)
     names = {k: backend.id_to_token(v) for k, v in ids.items()}
     backend.save(os.path.join(out_dir, "tokenizer.json"))
-    special = {"bos_token": names["bos_token_id"], "eos_token": names["eos_token_id"],
-               "pad_token": names["pad_token_id"]}
-    conf = {"tokenizer_class": "PreTrainedTokenizerFast", **special,
-            "model_max_length": int(max_length), "clean_up_tokenization_spaces": False,
-            "add_bos_token": False, "add_eos_token": False,
-            "split_special_tokens": bool(tok.split_special_tokens),
-            "megatron_topo_tokenizer_type": tok.name}
+    special = {
+        "bos_token": names["bos_token_id"],
+        "eos_token": names["eos_token_id"],
+        "pad_token": names["pad_token_id"],
+    }
+    conf = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "model_max_length": int(max_length),
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "split_special_tokens": bool(tok.split_special_tokens),
+        "megatron_topo_tokenizer_type": tok.name,
+    }
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(conf, f, indent=2, ensure_ascii=False)
     with open(os.path.join(out_dir, "special_tokens_map.json"), "w") as f:
@@ -110,8 +118,18 @@ def write_hf_tokenizer(tok, out_dir: str, model_vocab_size: int, max_length: int
 # every tensor is written straight to its place in the output file, so the peak memory of an export
 # is about one unit, never the model (a 20B checkpoint's master + moments are ~250 GB).
 _ST_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 
 
 def parse_size(text) -> int:
@@ -141,8 +159,11 @@ class SafetensorsWriter:
         for name in sorted(self.entries, key=lambda s: s.encode()):
             shape, dtype = self.entries[name]
             nbytes = _numel(shape) * _itemsize(dtype)
-            header[name] = {"dtype": _ST_DTYPES[str(dtype).split(".")[-1]], "shape": [int(x) for x in shape],
-                            "data_offsets": [pos, pos + nbytes]}
+            header[name] = {
+                "dtype": _ST_DTYPES[str(dtype).split(".")[-1]],
+                "shape": [int(x) for x in shape],
+                "data_offsets": [pos, pos + nbytes],
+            }
             offsets[name] = pos
             pos += nbytes
         raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
@@ -234,8 +255,9 @@ class ShardedSafetensorsWriter:
             raise ValueError("duplicate tensor names")
         self.groups = shard_names(entries, max_shard_bytes)
         n = len(self.groups)
-        self.files = ["model.safetensors"] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors"
-                                                           for k in range(n)]
+        self.files = (
+            ["model.safetensors"] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+        )
         self.where = {m: k for k, names in enumerate(self.groups) for m in names}
         self.writers: dict = {}  # shard -> its open SafetensorsWriter
         self.finished: set = set()
@@ -247,8 +269,9 @@ class ShardedSafetensorsWriter:
             raise ValueError(f"{self.files[k]}: tensor {name} written twice")
         w = self.writers.get(k)
         if w is None:
-            w = self.writers[k] = SafetensorsWriter(os.path.join(self.out_dir, self.files[k]),
-                                                    {m: self.table[m] for m in self.groups[k]}, self.metadata)
+            w = self.writers[k] = SafetensorsWriter(
+                os.path.join(self.out_dir, self.files[k]), {m: self.table[m] for m in self.groups[k]}, self.metadata
+            )
         w.put(name, tensor)
         if len(w.done) == len(w.entries):
             del self.writers[k]
@@ -263,8 +286,10 @@ class ShardedSafetensorsWriter:
             self.abort()
             raise ValueError(f"{self.out_dir}: tensors were never written ({missing[0]}, ...)")
         if len(self.files) > 1:
-            index = {"metadata": {"total_size": self.total_size},
-                     "weight_map": {m: self.files[k] for m, k in sorted(self.where.items())}}
+            index = {
+                "metadata": {"total_size": self.total_size},
+                "weight_map": {m: self.files[k] for m, k in sorted(self.where.items())},
+            }
             with open(os.path.join(self.out_dir, "model.safetensors.index.json"), "w") as f:
                 json.dump(index, f, indent=2)
                 f.write("\n")

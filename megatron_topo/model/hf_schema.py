@@ -5,6 +5,7 @@ model folder (no absolute path, no ``..``, no symlink out, no FIFO or device).
 
 Only the fields' types and bounds are checked here; which values the model builder supports is
 decided by its reader (config.hf_config.model_keys_from_hf)."""
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,18 @@ INDEX_CAP = 64 * MIB  # a 20B model's index is about 60 KB
 
 REQUIRED_INTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 OPTIONAL_INTS = ("max_position_embeddings", "intermediate_size", "num_key_value_heads")
-OPTIONAL_FLOATS = ("rotary_pct", "partial_rotary_factor", "rotary_emb_base", "rope_theta", "layer_norm_eps",
-                   "rms_norm_eps")
+OPTIONAL_FLOATS = (
+    "rotary_pct",
+    "partial_rotary_factor",
+    "rotary_emb_base",
+    "rope_theta",
+    "layer_norm_eps",
+    "rms_norm_eps",
+)
 OPTIONAL_BOOLS = ("use_parallel_residual", "tie_word_embeddings", "attention_bias")
 OPTIONAL_STRS = ("model_type", "hidden_act")
 BOUNDS = {"rotary_pct": (0.0, 1.0), "partial_rotary_factor": (0.0, 1.0)}
-INT_MAX = 2 ** 31 - 1
+INT_MAX = 2**31 - 1
 
 
 def _show(v) -> str:
@@ -62,8 +69,13 @@ def check_config(hf: dict, where: str) -> None:
         if k in hf and hf[k] is not None:
             v = hf[k]
             lo, hi = BOUNDS.get(k, (0.0, math.inf))
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi \
-                    or (k not in BOUNDS and v <= 0):
+            if (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float))
+                or not math.isfinite(v)
+                or not lo <= v <= hi
+                or (k not in BOUNDS and v <= 0)
+            ):
                 rng = f"in [{lo:g}, {hi:g}]" if k in BOUNDS else "> 0"
                 raise ConfigError(f"{where}: {k}: expected a finite number {rng}, got {_show(v)}")
     for k in OPTIONAL_BOOLS:
@@ -76,8 +88,10 @@ def check_config(hf: dict, where: str) -> None:
         if hf.get(k) is not None and not isinstance(hf[k], dict):
             raise ConfigError(f"{where}: {k}: expected an object, got {_show(hf[k])}")
     if hf["hidden_size"] % hf["num_attention_heads"]:
-        raise ConfigError(f"{where}: hidden_size {hf['hidden_size']} is not a multiple of num_attention_heads "
-                          f"{hf['num_attention_heads']}")
+        raise ConfigError(
+            f"{where}: hidden_size {hf['hidden_size']} is not a multiple of num_attention_heads "
+            f"{hf['num_attention_heads']}"
+        )
 
 
 def link_roots(folder: str) -> list:

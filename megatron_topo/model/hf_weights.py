@@ -58,6 +58,8 @@ class HFWeights:
         t = f.get_tensor(hf_name) if hasattr(f, "get_tensor") else f[hf_name]
         if not (t.is_floating_point() if isinstance(t, torch.Tensor) else False):
             what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ConfigError(f"{os.path.join(self.path, self._where[hf_name])}: {hf_name} is {what}, not a floating-"
-                              f"point tensor; model weights are float32, bfloat16 or float16")
+            raise ConfigError(
+                f"{os.path.join(self.path, self._where[hf_name])}: {hf_name} is {what}, not a floating-"
+                f"point tensor; model weights are float32, bfloat16 or float16"
+            )
         return t

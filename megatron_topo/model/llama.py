@@ -7,6 +7,7 @@ HuggingFace ``LlamaForCausalLM`` / ``MistralForCausalLM`` so weights map one to 
 follows GPT-NeoX's sizing rule (:func:`mlp_width`), so GPT-NeoX's Llama configs build the shapes
 (and parameter counts) GPT-NeoX builds.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,9 +50,11 @@ def mlp_width(cfg) -> int:
     ffn = 2 * m * ((ffn + 2 * m - 1) // (2 * m))
     ffn_in = m * ((ffn_in + m - 1) // m)
     if ffn != (2 * ffn_in if gated(cfg) else ffn_in):
-        raise ValueError(f"GPT-NeoX's sizing gives the MLP {ffn} outputs for {ffn_in} inputs of its second "
-                         f"projection (intermediate_size {cfg.intermediate_size}, mlp_multiple_of {m}); "
-                         f"choose an intermediate_size that gives a consistent width")
+        raise ValueError(
+            f"GPT-NeoX's sizing gives the MLP {ffn} outputs for {ffn_in} inputs of its second "
+            f"projection (intermediate_size {cfg.intermediate_size}, mlp_multiple_of {m}); "
+            f"choose an intermediate_size that gives a consistent width"
+        )
     return ffn_in
 
 
@@ -195,4 +198,3 @@ class Llama(nn.Module):
 
     def init_buffers(self, device) -> None:
         self.inv_freq = _inv_freq(self.cfg, device)
-

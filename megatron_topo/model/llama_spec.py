@@ -1,5 +1,6 @@
 """The Llama spec: sizes, FLOPs, activation bytes, arch keys and the HF mapping of model/llama.py
 (HF ``LlamaForCausalLM``; ``MistralForCausalLM`` when a sliding window is set)."""
+
 from __future__ import annotations
 
 from .llama import Llama, gated, kv_heads, mlp_bias, mlp_width
@@ -14,10 +15,26 @@ class LlamaSpec(ModelSpec):
 
     name = "llama"
     hf_model_types = ("llama", "mistral")
-    arch_keys = ("arch", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "vocab_size",
-                 "rotary_pct", "rotary_emb_base", "no_weight_tying", "norm", "rms_norm_epsilon", "activation",
-                 "mlp_type", "intermediate_size", "mlp_multiple_of", "use_bias_in_attn_linear", "use_bias_in_mlp",
-                 "sliding_window_width")
+    arch_keys = (
+        "arch",
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_kv_heads",
+        "vocab_size",
+        "rotary_pct",
+        "rotary_emb_base",
+        "no_weight_tying",
+        "norm",
+        "rms_norm_epsilon",
+        "activation",
+        "mlp_type",
+        "intermediate_size",
+        "mlp_multiple_of",
+        "use_bias_in_attn_linear",
+        "use_bias_in_mlp",
+        "sliding_window_width",
+    )
 
     def module_class(self, cfg):
         return Llama
@@ -25,21 +42,27 @@ class LlamaSpec(ModelSpec):
     def check(self, cfg) -> list:
         out = []
         if cfg.norm != "rmsnorm":
-            out.append(f"norm={cfg.norm!r} with a gated MLP (activation={cfg.activation!r}, mlp_type={cfg.mlp_type!r}) "
-                       f"is not built here: the llama architecture uses norm: rmsnorm")
+            out.append(
+                f"norm={cfg.norm!r} with a gated MLP (activation={cfg.activation!r}, mlp_type={cfg.mlp_type!r}) "
+                f"is not built here: the llama architecture uses norm: rmsnorm"
+            )
         elif cfg.use_bias_in_norms:
             out.append("use_bias_in_norms=true is not valid with norm: rmsnorm (RMSNorm has no bias); set it to false")
         if not gated(cfg):
-            out.append(f"activation={cfg.activation!r} with mlp_type={cfg.mlp_type!r} is not valid for the llama "
-                       f"architecture; use activation: swiglu, or mlp_type: llama with activation: silu")
+            out.append(
+                f"activation={cfg.activation!r} with mlp_type={cfg.mlp_type!r} is not valid for the llama "
+                f"architecture; use activation: swiglu, or mlp_type: llama with activation: silu"
+            )
         elif cfg.mlp_type == "llama" and cfg.activation != "silu":
             out.append(f"mlp_type: llama takes activation: silu (GPT-NeoX's LLaMAParallelMLP), not {cfg.activation!r}")
         if cfg.gpt_j_residual:
             out.append("gpt_j_residual=true is not valid for the llama architecture (its residual is sequential)")
         if cfg.num_kv_heads is not None and cfg.num_attention_heads % cfg.num_kv_heads:
-            out.append(f"num_kv_heads {cfg.num_kv_heads} does not divide num_attention_heads "
-                       f"{cfg.num_attention_heads}; use a divisor (1: multi-query, {cfg.num_attention_heads}: "
-                       f"multi-head)")
+            out.append(
+                f"num_kv_heads {cfg.num_kv_heads} does not divide num_attention_heads "
+                f"{cfg.num_attention_heads}; use a divisor (1: multi-query, {cfg.num_attention_heads}: "
+                f"multi-head)"
+            )
         if gated(cfg):
             try:
                 mlp_width(cfg)
@@ -99,15 +122,15 @@ class LlamaSpec(ModelSpec):
 
     def to_hf_key(self, name: str, head_name=None) -> str:
         if name.startswith("head.lm_head."):
-            return "lm_head" + name[len("head.lm_head"):]
+            return "lm_head" + name[len("head.lm_head") :]
         if name.startswith("head."):
-            return "model." + name[len("head."):]
+            return "model." + name[len("head.") :]
         return "model." + name
 
     def from_hf_key(self, name: str) -> str:
         if name.startswith("lm_head."):
             return "head." + name
-        name = name[len("model."):] if name.startswith("model.") else name
+        name = name[len("model.") :] if name.startswith("model.") else name
         if name.startswith("norm."):
             return "head." + name
         return name
@@ -119,24 +142,38 @@ class LlamaSpec(ModelSpec):
         from ..config.options import ConfigError
 
         if cfg.rotary_pct != 1.0:
-            raise ConfigError(f"rotary_pct {cfg.rotary_pct}: HF Llama/Mistral rotate every channel of a head; "
-                              f"only rotary_pct 1 exports")
+            raise ConfigError(
+                f"rotary_pct {cfg.rotary_pct}: HF Llama/Mistral rotate every channel of a head; "
+                f"only rotary_pct 1 exports"
+            )
         mistral = bool(cfg.sliding_window_width)
         if mistral and (cfg.use_bias_in_attn_linear or mlp_bias(cfg)):
             raise ConfigError("a sliding-window model with biases has no HF equivalent (MistralForCausalLM has none)")
         h = cfg.hidden_size
-        kw = dict(vocab_size=cfg.vocab_size, hidden_size=h, intermediate_size=mlp_width(cfg),
-                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_attention_heads,
-                  num_key_value_heads=kv_heads(cfg), head_dim=h // cfg.num_attention_heads, hidden_act=HF_ACT,
-                  max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_epsilon,
-                  tie_word_embeddings=not cfg.no_weight_tying, attention_dropout=0.0)
+        kw = dict(
+            vocab_size=cfg.vocab_size,
+            hidden_size=h,
+            intermediate_size=mlp_width(cfg),
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=kv_heads(cfg),
+            head_dim=h // cfg.num_attention_heads,
+            hidden_act=HF_ACT,
+            max_position_embeddings=cfg.max_position_embeddings,
+            rms_norm_eps=cfg.rms_norm_epsilon,
+            tie_word_embeddings=not cfg.no_weight_tying,
+            attention_dropout=0.0,
+        )
         if mistral:
             kw["sliding_window"] = cfg.sliding_window_width
         else:
             kw.update(attention_bias=bool(cfg.use_bias_in_attn_linear), mlp_bias=mlp_bias(cfg))
         theta = float(cfg.rotary_emb_base)
-        model_type, arch, cls = (("mistral", "MistralForCausalLM", "MistralConfig") if mistral
-                                 else ("llama", "LlamaForCausalLM", "LlamaConfig"))
+        model_type, arch, cls = (
+            ("mistral", "MistralForCausalLM", "MistralConfig")
+            if mistral
+            else ("llama", "LlamaForCausalLM", "LlamaConfig")
+        )
         try:
             import transformers
 
@@ -154,8 +191,9 @@ class LlamaSpec(ModelSpec):
         try:
             return self._model_keys(hf, where)
         except (KeyError, TypeError, ValueError, AttributeError) as e:  # a missing or mistyped field: one line
-            raise ConfigError(f"{where}: not a readable {hf.get('model_type')} config "
-                              f"({type(e).__name__}: {e})") from None
+            raise ConfigError(
+                f"{where}: not a readable {hf.get('model_type')} config ({type(e).__name__}: {e})"
+            ) from None
 
     def _model_keys(self, hf: dict, where: str) -> dict:
         from ..config.options import ConfigError
@@ -163,8 +201,9 @@ class LlamaSpec(ModelSpec):
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         for r in (hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}):  # both: either may be stale
             if r.get("rope_type", r.get("type", "default")) not in ("default", None):
-                raise ConfigError(f"{where}: rope_type {r.get('rope_type', r.get('type'))!r} is not supported "
-                                  f"(plain rotary only)")
+                raise ConfigError(
+                    f"{where}: rope_type {r.get('rope_type', r.get('type'))!r} is not supported (plain rotary only)"
+                )
         base = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         h, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         unsupported = []
@@ -175,20 +214,30 @@ class LlamaSpec(ModelSpec):
         if float(base) != int(float(base)):
             unsupported.append(f"rope_theta {base} (an integer rotary_emb_base here)")
         if unsupported:
-            raise ConfigError(f"{where}: this {hf.get('model_type')} variant cannot be built here: "
-                              f"{'; '.join(unsupported)}")
+            raise ConfigError(
+                f"{where}: this {hf.get('model_type')} variant cannot be built here: {'; '.join(unsupported)}"
+            )
         window = hf.get("sliding_window") if hf.get("model_type") == "mistral" else None
         return dict(
-            arch="llama", norm="rmsnorm", use_bias_in_norms=False, activation="swiglu", mlp_type="regular",
-            mlp_multiple_of=1, gpt_j_residual=False,
-            num_layers=int(hf["num_hidden_layers"]), hidden_size=h, num_attention_heads=heads,
+            arch="llama",
+            norm="rmsnorm",
+            use_bias_in_norms=False,
+            activation="swiglu",
+            mlp_type="regular",
+            mlp_multiple_of=1,
+            gpt_j_residual=False,
+            num_layers=int(hf["num_hidden_layers"]),
+            hidden_size=h,
+            num_attention_heads=heads,
             num_kv_heads=int(hf.get("num_key_value_heads") or heads),
             intermediate_size=3 * int(hf["intermediate_size"]),
-            vocab_size=int(hf["vocab_size"]), max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
-            rotary_pct=1.0, rotary_emb_base=int(float(base)), rms_norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
+            vocab_size=int(hf["vocab_size"]),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+            rotary_pct=1.0,
+            rotary_emb_base=int(float(base)),
+            rms_norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
             no_weight_tying=not bool(hf.get("tie_word_embeddings", False)),
             use_bias_in_attn_linear=bool(hf.get("attention_bias", False)),
             use_bias_in_mlp=bool(hf.get("mlp_bias", False)),
             sliding_window_width=int(window) if window else None,
         )
-

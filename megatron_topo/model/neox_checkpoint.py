@@ -16,6 +16,7 @@ Other checkpoints are refused with the conversion path: GPT-NeoX's
 ``tools/ckpts/convert_neox_to_hf.py`` (merges model-parallel shards) and then ``finetune_from`` the
 HF folder.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,12 +29,23 @@ from ..config.options import ConfigError
 
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
 MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
-TRANSFORMER_KEYS = tuple(f"{m}.{p}" for m in ("input_layernorm", "attention.query_key_value", "attention.dense",
-                                               "post_attention_layernorm", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
-                         for p in ("weight", "bias"))
+TRANSFORMER_KEYS = tuple(
+    f"{m}.{p}"
+    for m in (
+        "input_layernorm",
+        "attention.query_key_value",
+        "attention.dense",
+        "post_attention_layernorm",
+        "mlp.dense_h_to_4h",
+        "mlp.dense_4h_to_h",
+    )
+    for p in ("weight", "bias")
+)
 BUFFERS = ("attention.rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # not weights
-CONVERT = ("convert it with GPT-NeoX's tools/ckpts/convert_neox_to_hf.py (it merges model-parallel shards) and "
-           "give the HF folder as finetune_from")
+CONVERT = (
+    "convert it with GPT-NeoX's tools/ckpts/convert_neox_to_hf.py (it merges model-parallel shards) and "
+    "give the HF folder as finetune_from"
+)
 
 
 def _model_files(d: str) -> list:
@@ -74,16 +86,21 @@ def check(path: str, key: str, finetune: bool) -> list:
     """Problem lines for a GPT-NeoX checkpoint given as ``key`` (load / finetune_from)."""
     d = step_folder(path)
     files = _model_files(d)
-    ranks = {int(m.group(2)) for m in map(LAYER_FILE.match, files) if m} | \
-            {int(m.group(1)) for m in map(MP_FILE.match, files) if m}
+    ranks = {int(m.group(2)) for m in map(LAYER_FILE.match, files) if m} | {
+        int(m.group(1)) for m in map(MP_FILE.match, files) if m
+    }
     out = []
     if len(ranks) > 1:
-        out.append(f"{key} {path}: a GPT-NeoX checkpoint of model-parallel size {len(ranks)} ({os.path.basename(d)}); "
-                   f"only model-parallel-1 checkpoints are imported here: {CONVERT}")
+        out.append(
+            f"{key} {path}: a GPT-NeoX checkpoint of model-parallel size {len(ranks)} ({os.path.basename(d)}); "
+            f"only model-parallel-1 checkpoints are imported here: {CONVERT}"
+        )
     elif key == "load" and not finetune:
-        out.append(f"load {path}: a GPT-NeoX/DeepSpeed checkpoint ({os.path.basename(d)}); its optimizer state "
-                   f"(DeepSpeed's zero_pp_rank files) cannot be resumed here: set finetune: true (or give it as "
-                   f"finetune_from) to start from its weights at step 0 with a fresh optimizer")
+        out.append(
+            f"load {path}: a GPT-NeoX/DeepSpeed checkpoint ({os.path.basename(d)}); its optimizer state "
+            f"(DeepSpeed's zero_pp_rank files) cannot be resumed here: set finetune: true (or give it as "
+            f"finetune_from) to start from its weights at step 0 with a fresh optimizer"
+        )
     return out
 
 
@@ -110,8 +127,10 @@ class NeoxWeights:
             for full in sd:
                 m = re.match(r"(?:module\.)?sequential\.(\d+)\.(.+)$", full)
                 if m is None:
-                    raise ConfigError(f"{self.dir}/mp_rank_00_model_states.pt: tensor {full!r} is not a GPT-NeoX "
-                                      f"layer tensor (sequential.N.*); {CONVERT}")
+                    raise ConfigError(
+                        f"{self.dir}/mp_rank_00_model_states.pt: tensor {full!r} is not a GPT-NeoX "
+                        f"layer tensor (sequential.N.*); {CONVERT}"
+                    )
                 self._add(int(m.group(1)), m.group(2), ("mp_rank_00_model_states.pt", full))
 
     def _add(self, idx: int, key: str, where: tuple) -> None:
@@ -129,9 +148,11 @@ class NeoxWeights:
         elif idx == L + 4 and key == "word_embeddings.weight":
             return  # tied output layer: the embedding itself
         else:
-            raise ConfigError(f"{self.path}: GPT-NeoX layer {idx} tensor {key!r} has no place in this model "
-                              f"(num_layers {L}, GPT-NeoX's gelu MLP with biases, rotary positions, LayerNorm); "
-                              f"check num_layers and the architecture keys, or {CONVERT}")
+            raise ConfigError(
+                f"{self.path}: GPT-NeoX layer {idx} tensor {key!r} has no place in this model "
+                f"(num_layers {L}, GPT-NeoX's gelu MLP with biases, rotary positions, LayerNorm); "
+                f"check num_layers and the architecture keys, or {CONVERT}"
+            )
         self._where[hf] = where
 
     def _load(self, name: str) -> dict:
@@ -140,8 +161,10 @@ class NeoxWeights:
             try:
                 obj = torch.load(p, map_location="cpu", mmap=True, weights_only=True)
             except Exception as e:  # a damaged file, or pickled objects beyond tensors: one line
-                raise ConfigError(f"{p}: cannot read it as a GPT-NeoX state dict ({type(e).__name__}: "
-                                  f"{str(e).splitlines()[0][:200]}); {CONVERT}") from None
+                raise ConfigError(
+                    f"{p}: cannot read it as a GPT-NeoX state dict ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:200]}); {CONVERT}"
+                ) from None
             if name.startswith("mp_rank_"):
                 obj = obj.get("module") if isinstance(obj, dict) else None
                 if not isinstance(obj, dict):

@@ -14,6 +14,7 @@ A :class:`ModelSpec` owns, for the ``ModelConfig`` it is given:
 This module holds the interface and the rules the architectures share (rotary tables, init by
 role); :mod:`.spec` holds the registry that picks an architecture's spec for a config.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,9 @@ class ModelSpec:
         """Weights one layer multiplies every token by (biases and norms excluded)."""
         raise NotImplementedError
 
-    def forward_flops(self, cfg, sequences: float, seq_length: Optional[int] = None,
-                      passes: float = 1.0) -> float:  # pragma: no cover - abstract
+    def forward_flops(
+        self, cfg, sequences: float, seq_length: Optional[int] = None, passes: float = 1.0
+    ) -> float:  # pragma: no cover - abstract
         """Model FLOPs of ``passes`` forward passes over ``sequences`` sequences (3: forward and
         backward, 4: with activation recompute), counted the way GPT-NeoX logs them."""
         raise NotImplementedError
@@ -107,7 +109,7 @@ def rotary_inv_freq(head_size: int, rotary_pct: float, base: float, device=None)
     rot = int(head_size * rotary_pct)
     rot -= rot % 2
     exps = torch.arange(0, rot, 2, dtype=torch.float, device=device) / max(rot, 1)
-    return 1.0 / (base ** exps)
+    return 1.0 / (base**exps)
 
 
 def rotary_tables(inv_freq: torch.Tensor, seq_len: int, device) -> tuple:

@@ -27,6 +27,7 @@ run under ``auto`` equals the same run with the chosen plan written out, bit for
 on the same number of ranks keeps its checkpoint's plan when that plan is on the shortlist (it was
 measured when the run started), so walltime-chained jobs do not pay for the trials again.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,14 +93,22 @@ def with_pass(trial: Trial, steps: Sequence[float]) -> Trial:
 
 def summary(trials: Sequence[Trial], chosen: Trial, window: float) -> str:
     """One line: every timed plan, measured (each pass's median) vs modelled, and the choice."""
+
     def passes(t: Trial) -> str:
         return " / ".join(f"{statistics.median(p):.3g}" for p in t.passes)
+
     parts = [f"{t.ranked.label} {t.step_s:.3g} s (passes {passes(t)}; model {t.ranked.step_s:.3g})" for t in trials]
-    how = ("once each" if max(len(t.passes) for t in trials) == 1 else  # zero_topo.auto_trial_passes: 1
-           f"twice each (the second pass in reverse order), the two fastest again while within {RACE_MARGIN:.0%} "
-           f"of each other")
-    return (f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, {how} (the fastest "
-            f"pass's median step, slowest rank): {'; '.join(parts)}; chose {chosen.ranked.label}")
+    how = (
+        "once each"
+        if max(len(t.passes) for t in trials) == 1
+        # zero_topo.auto_trial_passes: 1
+        else f"twice each (the second pass in reverse order), the two fastest again while within {RACE_MARGIN:.0%} "
+        f"of each other"
+    )
+    return (
+        f"preset auto: timed {len(trials)} plans modelled within {window:.0%} of the fastest, {how} (the fastest "
+        f"pass's median step, slowest rank): {'; '.join(parts)}; chose {chosen.ranked.label}"
+    )
 
 
 def _trial_cfg(cfg: Config) -> Config:
@@ -112,8 +121,9 @@ def _trial_cfg(cfg: Config) -> Config:
     return dataclasses.replace(cfg, train=dataclasses.replace(t, fp16=fp16))
 
 
-def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
-              build: Callable[..., object]) -> list[float]:
+def time_plan(
+    cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int, build: Callable[..., object]
+) -> list[float]:
     """Build an engine for ``plan``, run one warm-up and ``steps`` timed optimizer steps on random
     tokens; returns the slowest rank's seconds for each timed step. The engine is freed.
 
@@ -126,8 +136,9 @@ def time_plan(cfg: Config, rt: Runtime, plan: Plan, comm: Comm, steps: int,
     t, m = cfg.train, cfg.model
     accum = t.gradient_accumulation_steps
     gen = torch.Generator().manual_seed(t.seed + rt.rank)
-    tokens = torch.randint(0, m.vocab_size, (accum, t.train_micro_batch_size_per_gpu, m.seq_length + 1),
-                           generator=gen).to(rt.device)
+    tokens = torch.randint(
+        0, m.vocab_size, (accum, t.train_micro_batch_size_per_gpu, m.seq_length + 1), generator=gen
+    ).to(rt.device)
     mark = comm.group_mark()
     eng = build(_trial_cfg(cfg), rt, plan, comm=comm)
     lr = learning_rate(cfg, 1)
@@ -176,8 +187,15 @@ def _checkpoint_plan(path: Optional[str], world_size: int) -> Optional[dict]:
     return meta.plan if meta.world_size == world_size else None
 
 
-def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build: Callable[..., object],
-           resume_from: Optional[str] = None, log: Callable[[str], None] = print) -> Plan:
+def choose(
+    cfg: Config,
+    rt: Runtime,
+    ranked: Sequence[Ranked],
+    comm: Comm,
+    build: Callable[..., object],
+    resume_from: Optional[str] = None,
+    log: Callable[[str], None] = print,
+) -> Plan:
     """The plan a ``preset: auto`` run trains with (module docstring). ``comm`` is the run's: each
     trial engine creates its process groups in it and destroys them when it is freed; the run's
     engine then creates its own."""
@@ -189,8 +207,10 @@ def choose(cfg: Config, rt: Runtime, ranked: Sequence[Ranked], comm: Comm, build
     if saved is not None:
         for r in short:
             if all(saved.get(k) == getattr(r.plan, k) for k in autoplan.COMPARED):
-                log(f"preset auto: resuming on the same {topo.world_size} ranks: keeping the checkpoint's plan "
-                    f"{r.label} (timed when the run started)")
+                log(
+                    f"preset auto: resuming on the same {topo.world_size} ranks: keeping the checkpoint's plan "
+                    f"{r.label} (timed when the run started)"
+                )
                 return autoplan.plan_of(r, cfg, topo)
     trials = []
     for r in short:

@@ -1,5 +1,6 @@
 """What each step consumes: the datasets, the micro-batches of a global step, the loss and the
 learning-rate schedule."""
+
 from __future__ import annotations
 
 import math
@@ -65,9 +66,15 @@ def build_data(cfg: Config, rank: int, world_size: int, barrier=None):
     from ..data import build_datasets
 
     t = cfg.train
-    return build_datasets(cfg.data, seq_length=cfg.model.seq_length, seed=t.seed,
-                          num_samples=dataset_num_samples(cfg, world_size),
-                          vocab_size=cfg.model.vocab_size, is_builder=rank == 0, barrier=barrier)
+    return build_datasets(
+        cfg.data,
+        seq_length=cfg.model.seq_length,
+        seed=t.seed,
+        num_samples=dataset_num_samples(cfg, world_size),
+        vocab_size=cfg.model.vocab_size,
+        is_builder=rank == 0,
+        barrier=barrier,
+    )
 
 
 def check_eval_data(cfg: Config, train_ds, valid_ds) -> None:
@@ -79,7 +86,12 @@ def check_eval_data(cfg: Config, train_ds, valid_ds) -> None:
     if not lg.eval_interval or lg.eval_interval > cfg.train.train_iters or valid_ds is not None:
         return  # no evaluation, or no step reaches one (a note says so)
     indexed = getattr(train_ds, "indexed", None)  # a GPTDataset cut from data_path by split
-    where = (f"{d.data_path}: split '{d.split}' gives the validation split 0 of the {len(indexed):,} documents"
-             if indexed is not None and not d.train_data_paths else "the validation dataset is empty")
-    raise DataError(f"{where}, but eval_interval {lg.eval_interval} evaluates on it; give validation a larger "
-                    f"share or more data, or set eval_interval: 0 to turn evaluation off")
+    where = (
+        f"{d.data_path}: split '{d.split}' gives the validation split 0 of the {len(indexed):,} documents"
+        if indexed is not None and not d.train_data_paths
+        else "the validation dataset is empty"
+    )
+    raise DataError(
+        f"{where}, but eval_interval {lg.eval_interval} evaluates on it; give validation a larger "
+        f"share or more data, or set eval_interval: 0 to turn evaluation off"
+    )

@@ -3,6 +3,7 @@
 the weights the run starts from, decides when a step is saved (``checkpoint_factor``,
 ``extra_save_iters``, the time-based interval, the end of the run) and saves the trainer state
 with the engine's."""
+
 from __future__ import annotations
 
 import os
@@ -36,8 +37,10 @@ class TrainState:
 def _train_state(st: ckpt.TrainerState, path: str) -> TrainState:
     """The trainer state a resume continues from (meta.json's schema checked the types)."""
     if st.consumed_samples is None:
-        raise ckpt.CheckpointError(f"{ckpt.resolve(path)}/meta.json: trainer.consumed_samples: missing; without it the "
-                                   f"run cannot tell where in the data it stopped")
+        raise ckpt.CheckpointError(
+            f"{ckpt.resolve(path)}/meta.json: trainer.consumed_samples: missing; without it the "
+            f"run cannot tell where in the data it stopped"
+        )
     return TrainState(step=st.step, consumed_samples=st.consumed_samples, consumed_valid=st.consumed_valid)
 
 
@@ -63,7 +66,8 @@ def resume_source(cfg: Config, weights_from: Optional[str], log: Callable[[str],
             raise ckpt.CheckpointError(
                 f"checkpoint.save {c.save} already holds checkpoints ({_latest_of(c.save)}) and this run "
                 f"resumes from load={c.load}; saving there would mix two runs: save elsewhere with --set "
-                f"save=DIR, or continue the run in {c.save} with --set load={c.save}")
+                f"save=DIR, or continue the run in {c.save} with --set load={c.save}"
+            )
         return c.load
     if c.save and ckpt.holds_checkpoints(c.save):
         if c.auto_resume:
@@ -72,7 +76,8 @@ def resume_source(cfg: Config, weights_from: Optional[str], log: Callable[[str],
         latest = _latest_of(c.save)
         raise ckpt.CheckpointError(
             f"checkpoint.save {c.save} already holds checkpoints ({latest}) and this run starts fresh; "
-            f"resume it with --set load={c.save} or --set auto_resume=true, or save elsewhere with --set save=DIR")
+            f"resume it with --set load={c.save} or --set auto_resume=true, or save elsewhere with --set save=DIR"
+        )
     if c.auto_resume:
         log(f"no checkpoint in {c.save or '(checkpoint.save unset)'}: starting fresh")
     return None
@@ -101,8 +106,17 @@ class Checkpointer:
     (recorded, so a resume on another world size keeps it). ``lifecycle``: the running loop's
     stop/save agreement (set by the trainer while it trains), told of every save."""
 
-    def __init__(self, cfg: Config, rank: int, engine, effective_cfg: Config, global_batch: int,
-                 resume_from: Optional[str], weights_from: Optional[str], log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        rank: int,
+        engine,
+        effective_cfg: Config,
+        global_batch: int,
+        resume_from: Optional[str],
+        weights_from: Optional[str],
+        log: Callable[[str], None],
+    ) -> None:
         self.cfg, self.c, self.rank, self.engine = cfg, cfg.checkpoint, rank, engine
         self.effective_cfg, self.global_batch = effective_cfg, global_batch
         self.resume_from, self.weights_from, self.log = resume_from, weights_from, log
@@ -138,8 +152,14 @@ class Checkpointer:
         return state
 
     def _load(self, path: str) -> TrainState:
-        st = ckpt.load(self.engine, path, self.rank, config=self.cfg,  # refuses another architecture
-                       unverified=self.c.load_unverified, read_config=_read_config)
+        st = ckpt.load(
+            self.engine,
+            path,
+            self.rank,
+            config=self.cfg,  # refuses another architecture
+            unverified=self.c.load_unverified,
+            read_config=_read_config,
+        )
         state = _train_state(st, path)
         if st.python_rng is not None:
             random.seed(st.python_rng)
@@ -154,7 +174,8 @@ class Checkpointer:
             raise ckpt.CheckpointError(
                 f"{ckpt.resolve(src)}: trainer.consumed_samples {n:,} in meta.json is beyond the "
                 f"{len(train_ds):,} samples of this run's training data (train_iters x global batch); the "
-                f"data position would wrap; is meta.json from this run?")
+                f"data position would wrap; is meta.json from this run?"
+            )
 
     # ---------------------------------------------------------------- when to save
     def at_start(self, state: TrainState) -> None:
@@ -167,8 +188,12 @@ class Checkpointer:
         and when the time-based interval is due (``save_due``, agreed by all ranks); not at the
         last step or when stopping (:meth:`at_end` saves those)."""
         c, step = self.c, state.step
-        if c.save and step < end and not stop and (
-                (c.checkpoint_factor and step % c.checkpoint_factor == 0) or save_due or step in self.extra):
+        if (
+            c.save
+            and step < end
+            and not stop
+            and ((c.checkpoint_factor and step % c.checkpoint_factor == 0) or save_due or step in self.extra)
+        ):
             self.save(state)
 
     def at_end(self, state: TrainState, start_step: int) -> dict:
@@ -186,8 +211,17 @@ class Checkpointer:
         if not c.save:
             return None
         trainer_state = ckpt.TrainerState(state.step, state.consumed_samples, state.consumed_valid, self.global_batch)
-        path = ckpt.save(self.engine, c.save, state.step, trainer_state, self.effective_cfg.to_flat_yaml(), self.rank,
-                         self.engine.comm.barrier, keep_last=c.keep_last, fault=fault_injection.maybe_fail)
+        path = ckpt.save(
+            self.engine,
+            c.save,
+            state.step,
+            trainer_state,
+            self.effective_cfg.to_flat_yaml(),
+            self.rank,
+            self.engine.comm.barrier,
+            keep_last=c.keep_last,
+            fault=fault_injection.maybe_fail,
+        )
         if self.lifecycle is not None:
             self.lifecycle.saved()  # the time-based interval restarts
         return path

@@ -18,6 +18,7 @@ With the variable set, :func:`install` wraps the trainer's per-micro-batch loss 
 normal loop calls nothing here. Checkpoint saving calls :func:`maybe_fail` at its two kill points (the
 trainer hands it to ``checkpoint.save`` as its ``fault`` callback).
 """
+
 from __future__ import annotations
 
 import os
@@ -57,7 +58,9 @@ def parse(spec: str) -> list[Fault]:
         for f in fields:
             key, sep, val = f.partition("=")
             if not sep or key not in ("rank", "step", "at", "unit", "count", "where"):
-                raise ConfigError(f"{ENV}: {f!r} in {item!r} is not valid; use rank=, step=, at=, unit=, count=, where=")
+                raise ConfigError(
+                    f"{ENV}: {f!r} in {item!r} is not valid; use rank=, step=, at=, unit=, count=, where="
+                )
             if key in ("at", "where"):
                 kw[key] = val
             else:

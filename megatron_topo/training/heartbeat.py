@@ -8,6 +8,7 @@ one line naming that rank (or, when the store itself is gone, the store's host),
 address from the error and the collective time-out. Test fault injection is in
 training/fault_injection.py.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -28,8 +29,9 @@ class Heartbeat:
         import torch.distributed as dist
 
         self.rank, self.world, self.host, self.port, self.interval = rank, world, host, port, interval
-        self.store = dist.TCPStore(host, port, world_size=None, is_master=False,
-                                   timeout=datetime.timedelta(seconds=5), wait_for_workers=False)
+        self.store = dist.TCPStore(
+            host, port, world_size=None, is_master=False, timeout=datetime.timedelta(seconds=5), wait_for_workers=False
+        )
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.store.add(self._key("hb", rank), 1)
@@ -105,8 +107,20 @@ class Heartbeat:
         return lost
 
 
-_COMM_HINTS = ("gloo", "connection closed", "connection reset", "broken pipe", "timed out", "timeout",
-               "nccl", "peer", "socket", "distbackenderror", "no route to host", "connection refused")
+_COMM_HINTS = (
+    "gloo",
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "nccl",
+    "peer",
+    "socket",
+    "distbackenderror",
+    "no route to host",
+    "connection refused",
+)
 
 
 def is_comm_failure(exc: BaseException) -> bool:
@@ -124,8 +138,9 @@ def is_comm_failure(exc: BaseException) -> bool:
 _PEER_RE = re.compile(r"\[([0-9A-Za-z_.:\-]+)\]:(\d+)")
 
 
-def describe_failure(exc: BaseException, rank: int, world: int, heartbeat: Optional[Heartbeat],
-                     timeout_s: float) -> Optional[str]:
+def describe_failure(
+    exc: BaseException, rank: int, world: int, heartbeat: Optional[Heartbeat], timeout_s: float
+) -> Optional[str]:
     """One line for a failed collective (None when ``exc`` is not a communication failure)."""
     if not is_comm_failure(exc):
         return None
@@ -134,22 +149,29 @@ def describe_failure(exc: BaseException, rank: int, world: int, heartbeat: Optio
     timed_out = "timed out" in text.lower() or "timeout" in text.lower()
     m = _PEER_RE.search(text)
     peer = f"peer {m.group(1)}:{m.group(2)}" if m else "a peer"
-    what = (f"a collective timed out after {timeout_s:g} s (distributed.collective_timeout_s)" if timed_out
-            else f"the connection to {peer} closed")
+    what = (
+        f"a collective timed out after {timeout_s:g} s (distributed.collective_timeout_s)"
+        if timed_out
+        else f"the connection to {peer} closed"
+    )
     who = None
     if heartbeat is not None:
         lost: list = []
         try:
             lost = heartbeat.lost_ranks()
             if lost:
-                who = (f"lost rank {lost[0]}" if len(lost) == 1 else
-                       f"lost ranks {', '.join(map(str, lost))}") + " (its heartbeat stopped)"
+                who = (
+                    f"lost rank {lost[0]}" if len(lost) == 1 else f"lost ranks {', '.join(map(str, lost))}"
+                ) + " (its heartbeat stopped)"
         except Exception:
             lost = []
             agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
             host = f"{heartbeat.host}:{heartbeat.port}"
-            who = (f"lost the launcher's rendezvous store at {host}" if agent else
-                   f"lost rank 0 (it hosts the rendezvous store at {host}, which stopped answering)")
+            who = (
+                f"lost the launcher's rendezvous store at {host}"
+                if agent
+                else f"lost rank 0 (it hosts the rendezvous store at {host}, which stopped answering)"
+            )
         # the store's host stays until the others have read the heartbeats too: a peer blocked in
         # a collective with this rank only notices at its own time-out, and a store gone by then
         # would make it blame rank 0 (bounded, so a failed job does not idle for long)

@@ -2,6 +2,7 @@
 time, and the record written every ``logging.log_interval`` steps (mean loss over ranks, step
 time, samples and tokens per second, TFLOPS per GPU, peak memory, traffic per step), with the
 progress bar."""
+
 from __future__ import annotations
 
 import sys
@@ -19,9 +20,23 @@ class LogWindow:
     the window's step time); ``engine`` provides the traffic counters and the model-state bytes;
     ``writer`` gets the records."""
 
-    def __init__(self, engine, writer: M.MetricsWriter, reduce: Callable[[torch.Tensor, dict], tuple[float, dict]], *,
-                 device: torch.device, world_size: int, global_batch: int, seq_length: int, flops_per_iter: float,
-                 log_interval: int, end: int, total: int, step: int, progress_bar: bool) -> None:
+    def __init__(
+        self,
+        engine,
+        writer: M.MetricsWriter,
+        reduce: Callable[[torch.Tensor, dict], tuple[float, dict]],
+        *,
+        device: torch.device,
+        world_size: int,
+        global_batch: int,
+        seq_length: int,
+        flops_per_iter: float,
+        log_interval: int,
+        end: int,
+        total: int,
+        step: int,
+        progress_bar: bool,
+    ) -> None:
         self.engine, self.writer, self.reduce = engine, writer, reduce
         self.device, self.world_size = device, world_size
         self.global_batch, self.seq_length, self.flops_per_iter = global_batch, seq_length, flops_per_iter
@@ -53,8 +68,11 @@ class LogWindow:
         loss, comm_bytes = self.reduce(self.loss / self.steps, self.engine.comm.reset_counters())
         step_time = (self.seconds + time.perf_counter() - t1) / self.steps
         rec = {
-            "loss": loss, "lr": stats["lr"], "grad_norm": stats["grad_norm"],
-            "loss_scale": stats["loss_scale"], "skipped": stats["skipped"],
+            "loss": loss,
+            "lr": stats["lr"],
+            "grad_norm": stats["grad_norm"],
+            "loss_scale": stats["loss_scale"],
+            "skipped": stats["skipped"],
             "step_time_s": step_time,
             "samples_per_sec": self.global_batch / step_time,
             "tokens_per_sec": self.global_batch * self.seq_length / step_time,
@@ -68,8 +86,9 @@ class LogWindow:
             rec.update({f"model_state_bytes_{k}": v for k, v in self.engine.state_bytes_before_step.items()})
         self.writer.log(step, rec)
         if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{stats['lr']:.2e}",
-                                 tok_s=f"{rec['tokens_per_sec']:.0f}", refresh=False)
+            self.bar.set_postfix(
+                loss=f"{loss:.4f}", lr=f"{stats['lr']:.2e}", tok_s=f"{rec['tokens_per_sec']:.0f}", refresh=False
+            )
         self.loss.zero_()
         self.steps, self.seconds = 0, 0.0
         return rec
@@ -77,4 +96,3 @@ class LogWindow:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-

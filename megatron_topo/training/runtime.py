@@ -1,5 +1,6 @@
 """The process's place in the job: rank, world, device, topology, the process group and the
 heartbeat that names a vanished rank."""
+
 from __future__ import annotations
 
 import datetime
@@ -38,7 +39,9 @@ def setup_runtime(cfg: Config) -> Runtime:
         raise ConfigError(f"launcher environment: {e} (WORLD_SIZE, RANK, LOCAL_RANK must be integers)") from None
     world, rank = env["world_size"], env["rank"]
     if world < 1 or not 0 <= rank < world:
-        raise ConfigError(f"launcher environment: RANK={rank} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}")
+        raise ConfigError(
+            f"launcher environment: RANK={rank} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}"
+        )
     dcfg = cfg.distributed
     use_cuda = dcfg.device == "cuda" or (dcfg.device == "auto" and torch.cuda.is_available())
     if dcfg.device == "cuda" and not torch.cuda.is_available():
@@ -57,26 +60,34 @@ def setup_runtime(cfg: Config) -> Runtime:
                 raise ConfigError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
         port = str(os.environ["MASTER_PORT"])
         if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ConfigError(f"MASTER_PORT={port!r} is not a port number (valid: 1..65535; the Slurm scripts "
-                              f"pick one per job)")
+            raise ConfigError(
+                f"MASTER_PORT={port!r} is not a port number (valid: 1..65535; the Slurm scripts pick one per job)"
+            )
         try:  # an unknown host: torch would retry the rendezvous until its timeout
             import socket
 
             socket.getaddrinfo(os.environ["MASTER_ADDR"], int(port))
         except (OSError, UnicodeError) as e:
-            raise ConfigError(f"MASTER_ADDR={os.environ['MASTER_ADDR'][:80]!r} cannot be resolved ({e}); set it to "
-                              f"the host name or address of rank 0's node") from None
+            raise ConfigError(
+                f"MASTER_ADDR={os.environ['MASTER_ADDR'][:80]!r} cannot be resolved ({e}); set it to "
+                f"the host name or address of rank 0's node"
+            ) from None
         try:
-            dist.init_process_group(backend, rank=rank, world_size=world,
-                                    timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
-                                    device_id=device if use_cuda else None)
+            dist.init_process_group(
+                backend,
+                rank=rank,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
+                device_id=device if use_cuda else None,
+            )
         except Exception as e:  # the rendezvous port is taken: one line, not torch's traceback
             text = str(e)
             if "EADDRINUSE" in text or "address already in use" in text.lower():
                 raise ConfigError(
                     f"MASTER_PORT {port} on {os.environ['MASTER_ADDR']} is already in use (another job or run on "
                     f"this node?); pick another port (export MASTER_PORT=N; the Slurm scripts derive it from "
-                    f"the job id)") from None
+                    f"the job id)"
+                ) from None
             raise
     topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     heartbeat = Heartbeat.start(rank, world) if distributed else None

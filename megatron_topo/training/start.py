@@ -1,6 +1,7 @@
 """What a run starts from, decided before the Trainer is built: the checks of its folders, the
 checkpoint it resumes or the weights it fine-tunes from, its global batch, and its plan (for
 ``preset: auto`` the modelled ranking and the timed trials of :mod:`.auto_trials`)."""
+
 from __future__ import annotations
 
 import datetime
@@ -39,8 +40,15 @@ def new_comm(rt: Runtime, dcfg: Optional[DistributedConfig] = None) -> Comm:
         bad = trace.check_dir(dcfg.trace_collectives)
         if bad:
             raise ConfigError(bad)
-    return Comm(rt.topo, rt.rank, distributed=rt.distributed, device=rt.device, strict=rt.strict,
-                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s), trace_dir=dcfg.trace_collectives)
+    return Comm(
+        rt.topo,
+        rt.rank,
+        distributed=rt.distributed,
+        device=rt.device,
+        strict=rt.strict,
+        timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
+        trace_dir=dcfg.trace_collectives,
+    )
 
 
 def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None, comm: Optional[Comm] = None):
@@ -53,10 +61,19 @@ def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=No
     plan = plan or autoplan.resolve(cfg, rt.topo)[0]
     comm = comm or new_comm(rt, cfg.distributed)
     eng = ZeroTopoEngine(
-        model, model.shard_units(), plan, comm, precision=cfg.precision,
-        lr=t.optimizer.params.lr, betas=tuple(t.optimizer.params.betas), eps=t.optimizer.params.eps,
-        weight_decay=t.weight_decay, grad_clip=t.gradient_clipping, fp16_cfg=t.fp16,
-        kernel_backend=cfg.zero_topo.kernels, device=rt.device,
+        model,
+        model.shard_units(),
+        plan,
+        comm,
+        precision=cfg.precision,
+        lr=t.optimizer.params.lr,
+        betas=tuple(t.optimizer.params.betas),
+        eps=t.optimizer.params.eps,
+        weight_decay=t.weight_decay,
+        grad_clip=t.gradient_clipping,
+        fp16_cfg=t.fp16,
+        kernel_backend=cfg.zero_topo.kernels,
+        device=rt.device,
         init=lambda unit: model.init_parameters(unit, t.seed),
     )
     return eng
@@ -76,8 +93,9 @@ def choose_plan(cfg: Config, rt: Runtime, log: Callable[[str], None] = print) ->
     elif weights_from:
         resume_from = None
     # DeepSpeed's train_batch_size, now that the world is known
-    batch_note = check_batch_size(cfg, rt.world_size, rt.topo.ranks_per_node,
-                                  *kept_global_batch(cfg, resume_from, rt.world_size))
+    batch_note = check_batch_size(
+        cfg, rt.world_size, rt.topo.ranks_per_node, *kept_global_batch(cfg, resume_from, rt.world_size)
+    )
     if batch_note:
         log(batch_note)
     seed_everything(cfg.train.seed)

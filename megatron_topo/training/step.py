@@ -2,6 +2,7 @@
 trainer (:meth:`~megatron_topo.training.Trainer.train_step`) and preset auto's timed trials
 (:func:`~megatron_topo.training.auto_trials.time_plan`) both run it, so a trial times the step the
 run trains."""
+
 from __future__ import annotations
 
 from typing import Callable, Optional
@@ -13,11 +14,17 @@ from .batches import loss_fn
 Micro = Callable[[int], "tuple[torch.Tensor, torch.Tensor]"]
 
 
-def run_step(engine, micro: Micro, accum: int, lr: float, *,
-             loss_of: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
-             backward: Optional[Callable[[torch.Tensor, int, int], None]] = None,
-             stop: Optional[Callable[[], bool]] = None,
-             before_step: Optional[Callable[[], None]] = None) -> Optional[dict]:
+def run_step(
+    engine,
+    micro: Micro,
+    accum: int,
+    lr: float,
+    *,
+    loss_of: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
+    backward: Optional[Callable[[torch.Tensor, int, int], None]] = None,
+    stop: Optional[Callable[[], bool]] = None,
+    before_step: Optional[Callable[[], None]] = None,
+) -> Optional[dict]:
     """Accumulate ``accum`` micro-batches (``micro(m)``: inputs and targets of micro-batch ``m``)
     and step the engine at ``lr``. Returns the engine's step record with ``lr`` and ``loss`` (the
     mean of the micro-batches' losses, a device tensor), or None when ``stop()`` (asked before

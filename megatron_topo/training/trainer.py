@@ -2,6 +2,7 @@
 checkpoints. The plan is chosen before the Trainer is built (:func:`.start.choose_plan`); the
 Trainer composes the engine, the data, a :class:`.checkpoints.Checkpointer` and a
 :class:`.log_window.LogWindow`."""
+
 from __future__ import annotations
 
 import math
@@ -46,32 +47,50 @@ class Trainer:
         self.plan = self.engine.plan
         t = cfg.train
         self.batches_per_step = t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * rt.world_size
-        self.checkpointer = Checkpointer(cfg, rt.rank, self.engine, self.effective_cfg, self.batches_per_step,
-                                         self.resume_from, self.weights_from, self.log)
+        self.checkpointer = Checkpointer(
+            cfg,
+            rt.rank,
+            self.engine,
+            self.effective_cfg,
+            self.batches_per_step,
+            self.resume_from,
+            self.weights_from,
+            self.log,
+        )
         self.state = self.checkpointer.load_start(TrainState())
         if datasets is None:
             datasets = self._build_data()
         self.train_ds, self.valid_ds = datasets[0], datasets[1]
         self.checkpointer.check_data_position(self.state, self.train_ds)
         check_eval_data(cfg, self.train_ds, self.valid_ds)  # evaluation asked for: it must have data
-        mk = lambda ds: Batches(ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps,
-                                rt.world_size, rt.rank, rt.device) if ds is not None else None
+        mk = lambda ds: (
+            Batches(
+                ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, rt.world_size, rt.rank, rt.device
+            )
+            if ds is not None
+            else None
+        )
         self.train_batches, self.valid_batches = mk(self.train_ds), mk(self.valid_ds)
         lg = cfg.logging
         # metrics.jsonl belongs to its run: a resumed run appends, a fresh one moves an older file aside
-        self.writer = M.MetricsWriter(lg.log_dir, lg.tensorboard_dir, enabled=rt.rank == 0,
-                                      fresh=not self.resume_from,
-                                      resume_step=self.state.step if self.resume_from else None)
+        self.writer = M.MetricsWriter(
+            lg.log_dir,
+            lg.tensorboard_dir,
+            enabled=rt.rank == 0,
+            fresh=not self.resume_from,
+            resume_step=self.state.step if self.resume_from else None,
+        )
         if self.writer.moved_to:
             self.log(f"{self.writer.path} held an earlier run's records: moved to {self.writer.moved_to}")
         if self.writer.superseded:
-            self.log(f"{self.writer.path}: {self.writer.superseded} records of steps after {self.state.step} "
-                     f"(trained after the last checkpoint by a job that did not save them) moved to "
-                     f"{self.writer.path}.superseded")
+            self.log(
+                f"{self.writer.path}: {self.writer.superseded} records of steps after {self.state.step} "
+                f"(trained after the last checkpoint by a job that did not save them) moved to "
+                f"{self.writer.path}.superseded"
+            )
         if rt.rank == 0:
             write_effective_config(self.effective_cfg, lg.log_dir)
-        self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step,
-                                                    cfg.model.checkpoint_activations)
+        self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step, cfg.model.checkpoint_activations)
         fault_injection.install(self)  # only with MEGATRON_TOPO_FAULT set (tests): wraps _loss/_backward
 
     # ---------------------------------------------------------------- data
@@ -85,11 +104,16 @@ class Trainer:
         a stop signal came between micro-batches (all ranks agree, pipelined by one micro-batch):
         the partial step is discarded and the run saves the last whole step."""
         t, s, life = self.cfg.train, self.state, self.lifecycle
-        stats = run_step(self.engine, lambda m: self.train_batches.micro(s.consumed_samples, m),
-                         t.gradient_accumulation_steps, learning_rate(self.cfg, s.step + 1),
-                         loss_of=self._loss, backward=self._backward,
-                         stop=life.poll_micro if life is not None else None,
-                         before_step=life.end_micro if life is not None else None)
+        stats = run_step(
+            self.engine,
+            lambda m: self.train_batches.micro(s.consumed_samples, m),
+            t.gradient_accumulation_steps,
+            learning_rate(self.cfg, s.step + 1),
+            loss_of=self._loss,
+            backward=self._backward,
+            stop=life.poll_micro if life is not None else None,
+            before_step=life.end_micro if life is not None else None,
+        )
         if stats is None:
             self._discard_partial_step()
             return None
@@ -129,8 +153,11 @@ class Trainer:
         if not idx:
             return "no unit's gradient shard was non-finite"
         names = [f"{i} ({mods.get(id(self.engine.units[i].module), '?')})" for i in idx]
-        return ("unit " if len(names) == 1 else "units ") + ", ".join(names[:4]) + (
-            f" and {len(names) - 4} more" if len(names) > 4 else "")
+        return (
+            ("unit " if len(names) == 1 else "units ")
+            + ", ".join(names[:4])
+            + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        )
 
     @torch.no_grad()
     def evaluate(self) -> Optional[float]:
@@ -167,8 +194,9 @@ class Trainer:
         own = signals is None
         signals = signals or lifecycle.StopSignals().install()
         try:
-            self.lifecycle = step_sync.agreement(self.engine.comm, self.rt, signals,
-                                                 self.cfg.checkpoint.save_interval_minutes)
+            self.lifecycle = step_sync.agreement(
+                self.engine.comm, self.rt, signals, self.cfg.checkpoint.save_interval_minutes
+            )
             self.checkpointer.lifecycle = self.lifecycle
             return self._train(until)
         finally:
@@ -182,8 +210,14 @@ class Trainer:
         window = self._log_window(end)
         if life.agree_now():  # a stop signal came while the run started up: stop before training
             life.close()
-            return self._close(window, {"stopped_by": life.stop_name, "before_training": True,
-                                        "checkpoint": ckpt.resolve(self.resume_from) if self.resume_from else None})
+            return self._close(
+                window,
+                {
+                    "stopped_by": life.stop_name,
+                    "before_training": True,
+                    "checkpoint": ckpt.resolve(self.resume_from) if self.resume_from else None,
+                },
+            )
         start_step, last = s.step, {}
         self.engine.comm.reset_counters()
         ck.at_start(s)
@@ -218,16 +252,28 @@ class Trainer:
         for line in note_lines(cfg):  # accepted no-effect keys, DeepSpeed "auto" values
             self.log(line)
         self.log(f"topology: {rt.topo.describe()}; plan: {self.plan.describe()}")
-        self.log(f"model: {sum(u.numel for u in self.engine.units):,} parameters; precision {cfg.precision}; "
-                 f"global batch {self.batches_per_step} x {cfg.model.seq_length} tokens")
+        self.log(
+            f"model: {sum(u.numel for u in self.engine.units):,} parameters; precision {cfg.precision}; "
+            f"global batch {self.batches_per_step} x {cfg.model.seq_length} tokens"
+        )
 
     def _log_window(self, end: int) -> LogWindow:
         cfg, rt = self.cfg, self.rt
-        return LogWindow(self.engine, self.writer, self._reduce_log, device=rt.device, world_size=rt.world_size,
-                         global_batch=self.batches_per_step, seq_length=cfg.model.seq_length,
-                         flops_per_iter=self.flops_per_iter, log_interval=cfg.logging.log_interval, end=end,
-                         total=cfg.train.train_iters, step=self.state.step,
-                         progress_bar=rt.rank == 0 and cfg.logging.progress_bar)
+        return LogWindow(
+            self.engine,
+            self.writer,
+            self._reduce_log,
+            device=rt.device,
+            world_size=rt.world_size,
+            global_batch=self.batches_per_step,
+            seq_length=cfg.model.seq_length,
+            flops_per_iter=self.flops_per_iter,
+            log_interval=cfg.logging.log_interval,
+            end=end,
+            total=cfg.train.train_iters,
+            step=self.state.step,
+            progress_bar=rt.rank == 0 and cfg.logging.progress_bar,
+        )
 
     def _evaluate_due(self) -> dict:
         """Eval loss and perplexity every ``eval_interval`` steps (when there is validation data)."""

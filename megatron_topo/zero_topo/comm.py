@@ -7,6 +7,7 @@ norms) is charged to ``control`` so the volume counters match the formulas exact
 ``trace_dir`` every collective is also written, as it is issued, to the rank's collective trace
 (:mod:`.trace`).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -78,8 +79,12 @@ class TwoStageHandle(Handle):
     stage, ``launch_second``, goes out when the owner calls ``advance`` (at a point fixed by program
     position, the same on every rank), after waiting for the first stage; ``then`` finishes."""
 
-    def __init__(self, first: list[Optional[dist.Work]], launch_second: Callable[[], list[Optional[dist.Work]]],
-                 then: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        first: list[Optional[dist.Work]],
+        launch_second: Callable[[], list[Optional[dist.Work]]],
+        then: Callable[[], Any],
+    ) -> None:
         super().__init__([], then)
         self._first = first
         self._launch_second = launch_second
@@ -108,9 +113,16 @@ class Comm:
     gets it (``distributed.collective_timeout_s``; without it a subgroup gets PyTorch's default, not
     the run's). ``trace_dir``: write the collective trace there (``distributed.trace_collectives``)."""
 
-    def __init__(self, topo: Topology, rank: int, distributed: bool = True,
-                 device: torch.device | str = "cpu", strict: bool = False,
-                 timeout: Optional[datetime.timedelta] = None, trace_dir: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        topo: Topology,
+        rank: int,
+        distributed: bool = True,
+        device: torch.device | str = "cpu",
+        strict: bool = False,
+        timeout: Optional[datetime.timedelta] = None,
+        trace_dir: Optional[str] = None,
+    ) -> None:
         self.topo = topo
         self.rank = rank
         self.distributed = distributed and dist.is_available() and dist.is_initialized()
@@ -171,8 +183,9 @@ class Comm:
         if self.strict:
             for t in tensors:
                 if t.device != self.device:
-                    raise RuntimeError(f"collective on a {t.device} tensor; this process group's "
-                                       f"device is {self.device}")
+                    raise RuntimeError(
+                        f"collective on a {t.device} tensor; this process group's device is {self.device}"
+                    )
         if group.size > 1:
             self.bytes["control" if control else group.level] += int(nbytes)
 
@@ -194,9 +207,13 @@ class Comm:
             self.all_reduce(t, self.world, account=False)
             self.to_host(t)
 
-    def all_reduce_host(self, values: Iterable[float], group: Optional[Group] = None,
-                        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
-                        dtype: torch.dtype = torch.float64) -> list[float]:
+    def all_reduce_host(
+        self,
+        values: Iterable[float],
+        group: Optional[Group] = None,
+        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+        dtype: torch.dtype = torch.float64,
+    ) -> list[float]:
         """All-reduce a few Python numbers through a device tensor (not counted: bookkeeping
         such as logged losses and counters); returns Python floats."""
         t = torch.tensor(list(values), dtype=dtype, device=self.device)
@@ -211,8 +228,9 @@ class Comm:
         return out
 
     # -------------------------------------------------------------------------- collectives
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
-                   async_op: bool = False, account: bool = True) -> Optional[dist.Work]:
+    def all_gather(
+        self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op: bool = False, account: bool = True
+    ) -> Optional[dist.Work]:
         """``out`` = concat over group order of every member's ``inp``."""
         d = group.size
         if d == 1:
@@ -223,8 +241,9 @@ class Comm:
         self._issue("all_gather", group, S, inp.dtype)
         return _all_gather(out, inp, group=group.handle, async_op=async_op)
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
-                       async_op: bool = False) -> Optional[dist.Work]:
+    def reduce_scatter(
+        self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op: bool = False
+    ) -> Optional[dist.Work]:
         d = group.size
         if d == 1:
             out.copy_(inp.view_as(out))
@@ -233,8 +252,9 @@ class Comm:
         self._issue("reduce_scatter", group, inp.numel() * inp.element_size(), inp.dtype)
         return _reduce_scatter(out, inp, group=group.handle, async_op=async_op)
 
-    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, group: Group,
-                   async_op: bool = False) -> Optional[dist.Work]:
+    def all_to_all(
+        self, out: torch.Tensor, inp: torch.Tensor, group: Group, async_op: bool = False
+    ) -> Optional[dist.Work]:
         d = group.size
         if d == 1:
             out.copy_(inp)
@@ -243,8 +263,15 @@ class Comm:
         self._issue("all_to_all", group, inp.numel() * inp.element_size(), inp.dtype)
         return dist.all_to_all_single(out, inp, group=group.handle, async_op=async_op)
 
-    def all_reduce(self, t: torch.Tensor, group: Group, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
-                   async_op: bool = False, control: bool = False, account: bool = True) -> Optional[dist.Work]:
+    def all_reduce(
+        self,
+        t: torch.Tensor,
+        group: Group,
+        op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+        async_op: bool = False,
+        control: bool = False,
+        account: bool = True,
+    ) -> Optional[dist.Work]:
         d = group.size
         if d == 1:
             return None

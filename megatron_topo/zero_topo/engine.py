@@ -20,6 +20,7 @@ same collectives in the same order (docs/design.md §4.7). Step: the post-update
 rebuilds primary shards runs in the background and each unit waits for its own at its next gather,
 so it overlaps the next forward.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,26 +29,38 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from . import engine_state
+from . import engine_state, memory, traffic
 from . import layout as L
-from . import memory
-from . import traffic
 from .comm import Comm
 from .optimizer import ShardedAdamW
-from .sharding import Plan
 from .scaler import LossScaler
+from .sharding import Plan
 from .unit import ShardedUnit, UnitGroups
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class ZeroTopoEngine:
-    def __init__(self, model: nn.Module, units: Sequence[nn.Module], plan: Plan, comm: Comm, *,
-                 precision: str = "fp32", lr: float = 1e-3, betas: Sequence[float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.0, grad_clip: float = 0.0, fp16_cfg: Any = None,
-                 grad_comm_dtype: Optional[str] = None, kernel_backend: Optional[str] = None,
-                 max_in_flight: int = 2, device: Optional[torch.device] = None,
-                 init: Optional[Callable[[nn.Module], None]] = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        units: Sequence[nn.Module],
+        plan: Plan,
+        comm: Comm,
+        *,
+        precision: str = "fp32",
+        lr: float = 1e-3,
+        betas: Sequence[float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        grad_clip: float = 0.0,
+        fp16_cfg: Any = None,
+        grad_comm_dtype: Optional[str] = None,
+        kernel_backend: Optional[str] = None,
+        max_in_flight: int = 2,
+        device: Optional[torch.device] = None,
+        init: Optional[Callable[[nn.Module], None]] = None,
+    ) -> None:
         """``model`` may be built on the meta device (``build_model(cfg, device="meta")``): each
         unit is then materialised on ``device`` alone, initialised in place by ``init(unit)``,
         reduced to this rank's shards and freed before the next one (sharded initialisation)."""
@@ -72,7 +85,9 @@ class ZeroTopoEngine:
         align = L.alignment(self.topo.world_size, memory.block_sizes(plan))
         seen: dict[int, tuple[int, str]] = {}  # parameter -> (unit position, name in that unit)
         unit_params: list[list[tuple[str, nn.Parameter]]] = []
-        tied: list[tuple[int, str, int, str]] = []  # (borrowing unit position, name there, owning unit position, name there)
+        tied: list[
+            tuple[int, str, int, str]
+        ] = []  # (borrowing unit position, name there, owning unit position, name there)
         for i, mod in enumerate(units):
             params = []
             for n, p in mod.named_parameters(remove_duplicate=False):
@@ -91,8 +106,9 @@ class ZeroTopoEngine:
         if leftovers:
             raise ValueError(f"parameters outside every unit: {', '.join(leftovers[:5])}")
         first = next((p for ps in unit_params for _, p in ps), None)
-        self.device = torch.device(device) if device is not None else (
-            first.device if first is not None else torch.device("cpu"))
+        self.device = (
+            torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
+        )
         self.units: list[ShardedUnit] = []
         by_pos: dict[int, ShardedUnit] = {}
         for i, (mod, params) in enumerate(zip(units, unit_params)):
@@ -101,8 +117,20 @@ class ZeroTopoEngine:
             meta = params[0][1].device.type == "meta"
             if meta and self.device.type != "meta" and init is None:
                 raise ValueError("the model is on the meta device: pass init= to materialise it unit by unit")
-            by_pos[i] = ShardedUnit(i, mod, params, plan, comm, groups, self.dtype, align, wire,
-                                    kernel_backend, self.device, init if meta else None)
+            by_pos[i] = ShardedUnit(
+                i,
+                mod,
+                params,
+                plan,
+                comm,
+                groups,
+                self.dtype,
+                align,
+                wire,
+                kernel_backend,
+                self.device,
+                init if meta else None,
+            )
             self.units.append(by_pos[i])
         for i, n, owner, owner_name in tied:
             # the borrowing unit sees the owner's parameter (which sharded init may have replaced)
@@ -113,9 +141,14 @@ class ZeroTopoEngine:
             if i in by_pos and by_pos[owner] not in by_pos[i].borrows:
                 by_pos[i].borrows.append(by_pos[owner])
         self.groups = groups
-        self.optimizer = ShardedAdamW([u.master_init for u in self.units],
-                                      [u.decay_ranges() for u in self.units],
-                                      lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        self.optimizer = ShardedAdamW(
+            [u.master_init for u in self.units],
+            [u.decay_ranges() for u in self.units],
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+        )
         for u in self.units:
             del u.master_init
         self.scaler = LossScaler(fp16_cfg) if precision == "fp16" else None
@@ -167,10 +200,12 @@ class ZeroTopoEngine:
             u.finish_gather()
             if nxt is not None and self.plan.prefetch:
                 nxt.start_gather(backward=False)
+
         return hook
 
-    def _post_forward(self, u: ShardedUnit, prev: Optional[ShardedUnit],
-                      last: bool) -> Callable[[nn.Module, tuple, Any], Any]:
+    def _post_forward(
+        self, u: ShardedUnit, prev: Optional[ShardedUnit], last: bool
+    ) -> Callable[[nn.Module, tuple, Any], Any]:
         def hook(module: nn.Module, args: tuple, output: Any) -> Any:
             if self.in_backward:
                 return output
@@ -182,6 +217,7 @@ class ZeroTopoEngine:
             if training:
                 self._arm_backward(u, prev, output)
             return output
+
         return hook
 
     def _arm_backward(self, u: ShardedUnit, prev: Optional[ShardedUnit], output: Any) -> None:
@@ -208,6 +244,7 @@ class ZeroTopoEngine:
             u.grads_ready += 1
             if u.grads_ready == len(u.specs):
                 self._reduce_unit(u)
+
         return hook
 
     def _reduce_unit(self, u: ShardedUnit) -> None:
@@ -274,8 +311,10 @@ class ZeroTopoEngine:
         cross-replica combine when its reduction is finished; ``step`` is correct either way.
         """
         if any(u.combine_handle is not None for u in self.units):
-            raise RuntimeError("backward() called after backward(..., last_micro_batch=True) without step() "
-                               "in between: the gradients of this step are already being combined")
+            raise RuntimeError(
+                "backward() called after backward(..., last_micro_batch=True) without step() "
+                "in between: the gradients of this step are already being combined"
+            )
         self._grad_scale = 1.0 / self.topo.world_size
         self._last_micro = last_micro_batch
         for u in self.units:

@@ -3,6 +3,7 @@ training state (:func:`state_dict` / :func:`load_state_dict`, what a checkpoint 
 parameter table of its units, the full state gathered over the optimizer group, and the bytes of
 model states it holds. The engine's methods of the same names call these; the checkpoint package
 goes through those methods, never through the engine's units or optimizer."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
@@ -21,8 +22,11 @@ def unit_table(engine: ZeroTopoEngine) -> list[dict]:
     """Per unit: its padded and real element counts and its parameters' [name, offset, numel, shape]."""
     names = {id(p): n for n, p in engine.module.named_parameters()}
     return [
-        {"padded": u.layout.padded, "numel": u.numel,
-         "params": [[names[id(s.param)], s.offset, s.numel, list(s.shape)] for s in u.specs]}
+        {
+            "padded": u.layout.padded,
+            "numel": u.numel,
+            "params": [[names[id(s.param)], s.offset, s.numel, list(s.shape)] for s in u.specs],
+        }
         for u in engine.units
     ]
 
@@ -48,9 +52,15 @@ def state_dict(engine: ZeroTopoEngine, optimizer: bool = True) -> dict[str, Any]
     return {
         "shards": shards,
         "scaler": engine.scaler.state_dict() if engine.scaler else None,
-        "error_feedback": [{k: None if t is None else engine.comm.to_host(t).clone()
-                            for k, t in (("reduce", u.ef_reduce), ("combine", u.ef_combine))}
-                           for u in engine.units] if engine.plan.error_feedback else None,
+        "error_feedback": [
+            {
+                k: None if t is None else engine.comm.to_host(t).clone()
+                for k, t in (("reduce", u.ef_reduce), ("combine", u.ef_combine))
+            }
+            for u in engine.units
+        ]
+        if engine.plan.error_feedback
+        else None,
     }
 
 
@@ -63,8 +73,12 @@ def load_state_dict(engine: ZeroTopoEngine, state: dict[str, Any]) -> None:
         dev = engine.optimizer.params[i].device
         has_moments = st["step"] is not None and "exp_avg" in st and "exp_avg_sq" in st
         engine.optimizer.load_shard_state(
-            i, st["master"].to(dev), st["exp_avg"].to(dev) if has_moments else None,
-            st["exp_avg_sq"].to(dev) if has_moments else None, st["step"])
+            i,
+            st["master"].to(dev),
+            st["exp_avg"].to(dev) if has_moments else None,
+            st["exp_avg_sq"].to(dev) if has_moments else None,
+            st["step"],
+        )
     if engine.scaler and state.get("scaler"):
         engine.scaler.load_state_dict(state["scaler"])
     if engine.plan.error_feedback and state.get("error_feedback"):
@@ -96,8 +110,8 @@ def full_state(engine: ZeroTopoEngine) -> list[dict]:
             full = torch.empty(n * u.plan.optimizer_factor, dtype=torch.float32, device=local.device)
             for j, r in enumerate(grp.ranks):
                 s = L.shard_index(r, u.layout.chain())
-                full[s * n:(s + 1) * n].copy_(parts[j, a])
-            entry[k] = full[:u.numel].cpu()
+                full[s * n : (s + 1) * n].copy_(parts[j, a])
+            entry[k] = full[: u.numel].cpu()
         out.append(entry)
     engine.comm.bytes.update(saved)
     return out
@@ -105,8 +119,10 @@ def full_state(engine: ZeroTopoEngine) -> list[dict]:
 
 def model_state_bytes(engine: ZeroTopoEngine) -> dict[str, int]:
     """Bytes of model states this rank holds, measured from tensor storage."""
+
     def nbytes(t: Optional[torch.Tensor]) -> int:
         return 0 if t is None else t.untyped_storage().nbytes()
+
     out = {"weights": 0, "secondary": 0, "gradients": 0, "optimizer": 0, "residuals": 0}
     for u in engine.units:
         out["residuals"] += nbytes(u.ef_reduce) + nbytes(u.ef_combine)
@@ -125,16 +141,15 @@ def full_parameters(engine: ZeroTopoEngine) -> dict[str, torch.Tensor]:
     """Gather the current fp32 master weights of every parameter (collective; tests, export)."""
     out = {}
     for u, master in zip(engine.units, engine.optimizer.params):
-        full = torch.empty(u.layout.optim_numel * u.plan.optimizer_factor, dtype=torch.float32,
-                           device=master.device)
+        full = torch.empty(u.layout.optim_numel * u.plan.optimizer_factor, dtype=torch.float32, device=master.device)
         grp = engine.groups.optim
         tmp = torch.empty(master.numel() * grp.size, dtype=torch.float32, device=master.device)
         engine.comm.all_gather(tmp, master.detach(), grp)
         n = master.numel()
         for i, r in enumerate(grp.ranks):
             j = L.shard_index(r, u.layout.chain())
-            full[j * n:(j + 1) * n].copy_(tmp[i * n:(i + 1) * n])
+            full[j * n : (j + 1) * n].copy_(tmp[i * n : (i + 1) * n])
         names = {id(p): n for n, p in engine.module.named_parameters()}
         for s in u.specs:
-            out[names[id(s.param)]] = full[s.offset:s.offset + s.numel].view(s.shape).clone()
+            out[names[id(s.param)]] = full[s.offset : s.offset + s.numel].view(s.shape).clone()
     return out

@@ -12,6 +12,7 @@ shard, the shard a rank holds at a finer factor is a digit reversal of its local
 which is ZeRO++'s slice reordering (Eq. 2) generalised to three levels. Collectives whose group
 order (sorted ranks) differs from the shard order take a permutation computed here.
 """
+
 from __future__ import annotations
 
 import math

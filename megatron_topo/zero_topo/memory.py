@@ -7,6 +7,7 @@ per block, gradient shards in fp32 and the optimizer shard as fp32 master + two 
 ``peak_estimate`` adds what a step needs on top (activations, gathered units) for the preflight
 check every run makes before it allocates anything.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -19,7 +20,7 @@ from .sharding import Plan
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 SCALE_BYTES = 4  # one fp32 scale per quantization block
 ADAM_STATE_BYTES = 12  # fp32 master + exp_avg + exp_avg_sq, per parameter of the optimizer shard
-GIB = 1024 ** 3
+GIB = 1024**3
 STEP_SCALARS = 64 * 1024  # the step's per-unit norms and overflow flags (a few KiB), rounded up
 
 
@@ -52,12 +53,14 @@ def state_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precisi
     for P in padded_units(unit_numels, plan, world_size):
         if plan.error_feedback:  # fp32 residuals of the quantized in-node reduction and combine
             out["residuals"] += (P * 4 if plan.grad_bits < 16 and g > 1 else 0) + (
-                P // g * 4 if plan.combine_bits < 16 and r > 1 else 0)
+                P // g * 4 if plan.combine_bits < 16 and r > 1 else 0
+            )
         out["weights"] += P // w * e
         if s and w > 1:
             n = P // s
-            out["secondary"] += n * e if plan.secondary_bits == 16 else _quantized_bytes(
-                n, plan.secondary_bits, plan.quant_block_size)
+            out["secondary"] += (
+                n * e if plan.secondary_bits == 16 else _quantized_bytes(n, plan.secondary_bits, plan.quant_block_size)
+            )
         out["gradients"] += P // g * 4
         out["optimizer"] += P // o * ADAM_STATE_BYTES
     out["total"] = sum(out.values())
@@ -83,8 +86,22 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
     w, g, o = plan.factors
     r = world_size // g
     blk, gblk = plan.quant_block_size, plan.grad_quant_block_size
-    out = dict.fromkeys(("full", "gather_fwd", "gather_bwd", "reduce", "flat_grad", "combine",
-                         "combine_stage2", "unpack", "step_grad", "publish", "publish_tmp"), 0)
+    out = dict.fromkeys(
+        (
+            "full",
+            "gather_fwd",
+            "gather_bwd",
+            "reduce",
+            "flat_grad",
+            "combine",
+            "combine_stage2",
+            "unpack",
+            "step_grad",
+            "publish",
+            "publish_tmp",
+        ),
+        0,
+    )
     if w > 1:
         out["full"] = P * e
         if plan.weight_bits < 16:  # the quantized primary shard sent + the gathered payload
@@ -135,9 +152,15 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
     return out
 
 
-def buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str,
-                 ranks_per_node: Optional[int] = None, max_in_flight: int = 2,
-                 sec: Optional[int] = None) -> dict:
+def buffer_bytes(
+    unit_numels: Sequence[int],
+    plan: Plan,
+    world_size: int,
+    precision: str,
+    ranks_per_node: Optional[int] = None,
+    max_in_flight: int = 2,
+    sec: Optional[int] = None,
+) -> dict:
     """Buffers beyond the model states at each phase of a step (bytes per rank), from
     :func:`unit_buffers`: ``forward`` (gathered units: the one computing and the prefetched next;
     the post-step gathers of the previous step still held by units not yet reached),
@@ -173,15 +196,26 @@ def buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precis
     # the fp32 gradients and every post-step gather, the secondaries dropped as they go out
     # (each unit's combine buffers are dropped as its fp32 gradient is made; the gradients stay
     # until the step returns)
-    step = max(total("combine") + total("combine_stage2") + top("step_grad", 1) + top("unpack", 1),
-               total("step_grad") + top("combine", 1) + top("combine_stage2", 1) + top("unpack", 1),
-               total("step_grad") + max(total("publish") - sec, 0) + top("publish_tmp", 1)) + STEP_SCALARS
-    return {"forward": fwd, "publish": total("publish"), "backward": bwd, "combines": total("combine"),
-            "step": max(step, 0)}
+    step = (
+        max(
+            total("combine") + total("combine_stage2") + top("step_grad", 1) + top("unpack", 1),
+            total("step_grad") + top("combine", 1) + top("combine_stage2", 1) + top("unpack", 1),
+            total("step_grad") + max(total("publish") - sec, 0) + top("publish_tmp", 1),
+        )
+        + STEP_SCALARS
+    )
+    return {
+        "forward": fwd,
+        "publish": total("publish"),
+        "backward": bwd,
+        "combines": total("combine"),
+        "step": max(step, 0),
+    }
 
 
-def activation_bytes(hidden: int, heads: int, layers: int, seq: int, vocab: int, micro_batch: int,
-                     precision: str, recompute: bool) -> int:
+def activation_bytes(
+    hidden: int, heads: int, layers: int, seq: int, vocab: int, micro_batch: int, precision: str, recompute: bool
+) -> int:
     """Activations of one micro-batch (Korthikanti et al. 2022, per layer ``s*b*h*(34 + 5*a*s/h)``
     bytes at 16 bits, no sequence parallelism): with recompute only each layer's input is kept
     plus one layer's working set; the head keeps the logits, their fp32 copy and gradient."""
@@ -193,10 +227,22 @@ def activation_bytes(hidden: int, heads: int, layers: int, seq: int, vocab: int,
     return body + head
 
 
-def peak_estimate(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str, *,
-                  hidden: int, heads: int, layers: int, seq: int, vocab: int, micro_batch: int,
-                  recompute: bool, ranks_per_node: Optional[int] = None,
-                  activations: Optional[int] = None) -> dict:
+def peak_estimate(
+    unit_numels: Sequence[int],
+    plan: Plan,
+    world_size: int,
+    precision: str,
+    *,
+    hidden: int,
+    heads: int,
+    layers: int,
+    seq: int,
+    vocab: int,
+    micro_batch: int,
+    recompute: bool,
+    ranks_per_node: Optional[int] = None,
+    activations: Optional[int] = None,
+) -> dict:
     """The peak of one rank over a step: model states plus the largest of the phases of
     :func:`buffer_bytes` with the activations alive at that moment. Activations are freed
     through backward as the combines of the last micro-batch accumulate (and built through
@@ -204,19 +250,32 @@ def peak_estimate(unit_numels: Sequence[int], plan: Plan, world_size: int, preci
     ``activations``: the model spec's activation bytes when given (else GPT-NeoX's formula from
     the shape keywords)."""
     st = state_bytes(unit_numels, plan, world_size, precision)
-    act = activations if activations is not None else activation_bytes(hidden, heads, layers, seq, vocab,
-                                                                       micro_batch, precision, recompute)
+    act = (
+        activations
+        if activations is not None
+        else activation_bytes(hidden, heads, layers, seq, vocab, micro_batch, precision, recompute)
+    )
     b = buffer_bytes(unit_numels, plan, world_size, precision, ranks_per_node, sec=st["secondary"])
-    phases = {"forward": b["forward"] + max(act, b["publish"]),
-              "backward": b["backward"] + max(act, b["combines"]),
-              "step": b["step"]}
+    phases = {
+        "forward": b["forward"] + max(act, b["publish"]),
+        "backward": b["backward"] + max(act, b["combines"]),
+        "step": b["step"],
+    }
     buf = max(phases.values())
-    return {"model_states": st["total"], "states": st, "activations": act, "buffers": buf - act,
-            "buffer_phases": b, "phases": phases, "total": st["total"] + buf}
+    return {
+        "model_states": st["total"],
+        "states": st,
+        "activations": act,
+        "buffers": buf - act,
+        "buffer_phases": b,
+        "phases": phases,
+        "total": st["total"] + buf,
+    }
 
 
-def publish_buffer_bytes(unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str,
-                         in_flight: int = 2) -> int:
+def publish_buffer_bytes(
+    unit_numels: Sequence[int], plan: Plan, world_size: int, precision: str, in_flight: int = 2
+) -> int:
     """The INT8 post-step publish's buffers alive at once (``publish_bits: 8``; 0 otherwise):
     the engine keeps at most ``in_flight`` (its ``max_in_flight``) publishes in flight, each
     holding its packed receive buffer (the primary shard at 8 bits + scales, ``L/w + 4·L/(w·B)``),

@@ -3,6 +3,7 @@
 Weight decay is decoupled (AdamW) and applied only to the ranges of a shard that belong to
 matrices (not biases or norms), exactly as two parameter groups would in an unsharded run.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Union
@@ -16,23 +17,32 @@ def _fused_ok(device: torch.device) -> bool:
 
 
 class ShardedAdamW:
-    def __init__(self, shards: list[torch.Tensor], decay_ranges: list[list[tuple[int, int]]], *,
-                 lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    def __init__(
+        self,
+        shards: list[torch.Tensor],
+        decay_ranges: list[list[tuple[int, int]]],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+    ) -> None:
         # the shards become the masters (no copy: the engine hands over fresh fp32 tensors, and a
         # copy would double the optimizer's largest state while both exist)
-        self.params = [nn.Parameter(s.detach() if s.dtype == torch.float32 else s.detach().float())
-                       for s in shards]
+        self.params = [nn.Parameter(s.detach() if s.dtype == torch.float32 else s.detach().float()) for s in shards]
         self.decay_ranges = decay_ranges
         self.weight_decay = weight_decay
         dev = self.params[0].device
         self.fused = _fused_ok(dev)
-        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=0.0,
-                                     fused=self.fused)
+        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=betas, eps=eps, weight_decay=0.0, fused=self.fused)
         # allocate the moments now, as torch would lazily at the first step: memory is known up
         # front (no surprise out-of-memory at step 1) and checkpoints always have them
         for p in self.params:
-            self.opt.state[p] = {"step": self._step_tensor(0.0, p.device),
-                                 "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+            self.opt.state[p] = {
+                "step": self._step_tensor(0.0, p.device),
+                "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p),
+            }
 
     def _step_tensor(self, value: float, device: torch.device) -> torch.Tensor:
         return torch.tensor(float(value), dtype=torch.float32, device=device if self.fused else "cpu")
@@ -75,8 +85,14 @@ class ShardedAdamW:
             "step": st.get("step"),
         }
 
-    def load_shard_state(self, i: int, master: torch.Tensor, exp_avg: Optional[torch.Tensor],
-                         exp_avg_sq: Optional[torch.Tensor], step: Union[float, torch.Tensor, None]) -> None:
+    def load_shard_state(
+        self,
+        i: int,
+        master: torch.Tensor,
+        exp_avg: Optional[torch.Tensor],
+        exp_avg_sq: Optional[torch.Tensor],
+        step: Union[float, torch.Tensor, None],
+    ) -> None:
         p = self.params[i]
         with torch.no_grad():
             p.copy_(master)

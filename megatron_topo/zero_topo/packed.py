@@ -10,6 +10,7 @@ so an all-to-all delivers to every rank its payload slice and the matching scale
 an all-gather's output is the concatenation of every rank's piece. The bytes on the wire are the
 payload's plus the scales', exactly as when they travelled as two collectives; the launches halve.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,5 @@
 """Dynamic loss scaling for fp16 (DeepSpeed semantics: window, hysteresis, minimum)."""
+
 from __future__ import annotations
 
 

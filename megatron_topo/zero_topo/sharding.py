@@ -7,6 +7,7 @@ the bit widths used on the wire. Groups are blocks of consecutive ranks, so with
 ranks a factor of ``gcds_per_gpu`` is the GCD pair, ``ranks_per_node`` the node and the world
 size the whole machine. The dependency rule (AMSP; ZeRO-topo §V) is ``w | g | os | world``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -74,8 +75,10 @@ def preset_factors(preset: str, topo: Topology) -> dict:
     W, P, G = topo.world_size, topo.ranks_per_node, topo.gcds_per_gpu
     table = preset_table(W, P, G)
     if preset == "auto":
-        raise ConfigError("zero_topo.preset 'auto' is chosen from the model and the machine: resolve it with "
-                          "megatron_topo.analysis.autoplan.resolve(cfg, topo)")
+        raise ConfigError(
+            "zero_topo.preset 'auto' is chosen from the model and the machine: resolve it with "
+            "megatron_topo.analysis.autoplan.resolve(cfg, topo)"
+        )
     if preset not in table:
         raise ConfigError(f"zero_topo.preset '{preset}' is unknown; valid: {', '.join(PRESETS)}")
     return table[preset]
@@ -97,20 +100,24 @@ def deepspeed_preset(z: ZeroOptimizationBlock, topo: Topology) -> tuple[str, dic
             if getattr(z, key):
                 raise ConfigError(f"zero_optimization.{key} (ZeRO++) needs stage 3, got stage {z.stage}")
         if z.zero_hpz_partition_size > 1:
-            raise ConfigError(f"zero_optimization.zero_hpz_partition_size (ZeRO++ hpZ) needs stage 3, got stage "
-                              f"{z.stage}")
+            raise ConfigError(
+                f"zero_optimization.zero_hpz_partition_size (ZeRO++ hpZ) needs stage 3, got stage {z.stage}"
+            )
         if z.mics_shard_size > 0:
             raise ConfigError(f"zero_optimization.mics_shard_size (MiCS) needs stage 3, got stage {z.stage}")
         return ("ddp", "zero1", "zero2")[z.stage], {}
     if z.mics_shard_size > 0:
         if z.mics_shard_size not in legal:
-            raise ConfigError(f"zero_optimization.mics_shard_size={z.mics_shard_size} does not fit the topology "
-                              f"({topo.describe()}); legal values: {legal_s}")
+            raise ConfigError(
+                f"zero_optimization.mics_shard_size={z.mics_shard_size} does not fit the topology "
+                f"({topo.describe()}); legal values: {legal_s}"
+            )
         if z.zero_hpz_partition_size > 1:
-            raise ConfigError("zero_optimization: mics_shard_size and zero_hpz_partition_size both set; MiCS already "
-                              "keeps the weights inside the shard group, keep one")
-        over = dict(weight_factor=z.mics_shard_size, grad_factor=z.mics_shard_size,
-                    optimizer_factor=z.mics_shard_size)
+            raise ConfigError(
+                "zero_optimization: mics_shard_size and zero_hpz_partition_size both set; MiCS already "
+                "keeps the weights inside the shard group, keep one"
+            )
+        over = dict(weight_factor=z.mics_shard_size, grad_factor=z.mics_shard_size, optimizer_factor=z.mics_shard_size)
         if z.zero_quantized_weights:
             over["weight_bits"] = 8
         if z.zero_quantized_gradients:
@@ -118,8 +125,10 @@ def deepspeed_preset(z: ZeroOptimizationBlock, topo: Topology) -> tuple[str, dic
         return "mics", over
     hpz = z.zero_hpz_partition_size
     if hpz > 1 and (hpz not in legal or hpz > topo.world_size):
-        raise ConfigError(f"zero_optimization.zero_hpz_partition_size={hpz} does not fit the topology "
-                          f"({topo.describe()}); legal values: {legal_s}")
+        raise ConfigError(
+            f"zero_optimization.zero_hpz_partition_size={hpz} does not fit the topology "
+            f"({topo.describe()}); legal values: {legal_s}"
+        )
     over: dict = {}
     if hpz > 1:
         over["secondary_degree"] = hpz
@@ -144,8 +153,7 @@ def resolved_zero_topo(plan: "Plan", topo: Topology, z: ZeroTopoConfig) -> ZeroT
     if base["secondary_degree"] is None:
         base["secondary_bits"] = 16
     out = {}
-    for key in ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree",
-                "weight_bits", "grad_bits"):
+    for key in ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree", "weight_bits", "grad_bits"):
         val = getattr(plan, key)
         if val != base.get(key):
             out[key] = 0 if key == "secondary_degree" and val is None else val
@@ -154,9 +162,25 @@ def resolved_zero_topo(plan: "Plan", topo: Topology, z: ZeroTopoConfig) -> ZeroT
     once = {k: getattr(plan, k) if getattr(plan, k) != 16 else getattr(z, k) for k in ("combine_bits", "publish_bits")}
     # preset auto's timing settings describe how the plan was chosen, not the plan: back to defaults
     trials = {k: getattr(ZeroTopoConfig(), k) for k in AUTO_TRIAL_KEYS}
-    return _replace(z, preset=plan.preset, inter_node_reduce=plan.inter_node_reduce, **once, **trials, **{k: out.get(k) for k in (
-        "weight_factor", "grad_factor", "optimizer_factor", "secondary_degree", "weight_bits", "secondary_bits",
-        "grad_bits")})
+    return _replace(
+        z,
+        preset=plan.preset,
+        inter_node_reduce=plan.inter_node_reduce,
+        **once,
+        **trials,
+        **{
+            k: out.get(k)
+            for k in (
+                "weight_factor",
+                "grad_factor",
+                "optimizer_factor",
+                "secondary_degree",
+                "weight_bits",
+                "secondary_bits",
+                "grad_bits",
+            )
+        },
+    )
 
 
 def effective_config(cfg, plan: "Plan", topo: Topology):
@@ -189,8 +213,17 @@ def resolve_plan(z: ZeroTopoConfig, topo: Topology, ds: Optional[ZeroOptimizatio
     base = dict(secondary_degree=None, weight_bits=16, secondary_bits=16, grad_bits=16)
     base.update(preset_factors(preset, topo))
     base.update(extra)
-    for key in ("weight_factor", "grad_factor", "optimizer_factor", "secondary_degree",
-                "weight_bits", "secondary_bits", "grad_bits", "combine_bits", "publish_bits"):
+    for key in (
+        "weight_factor",
+        "grad_factor",
+        "optimizer_factor",
+        "secondary_degree",
+        "weight_bits",
+        "secondary_bits",
+        "grad_bits",
+        "combine_bits",
+        "publish_bits",
+    ):
         val = getattr(z, key)
         if val is not None:
             base[key] = val if not (key == "secondary_degree" and val == 0) else None
@@ -218,8 +251,7 @@ def validate_plan(plan: Plan, topo: Topology) -> None:
         f = getattr(plan, name)
         if f not in legal:
             raise ConfigError(
-                f"zero_topo.{name}={f} does not fit the topology ({topo.describe()}); "
-                f"legal values: {legal_s}"
+                f"zero_topo.{name}={f} does not fit the topology ({topo.describe()}); legal values: {legal_s}"
             )
     w, g, o = plan.factors
     if g % w:
@@ -236,8 +268,7 @@ def validate_plan(plan: Plan, topo: Topology) -> None:
     if s is not None:
         if s not in legal:
             raise ConfigError(
-                f"zero_topo.secondary_degree={s} does not fit the topology ({topo.describe()}); "
-                f"legal values: {legal_s}"
+                f"zero_topo.secondary_degree={s} does not fit the topology ({topo.describe()}); legal values: {legal_s}"
             )
     for name, allowed in BITS.items():
         if getattr(plan, name) not in allowed:
@@ -254,8 +285,10 @@ def validate_plan(plan: Plan, topo: Topology) -> None:
             f"use {' or '.join(INTER_NODE_REDUCES)}"
         )
     if plan.combine_bits < 16 and plan.deterministic:
-        raise ConfigError("zero_topo.combine_bits < 16 and deterministic: true exclude each other (the ordered "
-                          "combine sums exact values); set combine_bits: 16 or deterministic: false")
+        raise ConfigError(
+            "zero_topo.combine_bits < 16 and deterministic: true exclude each other (the ordered "
+            "combine sums exact values); set combine_bits: 16 or deterministic: false"
+        )
     if plan.inter_node_reduce == "reduce_scatter" and g < W and o != W:
         raise ConfigError(
             f"zero_topo.inter_node_reduce=reduce_scatter needs optimizer_factor equal to the world size "

@@ -14,6 +14,7 @@ order; the engine issues the same sequence on every rank by construction (docs/d
 :func:`compare_traces` checks that from the files: every rank's sequence of (op, group size,
 bytes, dtype) is the same, and the members of each group issued the same collectives on it.
 """
+
 from __future__ import annotations
 
 import glob
@@ -56,8 +57,13 @@ class CollectiveTrace:
     def record(self, op: str, ranks: Sequence[int], nbytes: int, dtype: torch.dtype) -> None:
         if self._file is None:
             return
-        line = {"seq": self.seq, "op": op, "group": list(ranks), "bytes": int(nbytes),
-                "dtype": str(dtype).removeprefix("torch.")}
+        line = {
+            "seq": self.seq,
+            "op": op,
+            "group": list(ranks),
+            "bytes": int(nbytes),
+            "dtype": str(dtype).removeprefix("torch."),
+        }
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()  # to the OS now: the line survives a hang or a kill of this process
         self.seq += 1
@@ -134,13 +140,15 @@ def compare_traces(traces: dict[int, list[dict]], world_size: Optional[int] = No
             a, b = seqs[first], seqs[r]
             for i, (x, y) in enumerate(zip(a, b)):
                 if _key(x) != _key(y):
-                    problems.append(f"group {list(g)}: its collective {i} is {_show(y)} on rank {r} but {_show(x)} "
-                                    f"on rank {first}")
+                    problems.append(
+                        f"group {list(g)}: its collective {i} is {_show(y)} on rank {r} but {_show(x)} on rank {first}"
+                    )
                     break
             else:
                 if len(a) != len(b):
-                    problems.append(f"group {list(g)}: rank {r} issued {len(b)} collectives on it, rank {first} "
-                                    f"{len(a)}")
+                    problems.append(
+                        f"group {list(g)}: rank {r} issued {len(b)} collectives on it, rank {first} {len(a)}"
+                    )
     return problems
 
 
@@ -150,8 +158,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m megatron_topo.zero_topo.trace",
-                                 description="Compare the collective traces (distributed.trace_collectives) of one job.")
+    ap = argparse.ArgumentParser(
+        prog="python -m megatron_topo.zero_topo.trace",
+        description="Compare the collective traces (distributed.trace_collectives) of one job.",
+    )
     ap.add_argument("dir")
     ap.add_argument("--world-size", type=int, default=None, help="report ranks with no trace")
     a = ap.parse_args(argv)

@@ -11,6 +11,7 @@ Three moments of a step move a unit's state between ranks:
 when the unit is built -- the function traffic.py's decision names, whose collectives it declares
 for the volume formulas and the models -- and the unit calls it and keeps the returned :class:`Handle`.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
@@ -44,7 +45,7 @@ def accumulate_local(u: ShardedUnit, scale: float) -> None:
             g = g.to(wire)
         if scale != 1.0:
             g = g * scale
-        acc[s.offset:s.offset + s.numel].add_(g)
+        acc[s.offset : s.offset + s.numel].add_(g)
         s.param.grad = None
     return None
 
@@ -76,8 +77,9 @@ def quantized_all_to_all_reduce(u: ShardedUnit, scale: float) -> Handle:
 
     def finish(_keep: torch.Tensor = send) -> None:
         rq, rs = packed.unpack(recv, gsz, qn, qdtype)
-        kernels.dequantize_sum(rq.view(gsz, -1), rs.view(gsz, -1), bits, blk, n,
-                               out=acc, accumulate=True, backend=u.backend)
+        kernels.dequantize_sum(
+            rq.view(gsz, -1), rs.view(gsz, -1), bits, blk, n, out=acc, accumulate=True, backend=u.backend
+        )
 
     return Handle([work], finish)
 
@@ -107,8 +109,9 @@ class TwoHopReduce(TwoStageHandle):
         u, P = self.unit, self.P
         rq, rs = packed.unpack(self.recv, P, self.qn, self.qdtype)
         self.send = self.recv = None  # the first hop is done
-        q2, s2 = kernels.dequantize_sum_requantize(rq.view(P, -1), rs.view(P, -1), self.bits,
-                                                   self.blk, backend=u.backend)
+        q2, s2 = kernels.dequantize_sum_requantize(
+            rq.view(P, -1), rs.view(P, -1), self.bits, self.blk, backend=u.backend
+        )
         self.qn2 = q2.numel() // self.k
         self.send = packed.pack(q2, s2, self.k)
         self.recv2 = torch.empty_like(self.send)
@@ -118,8 +121,16 @@ class TwoHopReduce(TwoStageHandle):
         u, k = self.unit, self.k
         rq2, rs2 = packed.unpack(self.recv2, k, self.qn2, self.qdtype)
         self.send = self.recv2 = None
-        kernels.dequantize_sum(rq2.view(k, -1), rs2.view(k, -1), self.bits, self.blk,
-                               u.layout.grad_numel, out=u.grad_acc, accumulate=True, backend=u.backend)
+        kernels.dequantize_sum(
+            rq2.view(k, -1),
+            rs2.view(k, -1),
+            self.bits,
+            self.blk,
+            u.layout.grad_numel,
+            out=u.grad_acc,
+            accumulate=True,
+            backend=u.backend,
+        )
 
 
 def two_hop_reduce(u: ShardedUnit, scale: float) -> TwoHopReduce:
@@ -127,8 +138,9 @@ def two_hop_reduce(u: ShardedUnit, scale: float) -> TwoHopReduce:
     return TwoHopReduce(u, u.flat_grad(scale))
 
 
-def quantize_gradient(u: ShardedUnit, G: torch.Tensor, bits: int, blk: int,
-                      perm: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_gradient(
+    u: ShardedUnit, G: torch.Tensor, bits: int, blk: int, perm: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a micro-batch's flat gradient in reordered slices; with error feedback the
     residual of the previous quantization is added first and the new residual kept (fp32,
     the unit's padded size, original order)."""
@@ -160,8 +172,9 @@ def reduce_perm_index(plan: Plan, ranks_per_node: int, device: torch.device) -> 
     return torch.as_tensor(list(perm), dtype=torch.long, device=device)
 
 
-REDUCE: dict[str, ReduceFn] = {fn.__name__: fn for fn in (accumulate_local, reduce_scatter_16bit,
-                                                            quantized_all_to_all_reduce, two_hop_reduce)}
+REDUCE: dict[str, ReduceFn] = {
+    fn.__name__: fn for fn in (accumulate_local, reduce_scatter_16bit, quantized_all_to_all_reduce, two_hop_reduce)
+}
 
 
 def select_reduce(plan: Plan, ranks_per_node: int) -> ReduceFn:
@@ -253,8 +266,7 @@ class QuantizedCombine(TwoStageHandle):
         u, r, bits, blk = self.unit, self.r, self.bits, self.blk
         rq, rs = packed.unpack(self.recv, r, self.qn, self.qdtype)
         self.send = self.recv = None  # the first stage is done: its buffers go now
-        kernels.dequantize_sum(rq.view(r, -1), rs.view(r, -1), bits, blk, self.m, out=self.mine,
-                               backend=u.backend)
+        kernels.dequantize_sum(rq.view(r, -1), rs.view(r, -1), bits, blk, self.m, out=self.mine, backend=u.backend)
         del rq, rs
         if not self.gather:
             return []
@@ -273,7 +285,7 @@ class QuantizedCombine(TwoStageHandle):
         qall, sall = packed.unpack(self.gathered, self.r, self.qn, self.qdtype)
         self.send = self.gathered = None
         kernels.dequantize(qall, sall, self.bits, self.blk, acc.numel(), backend=u.backend, out=acc)
-        return acc[self.o_lo:self.o_hi]
+        return acc[self.o_lo : self.o_hi]
 
 
 def combine_quantized(u: ShardedUnit, o_lo: int, o_hi: int) -> QuantizedCombine:
@@ -281,9 +293,10 @@ def combine_quantized(u: ShardedUnit, o_lo: int, o_hi: int) -> QuantizedCombine:
     return QuantizedCombine(u, o_lo, o_hi)
 
 
-COMBINE: dict[str, CombineFn] = {fn.__name__: fn for fn in (combine_local, combine_quantized,
-                                                              combine_ordered_all_gather, combine_reduce_scatter,
-                                                              combine_all_reduce)}
+COMBINE: dict[str, CombineFn] = {
+    fn.__name__: fn
+    for fn in (combine_local, combine_quantized, combine_ordered_all_gather, combine_reduce_scatter, combine_all_reduce)
+}
 
 
 def select_combine(plan: Plan, world_size: int) -> CombineFn:
@@ -297,7 +310,7 @@ def select_combine(plan: Plan, world_size: int) -> CombineFn:
 def publish_local(u: ShardedUnit, master: torch.Tensor, new: torch.Tensor) -> None:
     """The optimizer shard covers the primary shard's piece: copy it in place."""
     a = u.optim_range[0] - u.primary_range[0]
-    u.primary[a:a + new.numel()].copy_(new)
+    u.primary[a : a + new.numel()].copy_(new)
     u.refresh_views()
     return None
 
@@ -337,7 +350,7 @@ def publish_quantized(u: ShardedUnit, master: torch.Tensor, new: torch.Tensor) -
         qall, sall = packed.unpack(recv, grp.size, qn, qdtype)
         qv, sv = qall.view(grp.size, -1), sall.view(grp.size, -1)
         for j, slot in enumerate(slots):
-            dst = u.primary[slot * n:(slot + 1) * n]
+            dst = u.primary[slot * n : (slot + 1) * n]
             if j == me:
                 dst.copy_(new)
             else:

@@ -6,6 +6,7 @@ secondary copy (INT8 + scales or 16-bit, L/s) while valid, the fp32 gradient sha
 the optimizer, the fp32 master shard and two Adam moments (L/os each). The full buffer (L) only
 exists between a gather and the matching free.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,10 +15,8 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn as nn
 
-from . import kernels
+from . import kernels, packed, transports
 from . import layout as L
-from . import packed
-from . import transports
 from .comm import Comm, Group, Handle, TwoStageHandle
 from .sharding import Plan
 
@@ -49,11 +48,21 @@ class UnitGroups:
 
 
 class ShardedUnit:
-    def __init__(self, index: int, module: nn.Module, params: list[tuple[str, nn.Parameter]],
-                 plan: Plan, comm: Comm, groups: UnitGroups, dtype: torch.dtype, align: int,
-                 grad_comm_dtype: torch.dtype, kernel_backend: Optional[str],
-                 device: Optional[torch.device] = None,
-                 init: Optional[Callable[[nn.Module], None]] = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        module: nn.Module,
+        params: list[tuple[str, nn.Parameter]],
+        plan: Plan,
+        comm: Comm,
+        groups: UnitGroups,
+        dtype: torch.dtype,
+        align: int,
+        grad_comm_dtype: torch.dtype,
+        kernel_backend: Optional[str],
+        device: Optional[torch.device] = None,
+        init: Optional[Callable[[nn.Module], None]] = None,
+    ) -> None:
         self.index = index
         self.module = module
         self.plan = plan
@@ -87,7 +96,7 @@ class ShardedUnit:
             full = self._flatten_params(dtype=torch.float32)
         a, b = self.primary_range
         self.primary = full[a:b].to(dtype).clone()
-        self.master_init = full[self.optim_range[0]:self.optim_range[1]].clone()  # fp32
+        self.master_init = full[self.optim_range[0] : self.optim_range[1]].clone()  # fp32
         self.grad_acc = torch.zeros(lay.grad_numel, dtype=torch.float32, device=device)
         self.full: Optional[torch.Tensor] = None
         self.secondary: Optional[Secondary] = None
@@ -125,7 +134,7 @@ class ShardedUnit:
     def _flatten_params(self, dtype: torch.dtype) -> torch.Tensor:
         out = torch.zeros(self.layout.padded, dtype=dtype, device=self.device)
         for s in self.specs:
-            out[s.offset:s.offset + s.numel].copy_(s.param.detach().reshape(-1))
+            out[s.offset : s.offset + s.numel].copy_(s.param.detach().reshape(-1))
         return out
 
     def _rebind_params(self, full: torch.Tensor) -> None:
@@ -134,13 +143,13 @@ class ShardedUnit:
         for s in self.specs:
             owner, _, leaf = s.name.rpartition(".")
             mod = self.module.get_submodule(owner) if owner else self.module
-            new = nn.Parameter(full[s.offset:s.offset + s.numel].view(s.shape), requires_grad=s.param.requires_grad)
+            new = nn.Parameter(full[s.offset : s.offset + s.numel].view(s.shape), requires_grad=s.param.requires_grad)
             mod._parameters[leaf] = new
             s.param = new
 
     def _set_views(self, full: torch.Tensor) -> None:
         for s in self.specs:
-            s.param.data = full[s.offset:s.offset + s.numel].view(s.shape)
+            s.param.data = full[s.offset : s.offset + s.numel].view(s.shape)
 
     def _set_empty(self) -> None:
         for s in self.specs:
@@ -206,6 +215,7 @@ class ShardedUnit:
                 if keep_secondary:
                     self._make_secondary(full, (qall, sall) if plan.secondary_bits == bits else None)
                 return full
+
         works = work if isinstance(work, list) else [work]
         self.gather_handle = Handle(works, finish)
 
@@ -219,7 +229,7 @@ class ShardedUnit:
         if quantized is not None:  # reuse the gathered INT8 blocks: no requantization
             qall, sall = quantized
             per_byte = 1 if plan.weight_bits == 8 else 2
-            self.secondary = (qall[a // per_byte:b // per_byte].clone(), sall[a // blk:b // blk].clone())
+            self.secondary = (qall[a // per_byte : b // per_byte].clone(), sall[a // blk : b // blk].clone())
         else:
             self.secondary = kernels.quantize(full[a:b], plan.secondary_bits, blk, backend=self.backend)
 
@@ -266,11 +276,11 @@ class ShardedUnit:
         g = torch.empty(self.layout.padded, dtype=self.grad_comm_dtype, device=self.device)
         for s in self.specs:  # the specs tile [0, numel) back to back
             if s.param.grad is not None:
-                g[s.offset:s.offset + s.numel].copy_(s.param.grad.reshape(-1))
+                g[s.offset : s.offset + s.numel].copy_(s.param.grad.reshape(-1))
                 s.param.grad = None
             else:
-                g[s.offset:s.offset + s.numel].zero_()
-        g[self.numel:].zero_()  # alignment padding
+                g[s.offset : s.offset + s.numel].zero_()
+        g[self.numel :].zero_()  # alignment padding
         if scale != 1.0:
             g.mul_(scale)
         return g

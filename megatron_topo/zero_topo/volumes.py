@@ -6,6 +6,7 @@ rank, an all-reduce ``2·S·(d−1)/d``; a ring takes d − 1 steps (2(d − 1) 
 counters (``comm.Comm``, tools/fsdp_baseline.py) and the analysis side's formulas and performance
 model all use these two functions.
 """
+
 from __future__ import annotations
 
 from typing import Union

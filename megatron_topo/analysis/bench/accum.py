@@ -1,4 +1,5 @@
 """The accumulation series: its runs, the CPU calibration over their unshaped runs, and the rounds."""
+
 from __future__ import annotations
 
 import argparse
@@ -41,16 +42,24 @@ def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
         seen.add((k, s))
         print(f"[calibrate] {s} x{k} unshaped ...", flush=True)
         base = run_one(rd, ca, False, os.path.join(out, "runs", f"accum_{s}_a{k}_unshaped"))
-        unshaped[(k, s)] = ({"unshaped_timed_s": base["timed_s"], "unshaped_peak_rss_bytes": base["peak_rss_bytes"]}
-                            if base.get("ok") else {"unshaped_error": base.get("error")})
+        unshaped[(k, s)] = (
+            {"unshaped_timed_s": base["timed_s"], "unshaped_peak_rss_bytes": base["peak_rss_bytes"]}
+            if base.get("ok")
+            else {"unshaped_error": base.get("error")}
+        )
         if base.get("ok") and rd.kind == "train":
             cfg, topo, plan = run_plan(rd)
             fit_rows.append((plan, k, statistics.median(base["timed_s"])))
     if not fit_rows:
         return []
     cfg, topo, _ = run_plan(accum[0][4])
-    cpu = emu.fit_cpu(Shape.from_config(cfg.model), topo, cfg.train.train_micro_batch_size_per_gpu, fit_rows,
-                      cfg.model.checkpoint_activations)
+    cpu = emu.fit_cpu(
+        Shape.from_config(cfg.model),
+        topo,
+        cfg.train.train_micro_batch_size_per_gpu,
+        fit_rows,
+        cfg.model.checkpoint_activations,
+    )
     meta["cpu_fit"] = dict(emu.fit_record(cpu), rows=len(fit_rows))
     print(f"[calibrate] {meta['cpu_fit']}", flush=True)
     return _system_sets(cpu)
@@ -95,14 +104,26 @@ def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:
             print(f"[{n}/{total}] accum {c} {s} x{k}{f' (round {rep + 1})' if a.repeats > 1 else ''} ...", flush=True)
             if a.unshaped and (k, s) not in unshaped:
                 base = run_one(rd, ca, False, os.path.join(out, "runs", f"accum_{s}_a{k}_unshaped"))
-                unshaped[(k, s)] = ({"unshaped_timed_s": base["timed_s"], "unshaped_peak_rss_bytes":
-                                     base["peak_rss_bytes"]} if base.get("ok") else {"unshaped_error": base.get("error")})
+                unshaped[(k, s)] = (
+                    {"unshaped_timed_s": base["timed_s"], "unshaped_peak_rss_bytes": base["peak_rss_bytes"]}
+                    if base.get("ok")
+                    else {"unshaped_error": base.get("error")}
+                )
             try:
-                row = measure(rd, ca, "accum", out, rep, tag=f"accum_{c}_{s}_a{k}_r{rep}",
-                              shared_unshaped=unshaped.get((k, s), {}))
+                row = measure(
+                    rd,
+                    ca,
+                    "accum",
+                    out,
+                    rep,
+                    tag=f"accum_{c}_{s}_a{k}_r{rep}",
+                    shared_unshaped=unshaped.get((k, s), {}),
+                )
             except EmulationError as e:
                 row = {"series": "accum", "strategy": s, "nodes": rd.nodes, "ok": False, "error": str(e)}
-            row.update({"cluster": c, "accum": k, "inter_node_rate_bps": ca.inter_bps, "intra_node_rate_bps": ca.intra_bps})
+            row.update(
+                {"cluster": c, "accum": k, "inter_node_rate_bps": ca.inter_bps, "intra_node_rate_bps": ca.intra_bps}
+            )
             if s == "auto":
                 log = os.path.join(out, "runs", f"accum_{c}_{s}_a{k}_r{rep}", "launch.log")
                 row["auto_choice"], row["auto_trials"] = auto_lines(log)
@@ -115,8 +136,18 @@ def run_accum(accum: list, a, out: str, meta: dict, rounds: dict) -> list:
 
 
 def _with_sets(rd: RunDef, sets: list) -> RunDef:
-    return RunDef(rd.strategy, rd.kind, rd.argv + [x for s in sets for x in ("--set", s)], rd.configs,
-                  rd.sets + sets, rd.nodes, rd.gpus_per_node, rd.gcds_per_gpu, rd.notes, dict(rd.extra))
+    return RunDef(
+        rd.strategy,
+        rd.kind,
+        rd.argv + [x for s in sets for x in ("--set", s)],
+        rd.configs,
+        rd.sets + sets,
+        rd.nodes,
+        rd.gpus_per_node,
+        rd.gcds_per_gpu,
+        rd.notes,
+        dict(rd.extra),
+    )
 
 
 def auto_lines(log: str) -> tuple[Optional[str], Optional[str]]:
@@ -130,4 +161,4 @@ def auto_lines(log: str) -> tuple[Optional[str], Optional[str]]:
         return None, None
     chose = [ln for ln in lines if "chose " in ln]
     timed = next((ln for ln in lines if "preset auto: timed" in ln), None)
-    return (chose[-1][chose[-1].rindex("chose "):] if chose else None), timed
+    return (chose[-1][chose[-1].rindex("chose ") :] if chose else None), timed

@@ -1,5 +1,6 @@
 """One emulated run of a strategy, one measured row (shaped run, formula check, unshaped run) and
 the rounds of a row pooled."""
+
 from __future__ import annotations
 
 import json
@@ -47,16 +48,24 @@ def read_kernel_times(directory: str, steps: int) -> dict:
                         per_rank.append(json.load(f)["seconds"] / max(steps, 1))
                 except (OSError, ValueError, KeyError):
                     pass
-    return {"quant_s": statistics.mean(per_rank) if per_rank else 0.0,
-            "quant_s_max": max(per_rank) if per_rank else 0.0, "quant_ranks": len(per_rank)}
+    return {
+        "quant_s": statistics.mean(per_rank) if per_rank else 0.0,
+        "quant_s_max": max(per_rank) if per_rank else 0.0,
+        "quant_ranks": len(per_rank),
+    }
 
 
 def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
     """One run on a fresh emulated cluster (links shaped or not): step times, bytes, RSS, CPU."""
-    spec = ClusterSpec(rd.nodes, rd.gpus_per_node, rd.gcds_per_gpu,
-                       inter_node_bps=a.inter_bps if shaped else None,
-                       intra_node_bps=a.intra_bps if shaped else None,
-                       intra_gpu_bps=a.intra_gpu_bps if shaped else None, mtu=a.mtu)
+    spec = ClusterSpec(
+        rd.nodes,
+        rd.gpus_per_node,
+        rd.gcds_per_gpu,
+        inter_node_bps=a.inter_bps if shaped else None,
+        intra_node_bps=a.intra_bps if shaped else None,
+        intra_gpu_bps=a.intra_gpu_bps if shaped else None,
+        mtu=a.mtu,
+    )
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir, exist_ok=True)
     logf = open(os.path.join(run_dir, "launch.log"), "w")
@@ -66,9 +75,16 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
         cluster.up()
         before = cluster.counters()
         argv = [x.replace(LOG_DIR, run_dir) for x in rd.argv]
-        res = launch(cluster, [sys.executable, *argv], stdout_ranks="0", out=logf, err=logf, cwd=ROOT,
-                     timeout_s=a.timeout, env=dict(os.environ, **{KERNEL_TIMES_ENV: os.path.join(
-                         run_dir, "kernel_times")}))
+        res = launch(
+            cluster,
+            [sys.executable, *argv],
+            stdout_ranks="0",
+            out=logf,
+            err=logf,
+            cwd=ROOT,
+            timeout_s=a.timeout,
+            env=dict(os.environ, **{KERNEL_TIMES_ENV: os.path.join(run_dir, "kernel_times")}),
+        )
         after = cluster.counters()
     finally:
         cluster.down()
@@ -76,9 +92,16 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
     per_pkg = Cluster.delta(after, before)
     summ = summarize(per_pkg)
     recs = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
-    row.update({"returncode": res.returncode, "wall_s": res.wall_s, "peak_rss_bytes": max(res.max_rss_bytes),
-                "peak_rss_bytes_per_rank": res.max_rss_bytes, "cpu_s_per_rank": res.cpu_s,
-                "cpu_utilisation": sum(res.cpu_s) / max(res.wall_s, 1e-9)})
+    row.update(
+        {
+            "returncode": res.returncode,
+            "wall_s": res.wall_s,
+            "peak_rss_bytes": max(res.max_rss_bytes),
+            "peak_rss_bytes_per_rank": res.max_rss_bytes,
+            "cpu_s_per_rank": res.cpu_s,
+            "cpu_utilisation": sum(res.cpu_s) / max(res.wall_s, 1e-9),
+        }
+    )
     if res.returncode or len(recs) < a.steps:
         row["error"] = f"exit {res.returncode}, {len(recs)} of {a.steps} steps logged; see {run_dir}/launch.log"
         return row
@@ -87,21 +110,30 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
     gb_tokens = last["tokens_per_sec"] * last["step_time_s"]
     steps = len(recs)
     wire = {lvl: summ["wire_bytes"][lvl] / steps for lvl in LEVELS}
-    busiest_intra = max(max(p["tx_bytes"].get("intra_node", 0), p["rx_bytes"].get("intra_node", 0))
-                        for p in per_pkg) / steps
-    row.update({
-        "ok": True, "step_time_s": statistics.median(timed), "step_times_s": [r["step_time_s"] for r in recs],
-        "timed_s": timed, "tokens_per_step": gb_tokens,
-        "loss_first": recs[0]["loss"], "loss_last": last["loss"],
-        **{f"comm_bytes_{lvl}": int(last.get(f"comm_bytes_{lvl}", 0)) for lvl in LEVELS},
-        "comm_bytes_constant": all(r.get("comm_bytes_inter_node") == last.get("comm_bytes_inter_node")
-                                   for r in recs),
-        **{f"wire_bytes_{lvl}": int(wire[lvl]) for lvl in LEVELS},
-        "busiest_nic_bytes": int(summ["busiest_nic_bytes"] / steps),
-        "busiest_intra_node_link_bytes": int(busiest_intra),
-        "tx_drops": summ["tx_drops"], "wire_packages": per_pkg,
-        **read_kernel_times(os.path.join(run_dir, "kernel_times"), steps),
-    })
+    busiest_intra = (
+        max(max(p["tx_bytes"].get("intra_node", 0), p["rx_bytes"].get("intra_node", 0)) for p in per_pkg) / steps
+    )
+    row.update(
+        {
+            "ok": True,
+            "step_time_s": statistics.median(timed),
+            "step_times_s": [r["step_time_s"] for r in recs],
+            "timed_s": timed,
+            "tokens_per_step": gb_tokens,
+            "loss_first": recs[0]["loss"],
+            "loss_last": last["loss"],
+            **{f"comm_bytes_{lvl}": int(last.get(f"comm_bytes_{lvl}", 0)) for lvl in LEVELS},
+            "comm_bytes_constant": all(
+                r.get("comm_bytes_inter_node") == last.get("comm_bytes_inter_node") for r in recs
+            ),
+            **{f"wire_bytes_{lvl}": int(wire[lvl]) for lvl in LEVELS},
+            "busiest_nic_bytes": int(summ["busiest_nic_bytes"] / steps),
+            "busiest_intra_node_link_bytes": int(busiest_intra),
+            "tx_drops": summ["tx_drops"],
+            "wire_packages": per_pkg,
+            **read_kernel_times(os.path.join(run_dir, "kernel_times"), steps),
+        }
+    )
     return row
 
 
@@ -112,16 +144,31 @@ def _iqr(xs):
     return q[2] - q[0]
 
 
-def measure(rd: RunDef, a, series: str, out: str, round_: int = 0, tag: Optional[str] = None,
-            shared_unshaped: Optional[dict] = None) -> dict:
+def measure(
+    rd: RunDef,
+    a,
+    series: str,
+    out: str,
+    round_: int = 0,
+    tag: Optional[str] = None,
+    shared_unshaped: Optional[dict] = None,
+) -> dict:
     """One round for one strategy: the shaped run, the formula check and the unshaped run
     (``shared_unshaped``: taken from a run already made, e.g. by another cluster of the series)."""
     tag = tag or f"{series}_{rd.strategy}_n{rd.nodes}" + (f"_r{round_}" if round_ else "")
-    row = {"series": series, "strategy": rd.strategy, "kind": rd.kind, "notes": rd.notes, "nodes": rd.nodes,
-           "gpus_per_node": rd.gpus_per_node, "gcds_per_gpu": rd.gcds_per_gpu,
-           "world_size": rd.nodes * rd.gpus_per_node * rd.gcds_per_gpu,
-           "inter_node_rate_bps": a.inter_bps, "intra_node_rate_bps": a.intra_bps,
-           "command": " ".join(["python", *rd.argv]).replace(LOG_DIR, os.path.join(out, "runs", tag))}
+    row = {
+        "series": series,
+        "strategy": rd.strategy,
+        "kind": rd.kind,
+        "notes": rd.notes,
+        "nodes": rd.nodes,
+        "gpus_per_node": rd.gpus_per_node,
+        "gcds_per_gpu": rd.gcds_per_gpu,
+        "world_size": rd.nodes * rd.gpus_per_node * rd.gcds_per_gpu,
+        "inter_node_rate_bps": a.inter_bps,
+        "intra_node_rate_bps": a.intra_bps,
+        "command": " ".join(["python", *rd.argv]).replace(LOG_DIR, os.path.join(out, "runs", tag)),
+    }
     t0 = time.time()
     shaped = run_one(rd, a, True, os.path.join(out, "runs", tag))
     row.update(shaped)
@@ -165,23 +212,26 @@ def finalize(row: dict, a) -> dict:
     if not row.get("ok"):
         return row
     med = statistics.median(row["timed_s"])
-    row.update({"step_time_s": med, "step_time_iqr_s": _iqr(row["timed_s"]),
-                "tokens_per_sec": row["tokens_per_step"] / med})
+    row.update(
+        {"step_time_s": med, "step_time_iqr_s": _iqr(row["timed_s"]), "tokens_per_sec": row["tokens_per_step"] / med}
+    )
     if row.get("unshaped_timed_s"):
         t0c = statistics.median(row["unshaped_timed_s"])
         inter, intra = row.get("inter_node_rate_bps", a.inter_bps), row.get("intra_node_rate_bps", a.intra_bps)
         t_inter = row["busiest_nic_bytes"] * 8 / inter if inter else 0.0
         t_intra = row["busiest_intra_node_link_bytes"] * 8 / intra if intra else 0.0
-        t_formula = (row["comm_bytes_inter_node"] / (row["nodes"] * row["gpus_per_node"])) * 8 / inter \
-            if inter else 0.0
-        row.update({
-            "unshaped_step_time_s": t0c,
-            "comm_time_inter_s": t_inter, "comm_time_intra_node_s": t_intra,
-            "comm_time_formula_inter_s": t_formula,
-            "lower_bound_s": t0c + max(t_inter, t_intra),  # compute, then the busiest link, no overlap
-            "lower_bound_overlap_s": max(t0c, t_inter, t_intra),  # perfect overlap: a strict bound
-            "lower_bound_formula_s": t0c + t_formula,  # our counters spread over every NIC
-        })
+        t_formula = (row["comm_bytes_inter_node"] / (row["nodes"] * row["gpus_per_node"])) * 8 / inter if inter else 0.0
+        row.update(
+            {
+                "unshaped_step_time_s": t0c,
+                "comm_time_inter_s": t_inter,
+                "comm_time_intra_node_s": t_intra,
+                "comm_time_formula_inter_s": t_formula,
+                "lower_bound_s": t0c + max(t_inter, t_intra),  # compute, then the busiest link, no overlap
+                "lower_bound_overlap_s": max(t0c, t_inter, t_intra),  # perfect overlap: a strict bound
+                "lower_bound_formula_s": t0c + t_formula,  # our counters spread over every NIC
+            }
+        )
     return row
 
 
@@ -203,7 +253,8 @@ def merge(rows: list[dict], a) -> dict:
     m["unshaped_timed_s"] = [t for r in good for t in r.get("unshaped_timed_s", [])]
     m["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in good)
     m["bytes_equal_across_rounds"] = all(
-        r[f"comm_bytes_{lvl}"] == m[f"comm_bytes_{lvl}"] for r in good for lvl in LEVELS)
+        r[f"comm_bytes_{lvl}"] == m[f"comm_bytes_{lvl}"] for r in good for lvl in LEVELS
+    )
     m["bench_seconds"] = sum(r.get("bench_seconds", 0) for r in rows)
     m["quant_s"] = statistics.median(r.get("quant_s", 0.0) for r in good)
     if m.get("strategy") == "auto":  # rounds (and pooled runs) may choose different plans: name each
@@ -215,14 +266,18 @@ def summary_line(r: dict) -> str:
     """One row as the line printed after its run."""
     if not r.get("ok"):
         return f"FAILED: {r.get('error')}"
-    s = (f"step {r['step_time_s']:.2f} s, {r['tokens_per_sec']:.0f} tok/s, inter-node ours "
-         f"{r['comm_bytes_inter_node'] / 1e6:.1f} MB (formula {r.get('formula_bytes_inter_node', 0) / 1e6:.1f} MB: "
-         f"{r.get('formula_check')}), wire {r['wire_bytes_inter_node'] / 1e6:.1f} MB, busiest NIC "
-         f"{r['busiest_nic_bytes'] / 1e6:.1f} MB, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB, "
-         f"quantization {r.get('quant_s', 0.0):.3f} s/step per rank")
+    s = (
+        f"step {r['step_time_s']:.2f} s, {r['tokens_per_sec']:.0f} tok/s, inter-node ours "
+        f"{r['comm_bytes_inter_node'] / 1e6:.1f} MB (formula {r.get('formula_bytes_inter_node', 0) / 1e6:.1f} MB: "
+        f"{r.get('formula_check')}), wire {r['wire_bytes_inter_node'] / 1e6:.1f} MB, busiest NIC "
+        f"{r['busiest_nic_bytes'] / 1e6:.1f} MB, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB, "
+        f"quantization {r.get('quant_s', 0.0):.3f} s/step per rank"
+    )
     if r.get("unshaped_timed_s"):
         r = dict(r, unshaped_step_time_s=statistics.median(r["unshaped_timed_s"]))
     if r.get("unshaped_step_time_s") is not None and r.get("lower_bound_s") is not None:
-        s += (f"; unshaped {r['unshaped_step_time_s']:.2f} s, bound t0+comm {r['lower_bound_s']:.2f} s "
-              f"(overlap {r['lower_bound_overlap_s']:.2f} s)")
+        s += (
+            f"; unshaped {r['unshaped_step_time_s']:.2f} s, bound t0+comm {r['lower_bound_s']:.2f} s "
+            f"(overlap {r['lower_bound_overlap_s']:.2f} s)"
+        )
     return s

@@ -1,5 +1,6 @@
 """The two paths tools/bench_model.py times: ours (our GPT-NeoX inside ZeroTopoEngine, ``ddp`` plan,
 one process) and plain (a self-contained nanoGPT-style GPT-NeoX with ``torch.optim.AdamW``)."""
+
 from __future__ import annotations
 
 import time
@@ -35,7 +36,7 @@ class PlainBlock(nn.Module):
         if rd == 0:
             return t
         r, keep = t[..., :rd], t[..., rd:]
-        a, b = r[..., : rd // 2], r[..., rd // 2:]
+        a, b = r[..., : rd // 2], r[..., rd // 2 :]
         c1, s1 = cos[..., : rd // 2], sin[..., : rd // 2]
         return torch.cat((a * c1 - b * s1, b * c1 + a * s1, keep), dim=-1)
 
@@ -65,8 +66,10 @@ class PlainGPTNeoX(nn.Module):
         super().__init__()
         h = cfg.hidden_size
         self.wte = nn.Embedding(cfg.vocab_size, h)
-        self.h = nn.ModuleList(PlainBlock(h, cfg.num_attention_heads, cfg.layernorm_epsilon, cfg.gpt_j_residual)
-                               for _ in range(cfg.num_layers))
+        self.h = nn.ModuleList(
+            PlainBlock(h, cfg.num_attention_heads, cfg.layernorm_epsilon, cfg.gpt_j_residual)
+            for _ in range(cfg.num_layers)
+        )
         self.ln_f = nn.LayerNorm(h, eps=cfg.layernorm_epsilon)
         self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
         self.recompute = cfg.checkpoint_activations
@@ -113,9 +116,18 @@ class Ours:
         plan = resolve_plan(ZeroTopoConfig(preset="ddp"), topo)
         self.model = build_model(cfg, "cpu", seed=args.seed)
         self.init_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.engine = ZeroTopoEngine(self.model, self.model.shard_units(), plan, Comm(topo, 0, distributed=False),
-                                     precision=args.precision, lr=args.lr, betas=(0.9, 0.95), eps=1e-8,
-                                     weight_decay=args.weight_decay, grad_clip=args.clip)
+        self.engine = ZeroTopoEngine(
+            self.model,
+            self.model.shard_units(),
+            plan,
+            Comm(topo, 0, distributed=False),
+            precision=args.precision,
+            lr=args.lr,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            weight_decay=args.weight_decay,
+            grad_clip=args.clip,
+        )
         self.engine.train()
         self.lr = args.lr
 
@@ -153,9 +165,13 @@ class Plain:
         named = list(self.model.named_parameters())
         decay = [p for n, p in named if p.ndim >= 2 and "ln" not in n]
         no_decay = [p for n, p in named if not (p.ndim >= 2 and "ln" not in n)]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                      {"params": no_decay, "weight_decay": 0.0}],
-                                     lr=args.lr, betas=(0.9, 0.95), eps=1e-8, **OPT_IMPL[args.plain_optimizer])
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=args.lr,
+            betas=(0.9, 0.95),
+            eps=1e-8,
+            **OPT_IMPL[args.plain_optimizer],
+        )
         self.clip = args.clip
         self.model.train()
 

@@ -1,4 +1,5 @@
 """The reports of a benchmark: results.json, meta.json, results.md (tables) and the plots."""
+
 from __future__ import annotations
 
 import json
@@ -23,10 +24,12 @@ def table_main(rows: list[dict]) -> str:
     ok = {r["strategy"]: r for r in rows if r.get("ok")}
     z3 = ok.get("zero3", {}).get("tokens_per_sec")
     zpp = ok.get("zeropp", {}).get("tokens_per_sec")
-    lines = ["| strategy | step s (median) | tokens/s | vs zero3 | vs zeropp | unshaped s | quant s | bound s (t0+comm) "
-             "| bound s (overlap) | inter-node MB/step ours / formula / wire | check | intra-node MB ours / wire "
-             "| intra-gpu MB ours / wire | busiest NIC MB | peak RSS MiB |",
-             "|" + "---|" * 15]
+    lines = [
+        "| strategy | step s (median) | tokens/s | vs zero3 | vs zeropp | unshaped s | quant s | bound s (t0+comm) "
+        "| bound s (overlap) | inter-node MB/step ours / formula / wire | check | intra-node MB ours / wire "
+        "| intra-gpu MB ours / wire | busiest NIC MB | peak RSS MiB |",
+        "|" + "---|" * 15,
+    ]
     for r in rows:
         if not r.get("ok"):
             lines.append(f"| {r['strategy']} | failed: {r.get('error', '?')} |" + " |" * 13)
@@ -41,7 +44,8 @@ def table_main(rows: list[dict]) -> str:
             f"{_mb(r['wire_bytes_inter_node'])} | {r.get('formula_check', '—')} | "
             f"{_mb(r['comm_bytes_intra_node'])} / {_mb(r['wire_bytes_intra_node'])} | "
             f"{_mb(r['comm_bytes_intra_gpu'])} / {_mb(r['wire_bytes_intra_gpu'])} | {_mb(r['busiest_nic_bytes'])} | "
-            f"{r['peak_rss_bytes'] / 2**20:.0f} |")
+            f"{r['peak_rss_bytes'] / 2**20:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -53,9 +57,17 @@ def table_scaling(rows: list[dict]) -> str:
     for r in rows:
         by.setdefault(r["strategy"], {})[r["nodes"]] = r
     nodes = sorted({r["nodes"] for r in rows})
-    head = ("| strategy | " + " | ".join(f"tokens/s {n}N" for n in nodes) + " | " +
-            " | ".join(f"rel. {n}N" for n in nodes[1:]) + " | " + " | ".join(f"eff. {n}N" for n in nodes[1:]) +
-            " | " + " | ".join(f"comm eff. {n}N" for n in nodes) + " |")
+    head = (
+        "| strategy | "
+        + " | ".join(f"tokens/s {n}N" for n in nodes)
+        + " | "
+        + " | ".join(f"rel. {n}N" for n in nodes[1:])
+        + " | "
+        + " | ".join(f"eff. {n}N" for n in nodes[1:])
+        + " | "
+        + " | ".join(f"comm eff. {n}N" for n in nodes)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (1 + len(nodes) + 2 * (len(nodes) - 1) + len(nodes))]
     f = lambda x, fmt: "—" if x is None else fmt.format(x)  # noqa: E731
     for s, per in by.items():
@@ -66,11 +78,20 @@ def table_scaling(rows: list[dict]) -> str:
         ceff = []
         for n in nodes:
             r = per.get(n, {})
-            ceff.append(r["unshaped_step_time_s"] / r["step_time_s"] if r.get("ok") and r.get("unshaped_step_time_s")
-                        else None)
-        lines.append(f"| {s} | " + " | ".join(f(t, "{:.0f}") for t in tps) + " | " +
-                     " | ".join(f(x, "{:.2f}") for x in rel) + " | " + " | ".join(f(x, "{:.2f}") for x in eff) +
-                     " | " + " | ".join(f(x, "{:.2f}") for x in ceff) + " |")
+            ceff.append(
+                r["unshaped_step_time_s"] / r["step_time_s"] if r.get("ok") and r.get("unshaped_step_time_s") else None
+            )
+        lines.append(
+            f"| {s} | "
+            + " | ".join(f(t, "{:.0f}") for t in tps)
+            + " | "
+            + " | ".join(f(x, "{:.2f}") for x in rel)
+            + " | "
+            + " | ".join(f(x, "{:.2f}") for x in eff)
+            + " | "
+            + " | ".join(f(x, "{:.2f}") for x in ceff)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -78,6 +99,7 @@ def plot_main(rows, path):
     """Throughput with its bounds and inter-node bytes per strategy (None without matplotlib)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -99,9 +121,13 @@ def plot_main(rows, path):
     ax1.set_ylim(0, 1.3 * max([r["tokens_per_sec"] for r in ok] + best + bound))
     ax1.legend(fontsize=8, loc="upper right")
     w = 0.27
-    for i, (key, lab) in enumerate((("comm_bytes_inter_node", "our counters"),
-                                    ("formula_bytes_inter_node", "docs/design.md §4.8 formula"),
-                                    ("wire_bytes_inter_node", "measured on the veths"))):
+    for i, (key, lab) in enumerate(
+        (
+            ("comm_bytes_inter_node", "our counters"),
+            ("formula_bytes_inter_node", "docs/design.md §4.8 formula"),
+            ("wire_bytes_inter_node", "measured on the veths"),
+        )
+    ):
         ax2.bar([k + (i - 1) * w for k in x], [(r.get(key) or 0) / 1e6 for r in ok], width=w, label=lab)
     ax2.set_xticks(list(x), names, rotation=30, ha="right")
     ax2.set_ylabel("inter-node MB per step (sum over ranks)")
@@ -117,6 +143,7 @@ def plot_scaling(rows, path):
     """Tokens/s against node count per strategy (None without matplotlib)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -144,6 +171,7 @@ def machine() -> dict:
     info = {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
     try:
         import torch
+
         info["torch"] = torch.__version__
     except ImportError:
         pass
@@ -164,20 +192,32 @@ def write_reports(out, rows, meta):
     main = [r for r in rows if r["series"] == "main"]
     scal = [r for r in rows if r["series"] == "scaling"]
     acc = [r for r in rows if r["series"] == "accum"]
-    md = ["# bench_sharding results", "",
-          f"Emulated cluster: {meta.get('main_spec', '')}. Model: {' '.join(meta['model_set'])}; "
-          f"{meta['steps']} steps, median over steps > {meta['warmup']}"
-          f"{' pooled over %d interleaved rounds' % meta['repeats'] if meta.get('repeats', 1) > 1 else ''}. "
-          f"Machine: {meta['machine']}. "
-          f"Load average before/after: {meta.get('load_before')} / {meta.get('load_after')}.", ""]
+    md = [
+        "# bench_sharding results",
+        "",
+        f"Emulated cluster: {meta.get('main_spec', '')}. Model: {' '.join(meta['model_set'])}; "
+        f"{meta['steps']} steps, median over steps > {meta['warmup']}"
+        f"{' pooled over %d interleaved rounds' % meta['repeats'] if meta.get('repeats', 1) > 1 else ''}. "
+        f"Machine: {meta['machine']}. "
+        f"Load average before/after: {meta.get('load_before')} / {meta.get('load_after')}.",
+        "",
+    ]
     if main:
         md += ["## Strategies", "", table_main(main), ""]
     if scal:
-        md += ["## Weak scaling", "", meta.get("scaling_spec", ""), "", table_scaling(scal), "",
-               "rel. N = tokens/s at N nodes / tokens/s at the first node count (all ranks share the same "
-               "cores, so the CPU-bound ideal here is 1.0); eff. N = rel. N / node ratio (weak-scaling "
-               "efficiency, ideal 1.0 on a real cluster); comm eff. = unshaped / shaped step time at that "
-               "size (1.0 = communication fully hidden or free).", ""]
+        md += [
+            "## Weak scaling",
+            "",
+            meta.get("scaling_spec", ""),
+            "",
+            table_scaling(scal),
+            "",
+            "rel. N = tokens/s at N nodes / tokens/s at the first node count (all ranks share the same "
+            "cores, so the CPU-bound ideal here is 1.0); eff. N = rel. N / node ratio (weak-scaling "
+            "efficiency, ideal 1.0 on a real cluster); comm eff. = unshaped / shaped step time at that "
+            "size (1.0 = communication fully hidden or free).",
+            "",
+        ]
     if acc:
         from megatron_topo.analysis.emulation import accum_report
 

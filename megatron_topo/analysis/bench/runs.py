@@ -1,5 +1,6 @@
 """What a benchmark run is: the strategies, the train.py / fsdp_baseline.py command of each, and
 the bytes per link level the volume formulas expect of it."""
+
 from __future__ import annotations
 
 import os
@@ -16,17 +17,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 LEVELS = ("intra_gpu", "intra_node", "inter_node")
 ALL_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "topo_sec8", "paro_iig", "fsdp2_full", "fsdp2_hsdp")
 # on demand: docs/design.md §4.6 step 4's reduce-scatter; 16-bit pair gathers
-EXTRA_STRATEGIES = ("topo_rs", "topo_w16",
-                    "topo_q", "topo_q_ef", "auto")  # INT8 combine + publish (+ error feedback); preset: auto
+EXTRA_STRATEGIES = (
+    "topo_rs",
+    "topo_w16",
+    "topo_q",
+    "topo_q_ef",
+    "auto",
+)  # INT8 combine + publish (+ error feedback); preset: auto
 ACCUM_STRATEGIES = ("ddp", "topo", "topo_q", "zeropp", "mics", "zero3", "fsdp2_full", "fsdp2_hsdp", "auto")
 SCALING_STRATEGIES = ("ddp", "zero3", "zeropp", "mics", "topo", "fsdp2_full", "fsdp2_hsdp")
-MODEL_SET = ("num_layers=4", "hidden_size=256", "num_attention_heads=4", "seq_length=128",
-             "max_position_embeddings=128", "train_micro_batch_size_per_gpu=2", "gradient_accumulation_steps=4",
-             "precision=bf16")
+MODEL_SET = (
+    "num_layers=4",
+    "hidden_size=256",
+    "num_attention_heads=4",
+    "seq_length=128",
+    "max_position_embeddings=128",
+    "train_micro_batch_size_per_gpu=2",
+    "gradient_accumulation_steps=4",
+    "precision=bf16",
+)
 LOG_DIR = "{LOG_DIR}"  # replaced by each run's own directory
-PRESET_FILE = {"ddp": "ddp", "zero3": "zero3", "zeropp": "zeropp", "mics": "mics", "topo": "topo",
-               "topo_sec8": "topo", "paro_iig": "paro_iig", "topo_rs": "topo", "topo_w16": "topo", "topo_q": "topo",
-               "topo_q_ef": "topo"}
+PRESET_FILE = {
+    "ddp": "ddp",
+    "zero3": "zero3",
+    "zeropp": "zeropp",
+    "mics": "mics",
+    "topo": "topo",
+    "topo_sec8": "topo",
+    "paro_iig": "paro_iig",
+    "topo_rs": "topo",
+    "topo_w16": "topo",
+    "topo_q": "topo",
+    "topo_q_ef": "topo",
+}
 QUANTIZED_ONCE = ["zero_topo.combine_bits=8", "zero_topo.publish_bits=8"]
 
 
@@ -49,21 +72,38 @@ class RunDef:
 def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str, accum: Optional[int] = None) -> RunDef:
     """The run of ``strategy`` on nodes x gpus x gcds (``accum``: micro-batches per step)."""
     per_node = gpus * gcds
-    sets = [*a.model_set, f"topology.gpus_per_node={gpus}", f"topology.gcds_per_gpu={gcds}",
-            f"train_iters={a.steps}", "log_interval=1", "eval_interval=0", "save=null", "load=null",
-            f"log_dir={log_dir}", "progress_bar=false", "zero_topo.quant_block_size=256",
-            "zero_topo.grad_quant_block_size=256"] + ([f"gradient_accumulation_steps={accum}"] if accum else [])
+    sets = [
+        *a.model_set,
+        f"topology.gpus_per_node={gpus}",
+        f"topology.gcds_per_gpu={gcds}",
+        f"train_iters={a.steps}",
+        "log_interval=1",
+        "eval_interval=0",
+        "save=null",
+        "load=null",
+        f"log_dir={log_dir}",
+        "progress_bar=false",
+        "zero_topo.quant_block_size=256",
+        "zero_topo.grad_quant_block_size=256",
+    ] + ([f"gradient_accumulation_steps={accum}"] if accum else [])
     configs = [a.model, "configs/local_cpu.yml"]
     notes = ""
     if strategy == "auto":  # the emulated system block (links of this cluster) instead of local_cpu.yml
-        from megatron_topo.config import load_config
         from megatron_topo.analysis.emulation.predict import emulated_system
+        from megatron_topo.config import load_config
 
         configs = [a.model, "configs/emulated_cpu.yml"]
-        system = emulated_system(load_config([os.path.join(ROOT, configs[1])], require=False).system, a.inter_bps, a.intra_bps)
-        sets += ["distributed.backend=gloo", "distributed.device=cpu", "distributed.collective_timeout_s=300",
-                 "zero_topo.preset=auto", f"system.bw_inter_node_gbs={system.bw_inter_node_gbs:.6g}",
-                 f"system.bw_intra_node_gbs={system.bw_intra_node_gbs:.6g}"]
+        system = emulated_system(
+            load_config([os.path.join(ROOT, configs[1])], require=False).system, a.inter_bps, a.intra_bps
+        )
+        sets += [
+            "distributed.backend=gloo",
+            "distributed.device=cpu",
+            "distributed.collective_timeout_s=300",
+            "zero_topo.preset=auto",
+            f"system.bw_inter_node_gbs={system.bw_inter_node_gbs:.6g}",
+            f"system.bw_intra_node_gbs={system.bw_intra_node_gbs:.6g}",
+        ]
         argv = ["train.py", *configs] + [x for s in sets for x in ("--set", s)]
         return RunDef(strategy, "train", argv, configs, sets, nodes, gpus, gcds, "preset: auto (emulated_cpu model)")
     if strategy in PRESET_FILE:
@@ -90,11 +130,15 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str, ac
         mode = strategy.split("_")[1]
         sets = [s for s in sets if not s.startswith("zero_topo.")]
         argv = ["tools/fsdp_baseline.py", *configs, "--mode", mode] + [x for s in sets for x in ("--set", s)]
-        notes = ("fully_shard over the world" if mode == "full" else
-                 "2-D mesh replicate(nodes) x shard(node); all-reduce on the last micro-batch only")
+        notes = (
+            "fully_shard over the world"
+            if mode == "full"
+            else "2-D mesh replicate(nodes) x shard(node); all-reduce on the last micro-batch only"
+        )
         return RunDef(strategy, "fsdp", argv, configs, sets, nodes, gpus, gcds, notes)
-    raise SystemExit(f"bench_sharding: unknown strategy '{strategy}'; valid: "
-                     f"{', '.join(ALL_STRATEGIES + EXTRA_STRATEGIES)}")
+    raise SystemExit(
+        f"bench_sharding: unknown strategy '{strategy}'; valid: {', '.join(ALL_STRATEGIES + EXTRA_STRATEGIES)}"
+    )
 
 
 # ------------------------------------------------------------------------------ formulas
@@ -129,8 +173,13 @@ def run_plan(rd: RunDef, run_dir: Optional[str] = None):
     topo = topology_from_config(cfg.topology, W, rd.gpus_per_node * rd.gcds_per_gpu)
     if rd.kind == "train":
         return cfg, topo, autoplan.resolve(cfg, topo)[0]
-    return cfg, topo, formulas.plan_for("zero3" if rd.strategy == "fsdp2_full" else "mics",
-                                 Topology(W, topo.gcds_per_gpu, topo.gpus_per_node))
+    return (
+        cfg,
+        topo,
+        formulas.plan_for(
+            "zero3" if rd.strategy == "fsdp2_full" else "mics", Topology(W, topo.gcds_per_gpu, topo.gpus_per_node)
+        ),
+    )
 
 
 def formula_bytes(rd: RunDef, run_dir: Optional[str] = None) -> tuple[dict, str]:
@@ -148,4 +197,3 @@ def formula_bytes(rd: RunDef, run_dir: Optional[str] = None) -> tuple[dict, str]
     per_rank = formulas.expected_bytes_per_rank(plan, topo, Ls, micro, elem_bytes=e)
     rd.extra["plan"] = {k: v for k, v in vars(plan).items()}
     return formulas.total_over_ranks(per_rank, W), exact
-

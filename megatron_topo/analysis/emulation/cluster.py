@@ -20,6 +20,7 @@ The tag is ``mtemu-{pid}-{n}``: a run that was killed leaves namespaces whose pi
 the next run (or ``cleanup_leftovers()``) removes. Deleting a namespace deletes its veth end (and
 the peer with it), its bridge and its qdiscs.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -82,7 +83,6 @@ def _kill_namespace(ns: str) -> None:
         time.sleep(0.2)
     _run(["ip", "netns", "del", ns], check=False)
     shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
-
 
 
 def cleanup_leftovers(include_live: bool = False) -> list[str]:
@@ -177,10 +177,12 @@ class ClusterSpec:
         lat = ""
         if self.latency_inter_us or self.latency_intra_us:
             lat = f", latency intra-node {self.latency_intra_us:g} us, inter-node {self.latency_inter_us:g} us"
-        return (f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s) x {self.gcds_per_gpu} GCD(s) = "
-                f"{self.world_size} ranks; per package: intra-gpu {format_rate(self.intra_gpu_bps)} (loopback), "
-                f"intra-node {format_rate(self.intra_node_bps)}, inter-node {format_rate(self.inter_node_bps)} "
-                f"(each direction){lat}")
+        return (
+            f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s) x {self.gcds_per_gpu} GCD(s) = "
+            f"{self.world_size} ranks; per package: intra-gpu {format_rate(self.intra_gpu_bps)} (loopback), "
+            f"intra-node {format_rate(self.intra_node_bps)}, inter-node {format_rate(self.inter_node_bps)} "
+            f"(each direction){lat}"
+        )
 
 
 # ---------------------------------------------------------------------------------- cluster
@@ -222,8 +224,7 @@ class Cluster:
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
         # no IPv6: its neighbour discovery would add stray bytes to the counters
         for key in ("all", "default", "lo"):
-            _run(["ip", "netns", "exec", name, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"],
-                 check=False)
+            _run(["ip", "netns", "exec", name, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"], check=False)
 
     def up(self) -> "Cluster":
         why = check_privileges()
@@ -239,8 +240,25 @@ class Cluster:
             for node, gpu in s.packages():
                 ns, port = self.ns(node, gpu), self.port(node, gpu)
                 self._add_ns(ns)
-                _run(["ip", "-n", sw, "link", "add", port, "mtu", str(s.mtu), "type", "veth",
-                      "peer", "name", VETH, "netns", ns])
+                _run(
+                    [
+                        "ip",
+                        "-n",
+                        sw,
+                        "link",
+                        "add",
+                        port,
+                        "mtu",
+                        str(s.mtu),
+                        "type",
+                        "veth",
+                        "peer",
+                        "name",
+                        VETH,
+                        "netns",
+                        ns,
+                    ]
+                )
                 _run(["ip", "-n", sw, "link", "set", port, "master", BRIDGE])
                 _run(["ip", "-n", sw, "link", "set", port, "up"])
                 _run(["ip", "-n", ns, "link", "set", VETH, "mtu", str(s.mtu)])
@@ -276,34 +294,120 @@ class Cluster:
         s = self.spec
         tc = ["tc", "-n", ns]
         _run(tc + ["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20"])
-        for cls, bps, lat in (("10", s.intra_node_bps, s.latency_intra_us),
-                              ("20", s.inter_node_bps, s.latency_inter_us)):
+        for cls, bps, lat in (
+            ("10", s.intra_node_bps, s.latency_intra_us),
+            ("20", s.inter_node_bps, s.latency_inter_us),
+        ):
             rate = f"{bps or UNLIMITED_BPS}bit"
             # burst: ~2 ms at the rate, at least a 64 KiB GSO segment, so TSO packets pass whole
             burst = max(65536 + 1600, int((bps or UNLIMITED_BPS) / 8 * 0.002))
-            _run(tc + ["class", "add", "dev", dev, "parent", "1:", "classid", f"1:{cls}", "htb",
-                       "rate", rate, "ceil", rate, "burst", str(burst), "cburst", str(burst),
-                       "quantum", "60000"])
+            _run(
+                tc
+                + [
+                    "class",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "classid",
+                    f"1:{cls}",
+                    "htb",
+                    "rate",
+                    rate,
+                    "ceil",
+                    rate,
+                    "burst",
+                    str(burst),
+                    "cburst",
+                    str(burst),
+                    "quantum",
+                    "60000",
+                ]
+            )
             if lat:
-                p = _run(tc + ["qdisc", "add", "dev", dev, "parent", f"1:{cls}", "handle", f"{cls}:",
-                               "netem", "delay", f"{lat:g}us", "limit", "100000"], check=False)
+                p = _run(
+                    tc
+                    + [
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "parent",
+                        f"1:{cls}",
+                        "handle",
+                        f"{cls}:",
+                        "netem",
+                        "delay",
+                        f"{lat:g}us",
+                        "limit",
+                        "100000",
+                    ],
+                    check=False,
+                )
                 if p.returncode != 0:
                     raise EmulationError(
                         "--latency needs the netem qdisc (sch_netem), which this kernel does not "
-                        f"provide ({p.stderr.strip()}); run without --latency")
+                        f"provide ({p.stderr.strip()}); run without --latency"
+                    )
             else:
-                _run(tc + ["qdisc", "add", "dev", dev, "parent", f"1:{cls}", "handle", f"{cls}:",
-                           "pfifo", "limit", "10000"])
-        _run(tc + ["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
-                   "match", "ip", match, s.node_subnet(node), "flowid", "1:10"])
+                _run(
+                    tc
+                    + ["qdisc", "add", "dev", dev, "parent", f"1:{cls}", "handle", f"{cls}:", "pfifo", "limit", "10000"]
+                )
+        _run(
+            tc
+            + [
+                "filter",
+                "add",
+                "dev",
+                dev,
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                match,
+                s.node_subnet(node),
+                "flowid",
+                "1:10",
+            ]
+        )
 
     def _shape_loopback(self, ns: str) -> None:
         bps = self.spec.intra_gpu_bps
         burst = max(65536 * 2, int(bps / 8 * 0.002))
         _run(["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb", "default", "10"])
-        _run(["tc", "-n", ns, "class", "add", "dev", "lo", "parent", "1:", "classid", "1:10", "htb",
-              "rate", f"{bps}bit", "ceil", f"{bps}bit", "burst", str(burst), "cburst", str(burst),
-              "quantum", "60000"])
+        _run(
+            [
+                "tc",
+                "-n",
+                ns,
+                "class",
+                "add",
+                "dev",
+                "lo",
+                "parent",
+                "1:",
+                "classid",
+                "1:10",
+                "htb",
+                "rate",
+                f"{bps}bit",
+                "ceil",
+                f"{bps}bit",
+                "burst",
+                str(burst),
+                "cburst",
+                str(burst),
+                "quantum",
+                "60000",
+            ]
+        )
 
     def _wait_links(self, timeout: float = 10.0) -> None:
         """Wait until every veth is up (carrier) so the first connection does not stall."""
@@ -408,5 +512,4 @@ def summarize(per_package: list[dict]) -> dict:
         tot["intra_node"] += p["tx_bytes"].get("intra_node", 0)
         tot["inter_node"] += p["tx_bytes"].get("inter_node", 0)
         busiest = max(busiest, p["tx_bytes"].get("inter_node", 0), p["rx_bytes"].get("inter_node", 0))
-    return {"wire_bytes": tot, "busiest_nic_bytes": busiest,
-            "tx_drops": sum(p.get("tx_drops", 0) for p in per_package)}
+    return {"wire_bytes": tot, "busiest_nic_bytes": busiest, "tx_drops": sum(p.get("tx_drops", 0) for p in per_package)}

@@ -6,6 +6,7 @@ the package's address; two GCDs of one package reach each other over loopback), 
 and EMU_NODE/EMU_GPU/EMU_GCD. Children die with the launcher (PR_SET_PDEATHSIG) and run in their
 own session, so a Ctrl-C reaches only the launcher, which stops them in order.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -58,17 +59,34 @@ def rank_env(cluster: Cluster, rank: int, master_port: int, base: Optional[dict]
     s = cluster.spec
     node, gpu, gcd = s.placement(rank)
     env = dict(os.environ if base is None else base)
-    env.update({
-        "RANK": str(rank), "WORLD_SIZE": str(s.world_size),
-        "LOCAL_RANK": str(rank % s.ranks_per_node), "LOCAL_WORLD_SIZE": str(s.ranks_per_node),
-        "GROUP_RANK": str(node), "NODE_RANK": str(node),
-        "MASTER_ADDR": s.address(*s.placement(0)[:2]), "MASTER_PORT": str(master_port),
-        "GLOO_SOCKET_IFNAME": VETH, "OMP_NUM_THREADS": env.get("EMU_OMP_NUM_THREADS", "1"),
-        "EMU_NODE": str(node), "EMU_GPU": str(gpu), "EMU_GCD": str(gcd),
-        "EMU_NAMESPACE": cluster.ns(node, gpu), "PYTHONUNBUFFERED": "1",
-    })
-    for k in ("TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES",
-              "SLURM_NTASKS_PER_NODE", "SLURM_NPROCS"):
+    env.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(s.world_size),
+            "LOCAL_RANK": str(rank % s.ranks_per_node),
+            "LOCAL_WORLD_SIZE": str(s.ranks_per_node),
+            "GROUP_RANK": str(node),
+            "NODE_RANK": str(node),
+            "MASTER_ADDR": s.address(*s.placement(0)[:2]),
+            "MASTER_PORT": str(master_port),
+            "GLOO_SOCKET_IFNAME": VETH,
+            "OMP_NUM_THREADS": env.get("EMU_OMP_NUM_THREADS", "1"),
+            "EMU_NODE": str(node),
+            "EMU_GPU": str(gpu),
+            "EMU_GCD": str(gcd),
+            "EMU_NAMESPACE": cluster.ns(node, gpu),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    for k in (
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_LOCALID",
+        "SLURM_NNODES",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_NPROCS",
+    ):
         env.pop(k, None)  # launcher_env prefers torchrun names, but do not leave stale Slurm ones
     return env
 
@@ -85,10 +103,19 @@ def _pump(stream, out: TextIO, prefix: str, lock: threading.Lock):
     stream.close()
 
 
-def launch(cluster: Cluster, command: Sequence[str], *, master_port: int = 29500,
-           env: Optional[dict] = None, stdout_ranks: str = "all", grace_s: float = 5.0,
-           timeout_s: Optional[float] = None, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-           cwd: Optional[str] = None) -> LaunchResult:
+def launch(
+    cluster: Cluster,
+    command: Sequence[str],
+    *,
+    master_port: int = 29500,
+    env: Optional[dict] = None,
+    stdout_ranks: str = "all",
+    grace_s: float = 5.0,
+    timeout_s: Optional[float] = None,
+    out: TextIO = sys.stdout,
+    err: TextIO = sys.stderr,
+    cwd: Optional[str] = None,
+) -> LaunchResult:
     """Run ``command`` once per rank; return exit codes and per-rank peak RSS.
 
     ``stdout_ranks``: ``all`` forwards every rank's stdout, ``0`` only rank 0's (stderr is always
@@ -109,10 +136,16 @@ def launch(cluster: Cluster, command: Sequence[str], *, master_port: int = 29500
     try:
         for r in range(s.world_size):
             node, gpu, _ = s.placement(r)
-            p = subprocess.Popen(["ip", "netns", "exec", cluster.ns(node, gpu), *command],
-                                 env=rank_env(cluster, r, master_port, env), stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, cwd=cwd,
-                                 start_new_session=True, preexec_fn=_pdeathsig)
+            p = subprocess.Popen(
+                ["ip", "netns", "exec", cluster.ns(node, gpu), *command],
+                env=rank_env(cluster, r, master_port, env),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=_pdeathsig,
+            )
             procs.append(p)
             prefix = f"[r{r:0{width}d}] "
             show = stdout_ranks == "all" or (stdout_ranks == "0" and r == 0)
@@ -193,6 +226,7 @@ def _stop(procs: list[subprocess.Popen], rcs: list, term_s: float = 5.0) -> None
 
 def install_signal_handlers() -> dict:
     """SIGINT/SIGTERM/SIGHUP raise :class:`Interrupted` in the main thread; returns the old ones."""
+
     def handler(signum, frame):
         raise Interrupted(signum)
 

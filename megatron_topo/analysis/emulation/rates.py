@@ -10,6 +10,7 @@ Default rates keep Frontier's per-device ratios (docs/design.md §3.5: GCD pair 
 200 Mbit/s: a scale at which 8 ranks on 2 CPU cores spend more time waiting for ZeRO-3's
 inter-node traffic than computing (see docs/benchmark.md for the measurements behind it).
 """
+
 from __future__ import annotations
 
 import math

@@ -14,20 +14,82 @@ the time of one collective), ``step`` (composition into a step, predictions), ``
 legal plan, ranked). The emulated cluster's model builds on this one
 (:mod:`megatron_topo.analysis.emulation.predict`).
 """
-from ...zero_topo.sharding import Plan  # re-exported: callers build plans next to the model
-from .collectives import (NIC_SHARING, Collective, _block0, _collective, _group_info, _post_gather0,
-                          _replicas0, _two_hop0, bandwidth, bytes_per_level, collective_time, latency,
-                          plan_collectives, unit_collectives)
-from .search import _legal, legal_plans, search_plans
-from .shape import (ADAM_BYTES_PER_PARAM, GIB, OPTIMIZER_TRAFFIC_BYTES_PER_PARAM, PAPER_20B_384,
-                    PAPER_MAX_PARAMS_16_GCDS, PAPER_TOPO_SCALING_EFFICIENCY, Memory, Shape, max_params,
-                    model_state_memory, preset_plan, state_bytes_per_param, topology_for)
-from .step import (REDUCTIONS_IN_FLIGHT, STACKS, StepEstimate, compose_passes, estimate_step, predict, ratios,
-                   scaling_efficiency)
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "GIB", "NIC_SHARING", "OPTIMIZER_TRAFFIC_BYTES_PER_PARAM", "PAPER_20B_384",
-           "PAPER_MAX_PARAMS_16_GCDS", "PAPER_TOPO_SCALING_EFFICIENCY", "REDUCTIONS_IN_FLIGHT", "STACKS",
-           "Collective", "Memory", "Plan", "Shape", "StepEstimate", "bandwidth", "bytes_per_level", "collective_time",
-           "compose_passes", "estimate_step", "latency", "legal_plans", "max_params", "model_state_memory",
-           "plan_collectives", "predict", "preset_plan", "ratios", "scaling_efficiency", "search_plans",
-           "state_bytes_per_param", "topology_for", "unit_collectives"]
+from ...zero_topo.sharding import Plan  # re-exported: callers build plans next to the model
+from .collectives import (
+    NIC_SHARING,
+    Collective,
+    _block0,
+    _collective,
+    _group_info,
+    _post_gather0,
+    _replicas0,
+    _two_hop0,
+    bandwidth,
+    bytes_per_level,
+    collective_time,
+    latency,
+    plan_collectives,
+    unit_collectives,
+)
+from .search import _legal, legal_plans, search_plans
+from .shape import (
+    ADAM_BYTES_PER_PARAM,
+    GIB,
+    OPTIMIZER_TRAFFIC_BYTES_PER_PARAM,
+    PAPER_20B_384,
+    PAPER_MAX_PARAMS_16_GCDS,
+    PAPER_TOPO_SCALING_EFFICIENCY,
+    Memory,
+    Shape,
+    max_params,
+    model_state_memory,
+    preset_plan,
+    state_bytes_per_param,
+    topology_for,
+)
+from .step import (
+    REDUCTIONS_IN_FLIGHT,
+    STACKS,
+    StepEstimate,
+    compose_passes,
+    estimate_step,
+    predict,
+    ratios,
+    scaling_efficiency,
+)
+
+__all__ = [
+    "ADAM_BYTES_PER_PARAM",
+    "GIB",
+    "NIC_SHARING",
+    "OPTIMIZER_TRAFFIC_BYTES_PER_PARAM",
+    "PAPER_20B_384",
+    "PAPER_MAX_PARAMS_16_GCDS",
+    "PAPER_TOPO_SCALING_EFFICIENCY",
+    "REDUCTIONS_IN_FLIGHT",
+    "STACKS",
+    "Collective",
+    "Memory",
+    "Plan",
+    "Shape",
+    "StepEstimate",
+    "bandwidth",
+    "bytes_per_level",
+    "collective_time",
+    "compose_passes",
+    "estimate_step",
+    "latency",
+    "legal_plans",
+    "max_params",
+    "model_state_memory",
+    "plan_collectives",
+    "predict",
+    "preset_plan",
+    "ratios",
+    "scaling_efficiency",
+    "search_plans",
+    "state_bytes_per_param",
+    "topology_for",
+    "unit_collectives",
+]

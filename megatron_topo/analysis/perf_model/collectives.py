@@ -1,4 +1,5 @@
 """The collectives of one step and what each costs one rank (docs/design.md §4.8, §7.1)."""
+
 from __future__ import annotations
 
 import functools
@@ -44,8 +45,19 @@ class Collective:
 
 def _collective(name, op, phase, S, group, topo: Topology, scales=0.0, quantized=False, partition="") -> Collective:
     size, level, rpn = _group_info(group if isinstance(group, range) else tuple(group), topo)
-    return Collective(name, op, phase, float(S), size, level, rpn,
-                      max(1, min(topo.ranks_per_node, topo.world_size) // rpn), scales, quantized, partition)
+    return Collective(
+        name,
+        op,
+        phase,
+        float(S),
+        size,
+        level,
+        rpn,
+        max(1, min(topo.ranks_per_node, topo.world_size) // rpn),
+        scales,
+        quantized,
+        partition,
+    )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -81,13 +93,20 @@ def _rank0_group(partition: str, plan: Plan, topo: Topology) -> range:
     """Rank 0's group of a ``UnitGroups`` partition (``traffic.Issued.group``)."""
     W, P = topo.world_size, topo.ranks_per_node
     w, g, o = plan.factors
-    return {"weight": lambda: _block0(w), "secondary": lambda: _block0(plan.secondary_degree),
-            "grad": lambda: _block0(g), "node": lambda: _block0(P), "two_hop_peers": lambda: _two_hop0(g, P),
-            "replicas": lambda: _replicas0(W, g), "post_gather": lambda: _post_gather0(w, o)}[partition]()
+    return {
+        "weight": lambda: _block0(w),
+        "secondary": lambda: _block0(plan.secondary_degree),
+        "grad": lambda: _block0(g),
+        "node": lambda: _block0(P),
+        "two_hop_peers": lambda: _two_hop0(g, P),
+        "replicas": lambda: _replicas0(W, g),
+        "post_gather": lambda: _post_gather0(w, o),
+    }[partition]()
 
 
-def unit_collectives(numel: float, plan: Plan, topo: Topology, elem_bytes: int = 2,
-                     scales: bool = False) -> list[Collective]:
+def unit_collectives(
+    numel: float, plan: Plan, topo: Topology, elem_bytes: int = 2, scales: bool = False
+) -> list[Collective]:
     """The collectives of one step for a unit of ``numel`` elements (docs/design.md §4.8), as the
     plan's transports declare them (``zero_topo.traffic``), on rank 0's groups (every rank's are
     alike). Payloads are ``elem_bytes`` per element at 16 bits, 1 or 1/2 at 8 or 4 bits; with
@@ -100,8 +119,19 @@ def unit_collectives(numel: float, plan: Plan, topo: Topology, elem_bytes: int =
             if not c.quantized:
                 out.append(_collective(c.name, c.op, t.phase, float(elem_bytes * n), group, topo, partition=c.group))
             else:  # payload and scales (one collective)
-                out.append(_collective(c.name, c.op, t.phase, n * c.bits / 8, group, topo,
-                                       4 * n / c.block if scales else 0.0, quantized=True, partition=c.group))
+                out.append(
+                    _collective(
+                        c.name,
+                        c.op,
+                        t.phase,
+                        n * c.bits / 8,
+                        group,
+                        topo,
+                        4 * n / c.block if scales else 0.0,
+                        quantized=True,
+                        partition=c.group,
+                    )
+                )
     return out
 
 
@@ -138,13 +168,22 @@ def bandwidth(c: Collective, topo: Topology, system: SystemConfig, nic_sharing: 
 
 
 def latency(c: Collective, system: SystemConfig) -> float:
-    us = {"intra_gpu": system.latency_intra_gpu_us, "intra_node": system.latency_intra_node_us,
-          "inter_node": system.latency_inter_node_us}[c.level]
+    us = {
+        "intra_gpu": system.latency_intra_gpu_us,
+        "intra_node": system.latency_intra_node_us,
+        "inter_node": system.latency_inter_node_us,
+    }[c.level]
     return c.steps * us * 1e-6
 
 
-def collective_time(c: Collective, topo: Topology, system: SystemConfig, n_units: int,
-                    nic_sharing: str = "ring", separate_scales: bool = False) -> float:
+def collective_time(
+    c: Collective,
+    topo: Topology,
+    system: SystemConfig,
+    n_units: int,
+    nic_sharing: str = "ring",
+    separate_scales: bool = False,
+) -> float:
     """Seconds one rank spends in ``c`` for a whole model (all units): per unit one collective's
     ring steps at the level's latency (our engine packs a quantized collective's scales with its
     payload); with ``separate_scales`` (DeepSpeed, the paper's software) a quantized collective's

@@ -1,4 +1,5 @@
 """Plan search: every legal plan on a topology, ranked by modelled step time."""
+
 from __future__ import annotations
 
 import itertools
@@ -41,15 +42,21 @@ def legal_plans(topo: Topology) -> list[Plan]:
     # factors inside a node, the whole world, and whole-node groups of a power of two nodes: a
     # log-spaced set (the divisors of a node count such as Frontier's 9,408 would be 42, and the
     # search over factor triples with every secondary and bit width would run for many minutes)
-    facs = [f for f in range(1, W + 1) if W % f == 0 and _legal(Plan("search", f, f, f), topo)
-            and (f <= P or f == W or (f % P == 0 and (f // P) & (f // P - 1) == 0))]
+    facs = [
+        f
+        for f in range(1, W + 1)
+        if W % f == 0
+        and _legal(Plan("search", f, f, f), topo)
+        and (f <= P or f == W or (f % P == 0 and (f // P) & (f // P - 1) == 0))
+    ]
     out = []
     for w, g, o in ((w, g, o) for w in facs for g in facs for o in facs if g % w == 0 and o % g == 0):
         secs = [None] + ([f for f in facs if f <= w and w % f == 0] if w > 1 else [])
         reds = INTER_NODE_REDUCES if g < W and o == W else ("allreduce",)
         for s, wb in itertools.product(secs, WEIGHT_BITS if w > 1 else (UNQUANTIZED,)):  # same order as nested loops
-            for sb, gb, red in itertools.product(SECONDARY_BITS if s else (UNQUANTIZED,),
-                                                 GRAD_BITS if g > 1 else (UNQUANTIZED,), reds):
+            for sb, gb, red in itertools.product(
+                SECONDARY_BITS if s else (UNQUANTIZED,), GRAD_BITS if g > 1 else (UNQUANTIZED,), reds
+            ):
                 p = Plan("search", w, g, o, s, wb, sb, gb, inter_node_reduce=red)
                 if _legal(p, topo):
                     out.append(p)
@@ -65,10 +72,19 @@ def legal_plans(topo: Topology) -> list[Plan]:
     return out
 
 
-def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch: int, grad_accum: int,
-                 recompute: bool = True, memory_limit: Optional[float] = None, convention: str = "paper",
-                 nic_sharing: str = "ring", plans: Optional[Sequence[Plan]] = None,
-                 progress=lambda it: it) -> list[tuple[Plan, StepEstimate]]:
+def search_plans(
+    shape: Shape,
+    topo: Topology,
+    system: SystemConfig,
+    micro_batch: int,
+    grad_accum: int,
+    recompute: bool = True,
+    memory_limit: Optional[float] = None,
+    convention: str = "paper",
+    nic_sharing: str = "ring",
+    plans: Optional[Sequence[Plan]] = None,
+    progress=lambda it: it,
+) -> list[tuple[Plan, StepEstimate]]:
     """Legal plans whose model states fit ``memory_limit`` bytes (default: the device memory),
     fastest modelled step first (steps within 0.5% of each other count as equally fast).
     ``progress`` wraps the loop over plans (e.g. a tqdm bar)."""
@@ -80,6 +96,11 @@ def search_plans(shape: Shape, topo: Topology, system: SystemConfig, micro_batch
         est = estimate_step(shape, plan, topo, system, micro_batch, grad_accum, recompute, nic_sharing, convention)
         out.append((plan, est))
     # times in the same 0.5% bucket tie: less memory first, then fewer quantized states (accuracy)
-    out.sort(key=lambda pe: (math.floor(math.log(pe[1].step_s) / math.log(1.005)), pe[1].memory_gib,
-                             -(pe[0].weight_bits + pe[0].secondary_bits + pe[0].grad_bits)))
+    out.sort(
+        key=lambda pe: (
+            math.floor(math.log(pe[1].step_s) / math.log(1.005)),
+            pe[1].memory_gib,
+            -(pe[0].weight_bits + pe[0].secondary_bits + pe[0].grad_bits),
+        )
+    )
     return out

@@ -1,4 +1,5 @@
 """Model shape, plans on a GCD count, and model-state memory per device (docs/design.md §4.10)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from ...model.gpt_neox import gpt_flops
 from ...topology import Topology
 from ...zero_topo.sharding import Plan, resolve_plan
 
-GIB = 2 ** 30
+GIB = 2**30
 ADAM_BYTES_PER_PARAM = 12  # fp32 master + two fp32 moments (ZeRO-topo §III, K = 12)
 OPTIMIZER_TRAFFIC_BYTES_PER_PARAM = 30
 

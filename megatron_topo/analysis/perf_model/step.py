@@ -1,5 +1,6 @@
 """Step time: compute, exposed communication and the optimizer composed as the engine overlaps
 them (docs/design.md §7.2), and predictions over presets and scales."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,13 +49,24 @@ def combine_tail(plan: Plan, topo: Topology) -> float:
     shard is wider than the summed slice is two-stage (INT8 reduce-scatter, then an INT8
     all-gather of the sums) and the engine launches the second stage in ``step()``, every unit's
     before it waits for any: the all-gather half of the bytes (``traffic.Issued.deferred``)."""
-    return next((c.deferred for c in collectives_of(plan, topo.world_size, topo.ranks_per_node, 1.0)
-                 if c.name == "combine"), 0.0)
+    return next(
+        (c.deferred for c in collectives_of(plan, topo.world_size, topo.ranks_per_node, 1.0) if c.name == "combine"),
+        0.0,
+    )
 
 
-def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: float, n: int, prefetch: bool,
-                   step_overlap: bool, serial: bool = False, own_cpu: Optional[dict] = None,
-                   tail: float = 0.0) -> tuple[float, float, float, float]:
+def compose_passes(
+    colls: Sequence[Collective],
+    times: dict,
+    t_f: float,
+    t_b: float,
+    n: int,
+    prefetch: bool,
+    step_overlap: bool,
+    serial: bool = False,
+    own_cpu: Optional[dict] = None,
+    tail: float = 0.0,
+) -> tuple[float, float, float, float]:
     """Forward, backward, first forward and last backward of a step from the compute of one pass
     (``t_f``, ``t_b``) and each collective's time for the whole model (docs/design.md §7.2).
     ``serial``: nothing overlaps, every collective adds to its pass (``stack="deepspeed"``).
@@ -79,10 +91,16 @@ def compose_passes(colls: Sequence[Collective], times: dict, t_f: float, t_b: fl
         # the next step's first forward waits, unit by unit, for that unit's post-step gather
         # (docs/design.md §7.2); on the same level as that pass's traffic they share its link
         under = comb * (1.0 - tail)
-        bwd_last = comb * tail + (_phase(t_b + own_c, bwd_ag, red + under, n, prefetch) if levels.get("combine") in bwd_lv
-                                  else _pipeline(bwd + own_c, under, n, lag=combine_lag(red)))
-        fwd_first = (_phase(t_f + own_p, fwd_ag + post, 0.0, n, prefetch)
-                     if levels.get("post_step_all_gather") in fwd_lv else _pipeline(post, fwd + own_p, n))
+        bwd_last = comb * tail + (
+            _phase(t_b + own_c, bwd_ag, red + under, n, prefetch)
+            if levels.get("combine") in bwd_lv
+            else _pipeline(bwd + own_c, under, n, lag=combine_lag(red))
+        )
+        fwd_first = (
+            _phase(t_f + own_p, fwd_ag + post, 0.0, n, prefetch)
+            if levels.get("post_step_all_gather") in fwd_lv
+            else _pipeline(post, fwd + own_p, n)
+        )
     else:  # serial, or step_overlap=False: combine and post-step gather blocking in step()
         bwd_last, fwd_first = bwd + comb + own_c, fwd + post + own_p
     return fwd, bwd, fwd_first, bwd_last
@@ -112,9 +130,19 @@ class StepEstimate:
         return dict(self.__dict__)
 
 
-def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig, micro_batch: int,
-                  grad_accum: int, recompute: bool = True, nic_sharing: str = "ring",
-                  convention: str = "engine", step_overlap: bool = True, stack: str = "engine") -> StepEstimate:
+def estimate_step(
+    shape: Shape,
+    plan: Plan,
+    topo: Topology,
+    system: SystemConfig,
+    micro_batch: int,
+    grad_accum: int,
+    recompute: bool = True,
+    nic_sharing: str = "ring",
+    convention: str = "engine",
+    step_overlap: bool = True,
+    stack: str = "engine",
+) -> StepEstimate:
     """Modelled time of one optimizer step (``grad_accum`` micro-batches) on every rank, in the
     steady state (the post-step gather of the previous step overlaps this step's first forward).
     ``step_overlap=False`` puts the combine and post-step gather inside ``step()``;
@@ -129,29 +157,57 @@ def estimate_step(shape: Shape, plan: Plan, topo: Topology, system: SystemConfig
     passes = 4.0 if recompute else 3.0
     t_f, t_b = compute / passes, compute * (passes - 1) / passes
     colls = plan_collectives(psi, plan, topo)
-    times = {c.name: collective_time(c, topo, system, n, nic_sharing, separate_scales=stack == "deepspeed")
-             for c in colls}
-    fwd, bwd, fwd_first, bwd_last = compose_passes(colls, times, t_f, t_b, n, plan.prefetch, step_overlap,
-                                                   serial=stack == "deepspeed", tail=combine_tail(plan, topo))
+    times = {
+        c.name: collective_time(c, topo, system, n, nic_sharing, separate_scales=stack == "deepspeed") for c in colls
+    }
+    fwd, bwd, fwd_first, bwd_last = compose_passes(
+        colls,
+        times,
+        t_f,
+        t_b,
+        n,
+        plan.prefetch,
+        step_overlap,
+        serial=stack == "deepspeed",
+        tail=combine_tail(plan, topo),
+    )
     comb, post = times.get("combine", 0.0), times.get("post_step_all_gather", 0.0)
     step_comm = comb + post
     exposed = fwd_first + bwd_last - fwd - bwd
     opt = OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * psi / plan.optimizer_factor / (system.hbm_bw_gbs * 1e9)
     step = (grad_accum - 1) * (fwd + bwd) + fwd_first + bwd_last + opt
     return StepEstimate(
-        preset=plan.preset, gcds=topo.world_size, micro_batch=micro_batch, grad_accum=grad_accum,
-        compute_s=compute, forward_s=fwd, backward_s=bwd, first_forward_s=fwd_first, last_backward_s=bwd_last,
-        step_comm_s=step_comm, step_comm_exposed_s=exposed, optimizer_s=opt,
-        step_s=step, tflops_per_gcd=grad_accum * flops / step / 1e12, comm_s=times,
+        preset=plan.preset,
+        gcds=topo.world_size,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        compute_s=compute,
+        forward_s=fwd,
+        backward_s=bwd,
+        first_forward_s=fwd_first,
+        last_backward_s=bwd_last,
+        step_comm_s=step_comm,
+        step_comm_exposed_s=exposed,
+        optimizer_s=opt,
+        step_s=step,
+        tflops_per_gcd=grad_accum * flops / step / 1e12,
+        comm_s=times,
         bytes_per_level=bytes_per_level(psi, plan, topo, grad_accum),
         memory_gib=model_state_memory(psi, plan, convention).total / GIB,
     )
 
 
 # ------------------------------------------------------------------------------ prediction
-def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharing: str = "ring",
-            system: Optional[SystemConfig] = None, step_overlap: bool = True, stack: str = "engine",
-            **plan_overrides) -> list[StepEstimate]:
+def predict(
+    cfg: Config,
+    presets: Sequence[str],
+    gcds: Iterable[int],
+    nic_sharing: str = "ring",
+    system: Optional[SystemConfig] = None,
+    step_overlap: bool = True,
+    stack: str = "engine",
+    **plan_overrides,
+) -> list[StepEstimate]:
     """Estimates for every preset at every GCD count, with the model/training setup of ``cfg``;
     ``plan_overrides`` maps a preset to zero_topo overrides, e.g. ``topo={"secondary_degree": 8}``."""
     system = system or cfg.system
@@ -164,9 +220,20 @@ def predict(cfg: Config, presets: Sequence[str], gcds: Iterable[int], nic_sharin
         topo = topology_for(n, cfg.topology)
         for p in presets:
             plan = preset_plan(p, topo, **plan_overrides.get(p, {}))
-            out.append(estimate_step(shape, plan, topo, system, t.train_micro_batch_size_per_gpu,
-                                     t.gradient_accumulation_steps, cfg.model.checkpoint_activations,
-                                     nic_sharing, step_overlap=step_overlap, stack=stack))
+            out.append(
+                estimate_step(
+                    shape,
+                    plan,
+                    topo,
+                    system,
+                    t.train_micro_batch_size_per_gpu,
+                    t.gradient_accumulation_steps,
+                    cfg.model.checkpoint_activations,
+                    nic_sharing,
+                    step_overlap=step_overlap,
+                    stack=stack,
+                )
+            )
     return out
 
 

@@ -12,20 +12,64 @@ buffers; loading rebuilds any rank's shards from any other plan or world size.
 Functions reach ``storage`` through the module (``storage.load_rank_file``), so a test that
 replaces one of its functions patches ``checkpoint.storage``.
 """
+
 from __future__ import annotations
 
 from .live import architecture_diff, check_compatible, check_resume, gather_full_state, load, save, unit_table
 from .meta_schema import FileRecord, Meta, ParamRecord, TrainerState, UnitRecord
 from .offline import full_unit_state, load_model_config, read_config_yaml, read_full_state, unit_state_range
-from .storage import (ARCH_KEYS, FORMAT_VERSION, LATEST, STATE_KEYS, SUPPORTED_FORMATS, CheckpointError,
-                      _atomic_write_bytes, _remove_quietly, _shard_tensors, check_output_outside, check_save_dir,
-                      file_digest, holds_checkpoints, load_rank_file, rank_file, read_meta, resolve, step_dir)
+from .storage import (
+    ARCH_KEYS,
+    FORMAT_VERSION,
+    LATEST,
+    STATE_KEYS,
+    SUPPORTED_FORMATS,
+    CheckpointError,
+    _atomic_write_bytes,
+    _remove_quietly,
+    _shard_tensors,
+    check_output_outside,
+    check_save_dir,
+    file_digest,
+    holds_checkpoints,
+    load_rank_file,
+    rank_file,
+    read_meta,
+    resolve,
+    step_dir,
+)
 
 __all__ = [
-    "ARCH_KEYS", "FORMAT_VERSION", "architecture_diff", "LATEST", "STATE_KEYS", "SUPPORTED_FORMATS", "CheckpointError",
-    "FileRecord", "Meta", "ParamRecord", "TrainerState", "UnitRecord", "check_compatible", "check_output_outside",
-    "check_resume", "check_save_dir", "file_digest",
-    "full_unit_state", "gather_full_state", "holds_checkpoints", "load", "load_model_config",
-    "load_rank_file", "rank_file", "read_config_yaml", "read_full_state", "read_meta", "resolve", "save",
-    "step_dir", "unit_state_range", "unit_table",
+    "ARCH_KEYS",
+    "FORMAT_VERSION",
+    "architecture_diff",
+    "LATEST",
+    "STATE_KEYS",
+    "SUPPORTED_FORMATS",
+    "CheckpointError",
+    "FileRecord",
+    "Meta",
+    "ParamRecord",
+    "TrainerState",
+    "UnitRecord",
+    "check_compatible",
+    "check_output_outside",
+    "check_resume",
+    "check_save_dir",
+    "file_digest",
+    "full_unit_state",
+    "gather_full_state",
+    "holds_checkpoints",
+    "load",
+    "load_model_config",
+    "load_rank_file",
+    "rank_file",
+    "read_config_yaml",
+    "read_full_state",
+    "read_meta",
+    "resolve",
+    "save",
+    "step_dir",
+    "unit_state_range",
+    "unit_table",
 ]

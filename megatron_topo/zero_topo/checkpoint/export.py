@@ -8,8 +8,8 @@ import os
 from typing import Optional
 
 from . import meta_schema, storage
-from .offline import full_unit_state, read_config_yaml
 from .meta_schema import Meta
+from .offline import full_unit_state, read_config_yaml
 from .storage import CheckpointError
 
 
@@ -20,8 +20,9 @@ def verify_checkpoint_files(step_path: str, meta: Meta) -> None:
         storage.load_rank_file(step_path, r, meta)  # memory-mapped: hashed by reading, not loaded
 
 
-def open_checkpoint(checkpoint: str, unverified: bool = False,
-                    ask: str = meta_schema.ASK_UNVERIFIED) -> tuple[str, Meta, Optional[str]]:
+def open_checkpoint(
+    checkpoint: str, unverified: bool = False, ask: str = meta_schema.ASK_UNVERIFIED
+) -> tuple[str, Meta, Optional[str]]:
     """(step folder, meta.json, config.yml text) of a checkpoint to export, with every rank file
     verified: an edited config.yml or a bad rank file fails here, before anything is written.
     Rank files without a size and SHA-256 record are refused unless ``unverified`` (the line says

@@ -1,6 +1,7 @@
 """Live sharded save and load: every rank writes its optimizer shards, rank 0 publishes the step
 (``meta.json``, ``config.yml``, ``latest``); loading fills an engine under any plan or world size,
 after checking the model and the resume settings."""
+
 from __future__ import annotations
 
 import hashlib
@@ -43,13 +44,22 @@ def _gather_digests(engine: ZeroTopoEngine, item: bytes) -> list[bytes]:
     engine.comm.all_gather(out, t, engine.comm.world, account=False)
     raw = engine.comm.to_host(out).numpy().tobytes()
     n = len(item)
-    records = [raw[i * n:(i + 1) * n] for i in range(engine.topo.world_size)]
+    records = [raw[i * n : (i + 1) * n] for i in range(engine.topo.world_size)]
     records[engine.comm.rank] = item  # exact even where the gather carries no data (dry run)
     return records
 
 
-def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: TrainerState, config_yaml: str, rank: int,
-         barrier: Callable[[], None], keep_last: int = 2, fault: Optional[Callable[..., None]] = None) -> str:
+def save(
+    engine: ZeroTopoEngine,
+    root: str,
+    step: int,
+    trainer_state: TrainerState,
+    config_yaml: str,
+    rank: int,
+    barrier: Callable[[], None],
+    keep_last: int = 2,
+    fault: Optional[Callable[..., None]] = None,
+) -> str:
     """Collective: every rank calls it. Returns the final step directory. ``fault(point, rank=,
     step=)`` is called at the two kill points ``save`` and ``publish`` (the trainer passes the test
     fault injection's ``maybe_fail``; None: nothing)."""
@@ -69,8 +79,10 @@ def save(engine: ZeroTopoEngine, root: str, step: int, trainer_state: TrainerSta
         "step": step,
         "holder": holder,
         "shards": state["shards"],
-        "rng": {"torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
         "scaler": state["scaler"],
         # this rank's error-feedback residuals (zero_topo.error_feedback); only a resume on the
         # same world and plan restores them (resharded, they start from zero)
@@ -110,21 +122,43 @@ def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list[int], 
         prev = "there is no previous checkpoint"
     who = f"rank {failed[0]}" + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
     why = failure or "another rank could not write its file"
-    raise CheckpointError(f"saving step {step} into {root} failed on {who}: {why}; the partial files were "
-                          f"removed and {prev}; free disk space (or set save elsewhere) and resume")
+    raise CheckpointError(
+        f"saving step {step} into {root} failed on {who}: {why}; the partial files were "
+        f"removed and {prev}; free disk space (or set save elsewhere) and resume"
+    )
 
 
-def _publish(engine: ZeroTopoEngine, root: str, tmp: str, final: str, step: int, trainer_state: TrainerState,
-             config_yaml: str, records: list[bytes], keep_last: int,
-             fault: Optional[Callable[..., None]] = None) -> None:
+def _publish(
+    engine: ZeroTopoEngine,
+    root: str,
+    tmp: str,
+    final: str,
+    step: int,
+    trainer_state: TrainerState,
+    config_yaml: str,
+    records: list[bytes],
+    keep_last: int,
+    fault: Optional[Callable[..., None]] = None,
+) -> None:
     """Rank 0: meta.json + config.yml, then the atomic renames and ``latest``."""
-    files = {os.path.basename(storage.rank_file(tmp, r)): FileRecord(int.from_bytes(rec[:8], "little"), rec[8:].hex())
-             for r, rec in enumerate(records)}
+    files = {
+        os.path.basename(storage.rank_file(tmp, r)): FileRecord(int.from_bytes(rec[:8], "little"), rec[8:].hex())
+        for r, rec in enumerate(records)
+    }
     cfg_bytes = config_yaml.encode()
-    meta = Meta(FORMAT_VERSION, step, engine.topo.world_size, asdict(engine.plan), engine.plan.optimizer_factor,
-                [UnitRecord.of(u) for u in unit_table(engine)], trainer_state, files,
-                config=FileRecord(len(cfg_bytes), hashlib.sha256(cfg_bytes).hexdigest()),
-                topology=asdict(engine.topo), precision=engine.precision)
+    meta = Meta(
+        FORMAT_VERSION,
+        step,
+        engine.topo.world_size,
+        asdict(engine.plan),
+        engine.plan.optimizer_factor,
+        [UnitRecord.of(u) for u in unit_table(engine)],
+        trainer_state,
+        files,
+        config=FileRecord(len(cfg_bytes), hashlib.sha256(cfg_bytes).hexdigest()),
+        topology=asdict(engine.topo),
+        precision=engine.precision,
+    )
     storage._atomic_write_bytes(os.path.join(tmp, "config.yml"), cfg_bytes)
     storage._atomic_write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta.to_record(), indent=1).encode())
     if fault is not None:
@@ -155,12 +189,14 @@ def check_compatible(sp: str, meta: Meta, mine: list[dict]) -> None:
         pb = [[p[0], p[1], p[2], list(p[3])] for p in b["params"]]
         if pa != pb:
             if len(pa) != len(pb):
-                raise CheckpointError(f"{sp}: unit {i} has {len(pa)} parameters in the checkpoint, "
-                                      f"{len(pb)} in the model")
+                raise CheckpointError(
+                    f"{sp}: unit {i} has {len(pa)} parameters in the checkpoint, {len(pb)} in the model"
+                )
             x, y = next((x, y) for x, y in zip(pa, pb) if x != y)
             raise CheckpointError(
                 f"{sp}: parameter {y[0]} has shape {tuple(x[3])} in the checkpoint but {tuple(y[3])} in the "
-                f"model (unit {i}); the model config differs from the one that was saved")
+                f"model (unit {i}); the model config differs from the one that was saved"
+            )
 
 
 def _saved_config(sp: str, meta: Meta, read_config: Callable[[str], Config]) -> Optional[Config]:
@@ -186,8 +222,11 @@ def architecture_diff(sp: str, meta: Meta, cfg: Config, read_config: Callable[[s
     if saved is None:
         return []
     keys = dict.fromkeys((*spec_for(saved.model).arch_keys, *spec_for(cfg.model).arch_keys))
-    return [f"{k} {getattr(saved.model, k)!r} -> {getattr(cfg.model, k)!r}" for k in keys
-            if getattr(saved.model, k) != getattr(cfg.model, k)]
+    return [
+        f"{k} {getattr(saved.model, k)!r} -> {getattr(cfg.model, k)!r}"
+        for k in keys
+        if getattr(saved.model, k) != getattr(cfg.model, k)
+    ]
 
 
 def check_resume(sp: str, meta: Meta, cfg: Config, read_config: Callable[[str], Config]) -> None:
@@ -195,18 +234,28 @@ def check_resume(sp: str, meta: Meta, cfg: Config, read_config: Callable[[str], 
     precision may change) and have steps left to train."""
     diff = architecture_diff(sp, meta, cfg, read_config)
     if diff:
-        raise CheckpointError(f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
-                              f"resume with the saved values or start a new run (another plan or world size "
-                              f"is fine)")
+        raise CheckpointError(
+            f"{sp}: the model config differs from the checkpoint's ({'; '.join(diff)}); "
+            f"resume with the saved values or start a new run (another plan or world size "
+            f"is fine)"
+        )
     step = meta.step
     if cfg.train.train_iters < step:
-        raise CheckpointError(f"{sp} is at step {step} but train_iters is {cfg.train.train_iters}; set "
-                              f"train_iters above {step} to continue training (nothing was loaded or written)")
+        raise CheckpointError(
+            f"{sp} is at step {step} but train_iters is {cfg.train.train_iters}; set "
+            f"train_iters above {step} to continue training (nothing was loaded or written)"
+        )
 
 
-def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = False,
-         config: Optional[Config] = None, unverified: bool = False,
-         read_config: Optional[Callable[[str], Config]] = None) -> TrainerState:
+def load(
+    engine: ZeroTopoEngine,
+    path: str,
+    rank: int,
+    strict_world: bool = False,
+    config: Optional[Config] = None,
+    unverified: bool = False,
+    read_config: Optional[Callable[[str], Config]] = None,
+) -> TrainerState:
     """Load into ``engine`` (any plan / world size); returns the trainer state from meta.json.
     With ``config`` (the run's Config) and ``read_config`` (parses the saved config.yml), a changed
     architecture or a ``train_iters`` below the saved step is refused first."""
@@ -231,9 +280,11 @@ def load(engine: ZeroTopoEngine, path: str, rank: int, strict_world: bool = Fals
         if own is not None:
             sh = src["shards"][i]
             if (int(sh["lo"]), int(sh["hi"])) != (lo, hi):
-                raise CheckpointError(f"{storage.rank_file(sp, rank % holders)}: unit {i} range "
-                                      f"[{sh['lo']}, {sh['hi']}) differs from this rank's [{lo}, {hi}) "
-                                      f"under the same plan")
+                raise CheckpointError(
+                    f"{storage.rank_file(sp, rank % holders)}: unit {i} range "
+                    f"[{sh['lo']}, {sh['hi']}) differs from this rank's [{lo}, {hi}) "
+                    f"under the same plan"
+                )
             st = storage._shard_tensors(storage.rank_file(sp, rank % holders), sh, i)
             if "master" not in st:
                 raise CheckpointError(f"{storage.rank_file(sp, rank % holders)}: unit {i} has no master weights")

@@ -8,6 +8,7 @@ the trainer, the tools and HF export); the save writes one through :meth:`Meta.t
 ``files`` records are required for every rank file that holds tensors unless the caller allows an
 unverified load.
 """
+
 from __future__ import annotations
 
 import math
@@ -94,8 +95,12 @@ class TrainerState:
     python_rng: Any = None  # an older trainer's Python RNG seed, when recorded (not written any more)
 
     def to_record(self) -> dict:
-        out = {"step": self.step, "consumed_samples": self.consumed_samples, "consumed_valid": self.consumed_valid,
-               "global_batch": self.global_batch}
+        out = {
+            "step": self.step,
+            "consumed_samples": self.consumed_samples,
+            "consumed_valid": self.consumed_valid,
+            "global_batch": self.global_batch,
+        }
         return {k: v for k, v in out.items() if v is not None}  # the trainer writes all four
 
 
@@ -121,10 +126,18 @@ class Meta:
 
     def to_record(self) -> dict:
         """meta.json's content as the save writes it (key order included)."""
-        out = {"format": self.format, "step": self.step, "world_size": self.world_size, "topology": self.topology,
-               "plan": self.plan, "precision": self.precision, "shard_holders": self.shard_holders,
-               "units": [u.to_record() for u in self.units], "trainer": self.trainer.to_record(),
-               "files": {n: f.to_record() for n, f in self.files.items()}}
+        out = {
+            "format": self.format,
+            "step": self.step,
+            "world_size": self.world_size,
+            "topology": self.topology,
+            "plan": self.plan,
+            "precision": self.precision,
+            "shard_holders": self.shard_holders,
+            "units": [u.to_record() for u in self.units],
+            "trainer": self.trainer.to_record(),
+            "files": {n: f.to_record() for n, f in self.files.items()},
+        }
         if self.config is not None:
             out["config"] = {"file": "config.yml", **self.config.to_record()}
         return out
@@ -180,8 +193,10 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
     ``ask`` is how the reading tool asks for an unverified load (its key or flag)."""
     fmt = meta.get("format", 1)
     if isinstance(fmt, bool) or fmt not in supported_formats:
-        raise MetaError(f"format: checkpoint format {fmt!r} is not supported; this megatron_topo reads formats "
-                        f"{', '.join(map(str, supported_formats))} (saved by another version?)")
+        raise MetaError(
+            f"format: checkpoint format {fmt!r} is not supported; this megatron_topo reads formats "
+            f"{', '.join(map(str, supported_formats))} (saved by another version?)"
+        )
     for k in REQUIRED:
         if k not in meta:
             raise MetaError(f"{k}: missing (the file is incomplete)")
@@ -203,11 +218,13 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
     kept = tr.get("global_batch")  # read by a resume on another world size only when a positive integer
     if kept is not None:  # a field that is there is valid (a string there was skipped without a word)
         _int(kept, "trainer.global_batch", 1)
-    trainer = TrainerState(_int(tr["step"], "trainer.step"),
-                           None if consumed is None else _int(consumed, "trainer.consumed_samples"),
-                           _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"),
-                           kept if isinstance(kept, int) and not isinstance(kept, bool) and kept >= 1 else None,
-                           tr.get("python_rng"))
+    trainer = TrainerState(
+        _int(tr["step"], "trainer.step"),
+        None if consumed is None else _int(consumed, "trainer.consumed_samples"),
+        _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"),
+        kept if isinstance(kept, int) and not isinstance(kept, bool) and kept >= 1 else None,
+        tr.get("python_rng"),
+    )
     if trainer.step != step:
         raise MetaError(f"trainer.step: {trainer.step} differs from step {step}")
     files = {}
@@ -220,13 +237,26 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
     if not unverified:
         lacking = [f"rank_{r:05d}.pt" for r in range(ws) if f"rank_{r:05d}.pt" not in files]
         if lacking:
-            raise MetaError(f"files: no size and SHA-256 recorded for {lacking[0]}"
-                            f"{f' and {len(lacking) - 1} more' if len(lacking) > 1 else ''}, so its bytes cannot be "
-                            f"verified; refusing to load it ({ask} to load it anyway)")
+            raise MetaError(
+                f"files: no size and SHA-256 recorded for {lacking[0]}"
+                f"{f' and {len(lacking) - 1} more' if len(lacking) > 1 else ''}, so its bytes cannot be "
+                f"verified; refusing to load it ({ask} to load it anyway)"
+            )
     config = None
     if meta.get("config") is not None:
         config = _file(meta["config"], "config")
     topology, precision = meta.get("topology"), meta.get("precision")
-    return Meta(fmt, step, ws, plan, holders, units, trainer, files, config,
-                topology if isinstance(topology, dict) else None, precision if isinstance(precision, str) else None,
-                meta)
+    return Meta(
+        fmt,
+        step,
+        ws,
+        plan,
+        holders,
+        units,
+        trainer,
+        files,
+        config,
+        topology if isinstance(topology, dict) else None,
+        precision if isinstance(precision, str) else None,
+        meta,
+    )

@@ -1,6 +1,7 @@
 """Offline checkpoint readers: a unit's flat state (or any range of it) reassembled from the rank
 files of any plan, the whole model and optimizer state, and the saved config; one process, no
 engine."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,15 +27,27 @@ def _holder_ranges(meta: Meta, unit: int) -> Optional[list[tuple[int, int, int]]
         return None
     u, plan = meta.units[unit], meta.plan
     try:
-        lay = UnitLayout(int(u.numel), int(u.padded), int(plan["weight_factor"]),
-                         int(plan["grad_factor"]), int(plan["optimizer_factor"]))
+        lay = UnitLayout(
+            int(u.numel),
+            int(u.padded),
+            int(plan["weight_factor"]),
+            int(plan["grad_factor"]),
+            int(plan["optimizer_factor"]),
+        )
         return [(r, *lay.optim_range(r)) for r in range(int(meta.shard_holders))]
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise CheckpointError(f"meta.json: plan {plan} does not describe unit {unit}'s layout") from None
 
 
-def unit_state_range(step_path: str, meta: Meta, unit: int, a: int, b: int, files: Optional[dict] = None,
-                     keys: Sequence[str] = STATE_KEYS) -> dict:
+def unit_state_range(
+    step_path: str,
+    meta: Meta,
+    unit: int,
+    a: int,
+    b: int,
+    files: Optional[dict] = None,
+    keys: Sequence[str] = STATE_KEYS,
+) -> dict:
     """master/exp_avg/exp_avg_sq of elements ``[a, b)`` of ``unit``'s flat buffer (zeros beyond
     the real parameters) and the Adam step, reading only the shard files that overlap. ``keys``
     (which must include ``master``) limits what is read: ``("master",)`` never touches the moments
@@ -58,17 +71,19 @@ def unit_state_range(step_path: str, meta: Meta, unit: int, a: int, b: int, file
         sh = files[r]["shards"][unit]
         lo, hi = int(sh["lo"]), int(sh["hi"])
         if olo is not None and (lo, hi) != (olo, ohi):
-            raise CheckpointError(f"{storage.rank_file(step_path, r)}: unit {unit} range [{lo}, {hi}) does not match "
-                                  f"the saved plan's [{olo}, {ohi})")
+            raise CheckpointError(
+                f"{storage.rank_file(step_path, r)}: unit {unit} range [{lo}, {hi}) does not match "
+                f"the saved plan's [{olo}, {ohi})"
+            )
         x, y = max(a, lo), min(end, hi)
-        if x >= y or bool(have[x - a:y - a].all()):
+        if x >= y or bool(have[x - a : y - a].all()):
             continue
         tens = storage._shard_tensors(storage.rank_file(step_path, r), sh, unit, keys)
         if "master" not in tens:
             raise CheckpointError(f"{storage.rank_file(step_path, r)}: unit {unit} has no master weights")
         for k, v in tens.items():
-            out[k][x - a:y - a] = v[x - lo:y - lo]
-        have[x - a:y - a] = True
+            out[k][x - a : y - a] = v[x - lo : y - lo]
+        have[x - a : y - a] = True
         if sh.get("step") is not None:
             step = sh["step"]
     if not bool(have.all()):
@@ -82,8 +97,9 @@ def unit_state_range(step_path: str, meta: Meta, unit: int, a: int, b: int, file
     return out
 
 
-def full_unit_state(step_path: str, meta: Meta, unit: int, files: Optional[dict] = None,
-                    keys: Sequence[str] = STATE_KEYS) -> dict:
+def full_unit_state(
+    step_path: str, meta: Meta, unit: int, files: Optional[dict] = None, keys: Sequence[str] = STATE_KEYS
+) -> dict:
     """Reassemble a unit's unpadded flat master/exp_avg/exp_avg_sq (+ Adam step) from the shards;
     ``keys=("master",)`` reads the master weights only."""
     return unit_state_range(step_path, meta, unit, 0, int(meta.units[unit].numel), files, keys)
@@ -104,8 +120,10 @@ def read_config_yaml(sp: str, meta: Meta) -> Optional[str]:
         raise CheckpointError(f"{path} is unreadable: {e.strerror or e}") from None
     rec = meta.config
     if rec and (len(raw) != rec.bytes or hashlib.sha256(raw).hexdigest() != rec.sha256):
-        raise CheckpointError(f"{path} was changed after the save: its SHA-256 differs from the one recorded in "
-                              f"meta.json (the model it describes may not be the one saved)")
+        raise CheckpointError(
+            f"{path} was changed after the save: its SHA-256 differs from the one recorded in "
+            f"meta.json (the model it describes may not be the one saved)"
+        )
     try:
         return raw.decode()
     except UnicodeDecodeError:
@@ -113,8 +131,9 @@ def read_config_yaml(sp: str, meta: Meta) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------- full states
-def read_full_state(path: str, keys: Sequence[str] = STATE_KEYS, unverified: bool = False,
-                    ask: str = meta_schema.ASK_UNVERIFIED) -> dict:
+def read_full_state(
+    path: str, keys: Sequence[str] = STATE_KEYS, unverified: bool = False, ask: str = meta_schema.ASK_UNVERIFIED
+) -> dict:
     """The whole model and optimizer state of a checkpoint, in one process (no engine needed).
 
     Returns ``{"step_dir", "meta", "config_yaml", "params": {name: fp32 tensor},
@@ -140,8 +159,15 @@ def read_full_state(path: str, keys: Sequence[str] = STATE_KEYS, unverified: boo
             if step is not None:
                 optim[name] = {k: full[k][sl].view(*shape) for k in ("exp_avg", "exp_avg_sq")}
                 steps[name] = step
-    return {"step_dir": sp, "meta": meta, "config_yaml": config_yaml, "params": params, "optimizer": optim,
-            "adam_step": steps, "units": units}
+    return {
+        "step_dir": sp,
+        "meta": meta,
+        "config_yaml": config_yaml,
+        "params": params,
+        "optimizer": optim,
+        "adam_step": steps,
+        "units": units,
+    }
 
 
 def load_model_config(state: dict, read_config: Callable[[str], Config]) -> ModelConfig:

@@ -25,6 +25,7 @@ Loading never runs code from a file: rank files load with ``torch.load(weights_o
 ``meta.json`` is JSON and ``config.yml`` goes through the safe YAML loader. Any problem with a
 checkpoint raises :class:`CheckpointError` whose message is one line naming the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,18 @@ FORMAT_VERSION = 2
 SUPPORTED_FORMATS = (1, 2)  # a missing "format" is 1
 # model keys that change the function the weights compute (resuming with another value is refused;
 # plan, world size, precision, seq_length, dropout and init keys may change: that is resharding/tuning)
-ARCH_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "rotary_pct", "rotary_emb_base",
-             "gpt_j_residual", "no_weight_tying", "norm", "layernorm_epsilon")
+ARCH_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "vocab_size",
+    "rotary_pct",
+    "rotary_emb_base",
+    "gpt_j_residual",
+    "no_weight_tying",
+    "norm",
+    "layernorm_epsilon",
+)
 LATEST_CAP = 4 * safe_files.KIB  # 'global_stepN' and a newline
 META_CAP = 256 * safe_files.MIB  # a unit table of some 10**6 parameters fits many times over
 
@@ -140,7 +151,7 @@ def clean_leftovers(root: str, keep: str) -> None:
         if d.startswith(".tmp_global_step") and os.path.isdir(p):
             shutil.rmtree(p, ignore_errors=True)
         elif d.startswith("global_step") and d.endswith(".old") and os.path.isdir(p):
-            live = p[:-len(".old")]
+            live = p[: -len(".old")]
             if os.path.isfile(os.path.join(live, "meta.json")):  # the new copy is complete
                 shutil.rmtree(p, ignore_errors=True)
         elif d.startswith(f"{LATEST}.tmp."):
@@ -151,8 +162,9 @@ def prune(root: str, keep_last: int, protect: str = "") -> None:
     if keep_last <= 0:
         return
     steps = sorted(
-        (int(d[len("global_step"):]), d) for d in os.listdir(root)
-        if d.startswith("global_step") and d[len("global_step"):].isdigit()
+        (int(d[len("global_step") :]), d)
+        for d in os.listdir(root)
+        if d.startswith("global_step") and d[len("global_step") :].isdigit()
     )
     for _, d in steps[:-keep_last]:
         if d != protect:
@@ -176,15 +188,16 @@ def resolve(path: str) -> str:
             raise CheckpointError(f"{latest} holds {safe_files.excerpt(name)}, not a global_stepN directory name")
         d = os.path.join(path, name)
         if os.path.lexists(d) and not _inside(os.path.realpath(d), os.path.realpath(path)):
-            raise CheckpointError(f"{latest} names {name}, a symbolic link out of {path}; only folders inside it "
-                                  f"are read")
+            raise CheckpointError(
+                f"{latest} names {name}, a symbolic link out of {path}; only folders inside it are read"
+            )
         if os.path.isfile(os.path.join(d, "meta.json")):
             return d
         old = d + ".old"  # a crash while re-saving the same step left the complete old copy here
         if not os.path.exists(d) and os.path.isfile(os.path.join(old, "meta.json")):
             return old
         raise CheckpointError(f"{latest} points to {name}, which is missing or incomplete (no {name}/meta.json)")
-    steps = [d for d in os.listdir(path) if d.startswith("global_step") and d[len("global_step"):].isdigit()]
+    steps = [d for d in os.listdir(path) if d.startswith("global_step") and d[len("global_step") :].isdigit()]
     hint = f" (it holds {', '.join(sorted(steps))}; pass one of them)" if steps else ""
     raise CheckpointError(f"{path}: no meta.json and no '{LATEST}' file; not a checkpoint directory{hint}")
 
@@ -204,15 +217,18 @@ def check_output_outside(checkpoint: str, output: str, flag: str = "--output", s
         sp = os.path.realpath(resolve(checkpoint))
         inputs.add(sp)
         parent = os.path.dirname(sp)
-        if os.path.isfile(os.path.join(parent, LATEST)) or re.fullmatch(r"global_step\d+(\.old)?", os.path.basename(sp)):
+        if os.path.isfile(os.path.join(parent, LATEST)) or re.fullmatch(
+            r"global_step\d+(\.old)?", os.path.basename(sp)
+        ):
             inputs.add(parent)
     except CheckpointError:
         pass  # the reader reports what is wrong with the checkpoint itself
     for src in sorted(inputs, key=len):
         if _inside(out, src) or _inside(src, out):
             how = "is" if out == src else "lies inside" if _inside(out, src) else "contains"
-            raise CheckpointError(f"{flag} {output} {how} the checkpoint it reads ({src}); write it elsewhere "
-                                  f"(nothing was changed)")
+            raise CheckpointError(
+                f"{flag} {output} {how} the checkpoint it reads ({src}); write it elsewhere (nothing was changed)"
+            )
     if _inside(os.path.realpath(os.getcwd()), out):
         raise CheckpointError(f"{flag} {output} is the working directory or above it; write it into a new directory")
     if not os.path.isdir(out):
@@ -221,12 +237,18 @@ def check_output_outside(checkpoint: str, output: str, flag: str = "--output", s
     for dirpath, dirs, files in os.walk(out):
         seen += len(dirs) + len(files)
         if seen > scan_limit:
-            raise CheckpointError(f"{flag} {output} holds more than {scan_limit:,} entries; it is not an earlier "
-                                  f"export, so it is not replaced: write it elsewhere")
-        marks = [n for n in files if n in (LATEST, "meta.json")] + [d for d in dirs if re.fullmatch(r"global_step\d+", d)]
+            raise CheckpointError(
+                f"{flag} {output} holds more than {scan_limit:,} entries; it is not an earlier "
+                f"export, so it is not replaced: write it elsewhere"
+            )
+        marks = [n for n in files if n in (LATEST, "meta.json")] + [
+            d for d in dirs if re.fullmatch(r"global_step\d+", d)
+        ]
         if marks:
-            raise CheckpointError(f"{flag} {output} holds a checkpoint ({os.path.join(dirpath, marks[0])}); "
-                                  f"it is not replaced, even with --force: write it elsewhere")
+            raise CheckpointError(
+                f"{flag} {output} holds a checkpoint ({os.path.join(dirpath, marks[0])}); "
+                f"it is not replaced, even with --force: write it elsewhere"
+            )
 
 
 def holds_checkpoints(root: Optional[str]) -> bool:
@@ -234,7 +256,8 @@ def holds_checkpoints(root: Optional[str]) -> bool:
     if not root or not os.path.isdir(root):
         return False
     return os.path.isfile(os.path.join(root, LATEST)) or any(
-        d.startswith("global_step") and d[len("global_step"):].isdigit() for d in os.listdir(root))
+        d.startswith("global_step") and d[len("global_step") :].isdigit() for d in os.listdir(root)
+    )
 
 
 def read_meta(step_path: str, unverified: bool = False, ask: str = meta_schema.ASK_UNVERIFIED) -> meta_schema.Meta:
@@ -263,8 +286,7 @@ def _verify_file(path: str, record: Optional[meta_schema.FileRecord]) -> None:
         return
     size = os.path.getsize(path)
     if size != record.bytes:
-        raise CheckpointError(
-            f"{path} is truncated or was replaced: {size} bytes, meta.json recorded {record.bytes}")
+        raise CheckpointError(f"{path} is truncated or was replaced: {size} bytes, meta.json recorded {record.bytes}")
     if file_digest(path)[1] != record.sha256:
         raise CheckpointError(f"{path} is corrupt: its SHA-256 differs from the one recorded in meta.json")
 
@@ -285,7 +307,8 @@ def load_rank_file(step_path: str, rank: int, meta: Optional[meta_schema.Meta] =
         m = re.search(r"WeightsUnpickler error: (.*?)(?: was not an allowed global| Please|\.\s|$)", str(e))
         why = m.group(1).strip() if m else _one_line(e)[:120]
         raise CheckpointError(
-            f"{path} holds objects other than tensors and plain data; refusing to load it ({why})") from None
+            f"{path} holds objects other than tensors and plain data; refusing to load it ({why})"
+        ) from None
     except Exception as e:  # truncated/corrupt
         why = re.sub(r"\s+", " ", str(e)).split(". ")[0].strip()[:160]
         raise CheckpointError(f"{path} is corrupt or truncated ({why})") from None
@@ -310,4 +333,3 @@ def _shard_tensors(path: str, sh: dict, unit: int, keys: Sequence[str] = STATE_K
             raise CheckpointError(f"{path}: unit {unit} {k} has shape {got}, expected ({hi - lo},) for [{lo}, {hi})")
         out[k] = v.float()
     return out
-

@@ -55,8 +55,9 @@ def load_hf_into_engine(engine, path: str, model_cfg, weights=None) -> None:
             del t
         return out
 
-    shards = ({"master": master(u["params"], lo, hi), "step": None}
-              for u, (lo, hi) in zip(table, engine.shard_ranges()))  # one unit read at a time
+    shards = (
+        {"master": master(u["params"], lo, hi), "step": None} for u, (lo, hi) in zip(table, engine.shard_ranges())
+    )  # one unit read at a time
     engine.load_state_dict({"shards": shards})  # the weights alone: a fresh optimizer
 
 

@@ -21,6 +21,7 @@ Timing: :data:`timer` sums the wall time spent inside these calls per process wh
 
 Non-finite inputs propagate (a block with NaN/inf dequantizes to all-NaN); see the reference.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -30,14 +31,28 @@ import time
 
 import torch
 
+from ...atomic import write_text
 from . import reference
 from ._common import inverse_permutation, num_blocks, payload_nbytes
-from ...atomic import write_text
 
-__all__ = ["quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
-           "quantize_reordered", "inverse_permutation", "payload_nbytes", "num_blocks",
-           "resolve_backend", "triton_available", "cpu_fast_available", "ENV_VAR", "BACKENDS",
-           "timer", "TIMES_ENV", "KernelTimer"]
+__all__ = [
+    "quantize",
+    "dequantize",
+    "dequantize_sum",
+    "dequantize_sum_requantize",
+    "quantize_reordered",
+    "inverse_permutation",
+    "payload_nbytes",
+    "num_blocks",
+    "resolve_backend",
+    "triton_available",
+    "cpu_fast_available",
+    "ENV_VAR",
+    "BACKENDS",
+    "timer",
+    "TIMES_ENV",
+    "KernelTimer",
+]
 
 ENV_VAR = "MEGATRON_TOPO_KERNELS"
 TIMES_ENV = "MEGATRON_TOPO_KERNEL_TIMES"
@@ -65,16 +80,20 @@ class KernelTimer:
         c[1] += dt
 
     def snapshot(self) -> dict:
-        return {"calls": self.calls, "seconds": self.seconds,
-                "per_op": {k: {"calls": v[0], "seconds": v[1]} for k, v in self.per_op.items()}}
+        return {
+            "calls": self.calls,
+            "seconds": self.seconds,
+            "per_op": {k: {"calls": v[0], "seconds": v[1]} for k, v in self.per_op.items()},
+        }
 
     def write(self, directory: str) -> str:
         """Write the snapshot (plus rank and pid) as JSON into ``directory``; returns the path."""
         os.makedirs(directory, exist_ok=True)
         rank = os.environ.get("RANK", "0")
         path = os.path.join(directory, f"kernel_times.{rank}.{os.getpid()}.json")
-        write_text(path, json.dumps({"rank": int(rank) if rank.isdigit() else rank, "pid": os.getpid(),
-                                     **self.snapshot()}))
+        write_text(
+            path, json.dumps({"rank": int(rank) if rank.isdigit() else rank, "pid": os.getpid(), **self.snapshot()})
+        )
         return path
 
 
@@ -95,6 +114,7 @@ _init_timer_from_env()
 
 def _triton_module():
     from . import triton_kernels  # lazy: importing triton is slow and may be absent
+
     return triton_kernels
 
 
@@ -121,6 +141,7 @@ def resolve_backend(backend: str | None, tensor: torch.Tensor) -> str:
 
 def _cpu_fast_module():
     from . import cpu_fast  # lazy: the first use compiles (or loads the cached) C library
+
     return cpu_fast
 
 
@@ -133,6 +154,7 @@ def cpu_fast_available() -> bool:
 def _impl(backend, tensor):
     if tensor.device.type == "meta":  # dry run: shapes only
         from . import meta
+
         return meta
     name = resolve_backend(backend, tensor)
     if name == "triton":
@@ -157,40 +179,79 @@ def _tensor_arg(t, name):
     return t
 
 
-def quantize(x: torch.Tensor, bits: int, block_size: int,
-             backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(
+    x: torch.Tensor, bits: int, block_size: int, backend: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Flatten ``x`` (fp32/bf16/fp16) and quantize it -> (payload, fp32 scales)."""
     return _call("quantize", backend, _tensor_arg(x, "x"), x, bits, block_size)
 
 
-def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
-               dtype: torch.dtype = torch.float32, backend: str | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    dtype: torch.dtype = torch.float32,
+    backend: str | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Flat tensor of ``numel`` elements in ``dtype`` (q_fp32 * scale, then cast); written into
     ``out`` (contiguous, ``numel`` elements of ``dtype``) when given, and ``out`` returned."""
-    return _call("dequantize", backend, _tensor_arg(q, "q"), q, scales, bits, block_size, numel, dtype,
-                 out=out)
+    return _call("dequantize", backend, _tensor_arg(q, "q"), q, scales, bits, block_size, numel, dtype, out=out)
 
 
-def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,
-                   numel: int, out: torch.Tensor | None = None, accumulate: bool = False,
-                   backend: str | None = None) -> torch.Tensor:
+def dequantize_sum(
+    q_stack: torch.Tensor,
+    scales_stack: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    backend: str | None = None,
+) -> torch.Tensor:
     """fp32 sum over k stacked inputs ([k, nbytes], [k, nblocks]) in index order; with
     ``accumulate=True`` returns ``out`` after ``out += sum``; with ``out`` only, writes into it."""
-    return _call("dequantize_sum", backend, _tensor_arg(q_stack, "q_stack"), q_stack, scales_stack,
-                 bits, block_size, numel, out=out, accumulate=accumulate)
+    return _call(
+        "dequantize_sum",
+        backend,
+        _tensor_arg(q_stack, "q_stack"),
+        q_stack,
+        scales_stack,
+        bits,
+        block_size,
+        numel,
+        out=out,
+        accumulate=accumulate,
+    )
 
 
-def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
-                              block_size: int, backend: str | None = None, *,
-                              out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def dequantize_sum_requantize(
+    q_stack: torch.Tensor,
+    scales_stack: torch.Tensor,
+    bits: int,
+    block_size: int,
+    backend: str | None = None,
+    *,
+    out_bits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused dequantize + fp32 sum + quantize (to ``out_bits``, default ``bits``) over all
     nblocks*block_size elements: the intra-node hop of ZeRO++ 2-hop gradient reduction."""
-    return _call("dequantize_sum_requantize", backend, _tensor_arg(q_stack, "q_stack"), q_stack,
-                 scales_stack, bits, block_size, out_bits=out_bits)
+    return _call(
+        "dequantize_sum_requantize",
+        backend,
+        _tensor_arg(q_stack, "q_stack"),
+        q_stack,
+        scales_stack,
+        bits,
+        block_size,
+        out_bits=out_bits,
+    )
 
 
-def quantize_reordered(x: torch.Tensor, bits: int, block_size: int, perm,
-                       backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_reordered(
+    x: torch.Tensor, bits: int, block_size: int, perm, backend: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Cut ``x`` into len(perm) equal slices; output slot i holds quantized slice perm[i]."""
     return _call("quantize_reordered", backend, _tensor_arg(x, "x"), x, bits, block_size, perm)

@@ -10,6 +10,7 @@ can write (issue 29).
 * A library is loaded only when its SHA-256 equals the one recorded next to it when it was built
   (``NAME.so.sha256``, in the same private folder); a missing or different record means rebuild.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -4,6 +4,7 @@ Each op's arguments are checked by one ``check_*_args`` function that all backen
 backends accept the same inputs and raise the same messages. Everything here is cheap host-side
 checking on shapes/dtypes only (never reads tensor data, so it never synchronises with a device).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -24,11 +25,14 @@ def check_bits(bits) -> int:
 
 
 def check_block_size(block_size) -> int:
-    ok = (isinstance(block_size, int) and not isinstance(block_size, bool)
-          and MIN_BLOCK <= block_size <= MAX_BLOCK and block_size & (block_size - 1) == 0)
+    ok = (
+        isinstance(block_size, int)
+        and not isinstance(block_size, bool)
+        and MIN_BLOCK <= block_size <= MAX_BLOCK
+        and block_size & (block_size - 1) == 0
+    )
     if not ok:
-        raise ValueError(f"block_size must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], "
-                         f"got {block_size!r}")
+        raise ValueError(f"block_size must be a power of two in [{MIN_BLOCK}, {MAX_BLOCK}], got {block_size!r}")
     return block_size
 
 
@@ -68,8 +72,7 @@ def check_out_dtype(dtype: torch.dtype) -> None:
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
 
 
-def check_payload(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int,
-                  numel: int) -> None:
+def check_payload(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int) -> None:
     """One quantized tensor: q is the flat payload, scales the flat fp32 scales."""
     check_bits(bits)
     check_block_size(block_size)
@@ -80,17 +83,21 @@ def check_payload(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: 
     if scales.dtype != torch.float32:
         raise ValueError(f"scales must be float32, got {scales.dtype}")
     if q.numel() != want_q:
-        raise ValueError(f"payload has {q.numel()} elements, expected {want_q} for numel={numel}, "
-                         f"bits={bits}, block_size={block_size}")
+        raise ValueError(
+            f"payload has {q.numel()} elements, expected {want_q} for numel={numel}, "
+            f"bits={bits}, block_size={block_size}"
+        )
     if scales.numel() != want_s:
-        raise ValueError(f"scales has {scales.numel()} elements, expected {want_s} for "
-                         f"numel={numel}, block_size={block_size}")
+        raise ValueError(
+            f"scales has {scales.numel()} elements, expected {want_s} for numel={numel}, block_size={block_size}"
+        )
     if q.device != scales.device:
         raise ValueError(f"payload on {q.device} but scales on {scales.device}")
 
 
-def check_stacks(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,
-                 numel: int | None = None) -> tuple[int, int]:
+def check_stacks(
+    q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int, numel: int | None = None
+) -> tuple[int, int]:
     """k stacked quantized tensors of the same layout: q_stack [k, nbytes], scales [k, nblocks].
 
     Returns (k, numel) where numel defaults to the padded length nblocks*block_size.
@@ -98,20 +105,26 @@ def check_stacks(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, b
     check_bits(bits)
     check_block_size(block_size)
     if q_stack.dim() != 2 or scales_stack.dim() != 2:
-        raise ValueError(f"q_stack and scales_stack must be 2-D [k, ...], got shapes "
-                         f"{tuple(q_stack.shape)} and {tuple(scales_stack.shape)}")
+        raise ValueError(
+            f"q_stack and scales_stack must be 2-D [k, ...], got shapes "
+            f"{tuple(q_stack.shape)} and {tuple(scales_stack.shape)}"
+        )
     k = q_stack.shape[0]
     if k < 1 or scales_stack.shape[0] != k:
-        raise ValueError(f"mismatched stacks: q_stack has {q_stack.shape[0]} rows, scales_stack "
-                         f"has {scales_stack.shape[0]} (need the same k >= 1)")
+        raise ValueError(
+            f"mismatched stacks: q_stack has {q_stack.shape[0]} rows, scales_stack "
+            f"has {scales_stack.shape[0]} (need the same k >= 1)"
+        )
     if numel is None:
         numel = scales_stack.shape[1] * block_size
     check_numel(numel)
     want_q, want_s = payload_nbytes(numel, bits, block_size), num_blocks(numel, block_size)
     if q_stack.shape[1] != want_q or scales_stack.shape[1] != want_s:
-        raise ValueError(f"mismatched stacks: got q_stack {tuple(q_stack.shape)} and scales_stack "
-                         f"{tuple(scales_stack.shape)}, expected [{k}, {want_q}] and [{k}, {want_s}] "
-                         f"for numel={numel}, bits={bits}, block_size={block_size}")
+        raise ValueError(
+            f"mismatched stacks: got q_stack {tuple(q_stack.shape)} and scales_stack "
+            f"{tuple(scales_stack.shape)}, expected [{k}, {want_q}] and [{k}, {want_s}] "
+            f"for numel={numel}, bits={bits}, block_size={block_size}"
+        )
     if q_stack.dtype != payload_dtype(bits):
         raise ValueError(f"INT{bits} payload must be {payload_dtype(bits)}, got {q_stack.dtype}")
     if scales_stack.dtype != torch.float32:
@@ -127,8 +140,10 @@ def check_out(out: torch.Tensor | None, numel: int, accumulate: bool, device) ->
             raise ValueError("accumulate=True needs an out tensor to add into")
         return
     if out.dtype != torch.float32 or out.numel() != numel or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 tensor of {numel} elements, got "
-                         f"{out.dtype} with {out.numel()} elements (contiguous={out.is_contiguous()})")
+        raise ValueError(
+            f"out must be a contiguous float32 tensor of {numel} elements, got "
+            f"{out.dtype} with {out.numel()} elements (contiguous={out.is_contiguous()})"
+        )
     if out.device != device:
         raise ValueError(f"out on {out.device} but inputs on {device}")
 
@@ -147,13 +162,13 @@ def check_perm(perm, numel: int, block_size: int) -> tuple[int, ...]:
     if numel % k:
         raise ValueError(f"x.numel()={numel} is not divisible by len(perm)={k}")
     if (numel // k) % block_size:
-        raise ValueError(f"slice length {numel // k} (x.numel()={numel} / len(perm)={k}) is not "
-                         f"divisible by block_size={block_size}")
+        raise ValueError(
+            f"slice length {numel // k} (x.numel()={numel} / len(perm)={k}) is not divisible by block_size={block_size}"
+        )
     return perm
 
 
-def check_quantize_args(x: torch.Tensor, bits, block_size,
-                        perm=None) -> tuple[int, int, tuple[int, ...] | None]:
+def check_quantize_args(x: torch.Tensor, bits, block_size, perm=None) -> tuple[int, int, tuple[int, ...] | None]:
     """``quantize`` (``perm`` None) and ``quantize_reordered``: (bits, block_size, perm)."""
     check_input(x)
     bits, block_size = check_bits(bits), check_block_size(block_size)
@@ -162,29 +177,45 @@ def check_quantize_args(x: torch.Tensor, bits, block_size,
     return bits, block_size, perm
 
 
-def check_dequantize_args(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int,
-                          numel: int, dtype: torch.dtype, out: torch.Tensor | None = None) -> None:
+def check_dequantize_args(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
+) -> None:
     check_payload(q, scales, bits, block_size, numel)
     check_out_dtype(dtype)
     if out is not None:
         if out.dtype != dtype or out.numel() != numel or not out.is_contiguous():
-            raise ValueError(f"out must be a contiguous {dtype} tensor of {numel} elements, got "
-                             f"{out.dtype} with {out.numel()} elements (contiguous={out.is_contiguous()})")
+            raise ValueError(
+                f"out must be a contiguous {dtype} tensor of {numel} elements, got "
+                f"{out.dtype} with {out.numel()} elements (contiguous={out.is_contiguous()})"
+            )
         if out.device != q.device:
             raise ValueError(f"out on {out.device} but inputs on {q.device}")
 
 
-def check_dequantize_sum_args(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
-                              block_size: int, numel: int, out: torch.Tensor | None,
-                              accumulate: bool) -> tuple[int, int]:
+def check_dequantize_sum_args(
+    q_stack: torch.Tensor,
+    scales_stack: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    out: torch.Tensor | None,
+    accumulate: bool,
+) -> tuple[int, int]:
     """``dequantize_sum``: (k, numel)."""
     k, numel = check_stacks(q_stack, scales_stack, bits, block_size, numel)
     check_out(out, numel, accumulate, q_stack.device)
     return k, numel
 
 
-def check_requantize_args(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
-                          block_size: int, out_bits: int | None) -> tuple[int, int, int]:
+def check_requantize_args(
+    q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int, out_bits: int | None
+) -> tuple[int, int, int]:
     """``dequantize_sum_requantize``: (k, padded numel, out_bits)."""
     k, numel = check_stacks(q_stack, scales_stack, bits, block_size)
     return k, numel, bits if out_bits is None else check_bits(out_bits)

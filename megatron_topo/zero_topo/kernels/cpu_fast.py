@@ -24,6 +24,7 @@ Threads: calls release the GIL, and a call with enough blocks is split between
 ``torch.get_num_threads()`` Python threads (each a contiguous range of blocks), so
 ``OMP_NUM_THREADS=1`` gives one thread as with the reference.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -39,18 +40,32 @@ import threading
 import torch
 
 from . import _cache
-from ._common import (check_dequantize_args, check_dequantize_sum_args, check_quantize_args,
-                      check_requantize_args, num_blocks, payload_dtype, payload_nbytes)
+from ._common import (
+    check_dequantize_args,
+    check_dequantize_sum_args,
+    check_quantize_args,
+    check_requantize_args,
+    num_blocks,
+    payload_dtype,
+    payload_nbytes,
+)
 
-__all__ = ["quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
-           "quantize_reordered", "available", "unavailable_reason", "library_path"]
+__all__ = [
+    "quantize",
+    "dequantize",
+    "dequantize_sum",
+    "dequantize_sum_requantize",
+    "quantize_reordered",
+    "available",
+    "unavailable_reason",
+    "library_path",
+]
 
 CACHE_ENV = "MEGATRON_TOPO_KERNEL_CACHE"
 CFLAGS_ENV = "MEGATRON_TOPO_KERNEL_CFLAGS"  # extra compiler flags (tests use -DMT_NO_F16C ...)
 _SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cpu_fast.c")
 _DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
-               "-fno-strict-aliasing"]
+_BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing"]
 _FLAG_SETS = (["-march=native"], [])
 MIN_ELEMS_PER_THREAD = 1 << 18  # below ~1 MiB of fp32 per thread the pool costs more than it saves
 
@@ -102,8 +117,10 @@ def _cache_dirs() -> list[str]:
         return [os.environ[CACHE_ENV]]
     home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     uid = os.getuid() if hasattr(os, "getuid") else 0
-    return [os.path.join(home, "megatron_topo", "kernels"),
-            os.path.join(tempfile.gettempdir(), f"megatron_topo_kernels_{uid}")]
+    return [
+        os.path.join(home, "megatron_topo", "kernels"),
+        os.path.join(tempfile.gettempdir(), f"megatron_topo_kernels_{uid}"),
+    ]
 
 
 _warned: set = set()
@@ -135,15 +152,19 @@ def _build() -> tuple[ctypes.CDLL, str]:
     errors = []
     cache, refused = _private_cache()
     if cache is None:
-        raise RuntimeError("no private kernel cache folder (" + "; ".join(refused) + "); set "
-                           f"{CACHE_ENV} to a folder of your own, mode 0700")
+        raise RuntimeError(
+            "no private kernel cache folder (" + "; ".join(refused) + "); set "
+            f"{CACHE_ENV} to a folder of your own, mode 0700"
+        )
     for cc in _compilers():
         cid = _compiler_id(cc)
         for extra in _FLAG_SETS:
             flags = _BASE_FLAGS + extra + os.environ.get(CFLAGS_ENV, "").split()
-            key = hashlib.sha256(b"\0".join([src, cid.encode(), " ".join(flags).encode(),
-                                             _cpu_signature().encode(),
-                                             sys.platform.encode()])).hexdigest()[:20]
+            key = hashlib.sha256(
+                b"\0".join(
+                    [src, cid.encode(), " ".join(flags).encode(), _cpu_signature().encode(), sys.platform.encode()]
+                )
+            ).hexdigest()[:20]
             path = os.path.join(cache, f"mt_cpu_fast_{key}.so")
             ok, why = _cache.verified(path)
             if why:
@@ -152,12 +173,14 @@ def _build() -> tuple[ctypes.CDLL, str]:
                 try:
                     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
                     os.close(fd)
-                    r = subprocess.run(cc.split() + flags + ["-o", tmp, _SRC], capture_output=True,
-                                       text=True, timeout=120)
+                    r = subprocess.run(
+                        cc.split() + flags + ["-o", tmp, _SRC], capture_output=True, text=True, timeout=120
+                    )
                     if r.returncode:
                         os.unlink(tmp)
-                        errors.append(f"{cc} {' '.join(extra) or '(portable)'}: "
-                                      f"{(r.stderr or r.stdout).strip()[-400:]}")
+                        errors.append(
+                            f"{cc} {' '.join(extra) or '(portable)'}: {(r.stderr or r.stdout).strip()[-400:]}"
+                        )
                         continue
                     _cache.write_record(path, _cache.file_sha256(tmp))  # the record first: a reader
                     os.replace(tmp, path)  # never sees a new library with no record (atomic renames)
@@ -237,16 +260,17 @@ def library_path() -> str | None:
 def _self_check() -> str | None:
     """Compare with the reference on blocks of special values; None if equal bit for bit."""
     from . import reference as R
+
     g = torch.Generator().manual_seed(1234)
     B = 64
     x = torch.randn(B * 9 + 13, generator=g) * torch.logspace(-3, 3, B * 9 + 13)
-    x[B:2 * B] = -0.0
+    x[B : 2 * B] = -0.0
     x[2 * B + 5] = float("nan")
     x[3 * B + 7] = float("inf")
     x[4 * B] = 127.0
-    x[4 * B + 1:5 * B] = torch.arange(B - 1, dtype=torch.float32) - 31.5  # .5 ties
-    x[5 * B:6 * B] *= 1e-40  # subnormal
-    x[6 * B:7 * B] = 0.0
+    x[4 * B + 1 : 5 * B] = torch.arange(B - 1, dtype=torch.float32) - 31.5  # .5 ties
+    x[5 * B : 6 * B] *= 1e-40  # subnormal
+    x[6 * B : 7 * B] = 0.0
     x[7 * B] = 3e38
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
         xd = x.to(dtype)
@@ -256,12 +280,12 @@ def _self_check() -> str | None:
             if not torch.equal(q, qr) or not _same(s, sr):
                 return f"quantize {dtype} int{bits}"
             for odt in (torch.float32, torch.bfloat16, torch.float16):
-                if not _same(dequantize(q, s, bits, B, xd.numel(), odt),
-                             R.dequantize(qr, sr, bits, B, xd.numel(), odt)):
+                if not _same(
+                    dequantize(q, s, bits, B, xd.numel(), odt), R.dequantize(qr, sr, bits, B, xd.numel(), odt)
+                ):
                     return f"dequantize {dtype} int{bits} -> {odt}"
             qs, ss = torch.stack([q, q.flip(0)]), torch.stack([s, s.flip(0)])
-            if not _same(dequantize_sum(qs, ss, bits, B, xd.numel()),
-                         R.dequantize_sum(qs, ss, bits, B, xd.numel())):
+            if not _same(dequantize_sum(qs, ss, bits, B, xd.numel()), R.dequantize_sum(qs, ss, bits, B, xd.numel())):
                 return f"dequantize_sum int{bits}"
             a, b = dequantize_sum_requantize(qs, ss, bits, B), R.dequantize_sum_requantize(qs, ss, bits, B)
             if not torch.equal(a[0], b[0]) or not _same(a[1], b[1]):
@@ -290,6 +314,7 @@ def _run(fn, nb: int, elems_per_block: int, args_fn) -> None:
     global _pool
     if _pool is None or _pool._max_workers < t:
         from concurrent.futures import ThreadPoolExecutor
+
         _pool = ThreadPoolExecutor(max_workers=t, thread_name_prefix="mt_cpu_fast")
     bounds = [nb * i // t for i in range(t + 1)]
     futs = [_pool.submit(fn, *args_fn(bounds[i], bounds[i + 1])) for i in range(1, t)]
@@ -310,8 +335,7 @@ def _quantize_into(flat, bits, block_size, q, scales, nblocks):
     dt = _DT[flat.dtype]
     n = flat.numel()
     xp, qp, sp = flat.data_ptr(), q.data_ptr(), scales.data_ptr()
-    _run(lib.mt_quantize, nblocks, block_size,
-         lambda b0, b1: (xp, dt, n, block_size, bits, b0, b1, qp, sp))
+    _run(lib.mt_quantize, nblocks, block_size, lambda b0, b1: (xp, dt, n, block_size, bits, b0, b1, qp, sp))
 
 
 def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,8 +351,15 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor,
     return q, scales
 
 
-def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
-               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    dtype: torch.dtype = torch.float32,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Same as :func:`zero_topo.kernels.reference.dequantize`."""
     check_dequantize_args(q, scales, bits, block_size, numel, dtype, out)
     _check_cpu(q, scales)
@@ -337,8 +368,7 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int
     out = torch.empty(numel, dtype=dtype) if out is None else out
     nb = num_blocks(numel, block_size)
     qp, sp, op, dt = qf.data_ptr(), sf.data_ptr(), out.data_ptr(), _DT[dtype]
-    _run(lib.mt_dequantize, nb, block_size,
-         lambda b0, b1: (qp, sp, bits, block_size, numel, b0, b1, op, dt))
+    _run(lib.mt_dequantize, nb, block_size, lambda b0, b1: (qp, sp, bits, block_size, numel, b0, b1, op, dt))
     return out
 
 
@@ -347,26 +377,35 @@ def _stack_args(q_stack, scales_stack):
     return qs, ss, qs.data_ptr(), qs.shape[1], ss.data_ptr(), ss.shape[1]
 
 
-def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,
-                   numel: int, out: torch.Tensor | None = None,
-                   accumulate: bool = False) -> torch.Tensor:
+def dequantize_sum(
+    q_stack: torch.Tensor,
+    scales_stack: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
     """Same as :func:`zero_topo.kernels.reference.dequantize_sum`."""
-    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out,
-                                         accumulate)
+    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out, accumulate)
     _check_cpu(q_stack, scales_stack, out)
     lib = _lib()
     result = torch.empty(numel, dtype=torch.float32) if out is None else out
     qs, ss, qp, qstride, sp, sstride = _stack_args(q_stack, scales_stack)
     nb = num_blocks(numel, block_size)
     rp, acc = result.data_ptr(), int(bool(accumulate))
-    _run(lib.mt_dequant_sum, nb, block_size * k,
-         lambda b0, b1: (qp, qstride, sp, sstride, k, bits, block_size, numel, b0, b1, rp, acc))
+    _run(
+        lib.mt_dequant_sum,
+        nb,
+        block_size * k,
+        lambda b0, b1: (qp, qstride, sp, sstride, k, bits, block_size, numel, b0, b1, rp, acc),
+    )
     return result
 
 
-def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
-                              block_size: int,
-                              out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def dequantize_sum_requantize(
+    q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int, out_bits: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Same as :func:`zero_topo.kernels.reference.dequantize_sum_requantize`."""
     k, numel, out_bits = check_requantize_args(q_stack, scales_stack, bits, block_size, out_bits)
     _check_cpu(q_stack, scales_stack)
@@ -376,13 +415,16 @@ def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor,
     s_out = torch.empty(nb, dtype=torch.float32)
     qs, ss, qp, qstride, sp, sstride = _stack_args(q_stack, scales_stack)
     op, osp = q_out.data_ptr(), s_out.data_ptr()
-    _run(lib.mt_dequant_sum_requant, nb, block_size * k,
-         lambda b0, b1: (qp, qstride, sp, sstride, k, bits, block_size, out_bits, b0, b1, op, osp))
+    _run(
+        lib.mt_dequant_sum_requant,
+        nb,
+        block_size * k,
+        lambda b0, b1: (qp, qstride, sp, sstride, k, bits, block_size, out_bits, b0, b1, op, osp),
+    )
     return q_out, s_out
 
 
-def quantize_reordered(x: torch.Tensor, bits: int, block_size: int,
-                       perm) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_reordered(x: torch.Tensor, bits: int, block_size: int, perm) -> tuple[torch.Tensor, torch.Tensor]:
     """Same as :func:`zero_topo.kernels.reference.quantize_reordered`."""
     bits, block_size, perm = check_quantize_args(x, bits, block_size, perm)
     _check_cpu(x)
@@ -400,7 +442,20 @@ def quantize_reordered(x: torch.Tensor, bits: int, block_size: int,
 
     for i, p in enumerate(perm):  # slot i <- slice p: blocks [0, rows) of a view of each
         src, dst_q, dst_s = xp + p * slice_elems * es, qp + i * rows * qw, sp + i * rows * 4
-        _run(lib.mt_quantize, rows, block_size,
-             lambda b0, b1, src=src, dst_q=dst_q, dst_s=dst_s:
-             (src, dt, slice_elems, block_size, bits, b0, b1, dst_q, dst_s))
+        _run(
+            lib.mt_quantize,
+            rows,
+            block_size,
+            lambda b0, b1, src=src, dst_q=dst_q, dst_s=dst_s: (
+                src,
+                dt,
+                slice_elems,
+                block_size,
+                bits,
+                b0,
+                b1,
+                dst_q,
+                dst_s,
+            ),
+        )
     return q, scales

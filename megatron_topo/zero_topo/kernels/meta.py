@@ -1,5 +1,6 @@
 """Shape-only kernels for meta tensors (the dry run): outputs of the right shape, dtype and
 device with no data, so a 20B step on the meta device does not walk millions of blocks."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,10 @@ from ._common import num_blocks, payload_dtype, payload_nbytes
 
 
 def _quantized(n: int, bits: int, block_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.empty(payload_nbytes(n, bits, block_size), dtype=payload_dtype(bits), device=device),
-            torch.empty(num_blocks(n, block_size), dtype=torch.float32, device=device))
+    return (
+        torch.empty(payload_nbytes(n, bits, block_size), dtype=payload_dtype(bits), device=device),
+        torch.empty(num_blocks(n, block_size), dtype=torch.float32, device=device),
+    )
 
 
 def quantize(x, bits, block_size):

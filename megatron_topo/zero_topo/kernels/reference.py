@@ -38,19 +38,37 @@ The implementation works on ``[rows, B]`` views in cache-sized chunks with in-pl
 CPU fallback; the default CPU path is :mod:`zero_topo.kernels.cpu_fast` (the same operations in
 C, one pass per block, tested equal to this module bit for bit), used when a C compiler is available.
 """
+
 from __future__ import annotations
 
 import sys
 
 import torch
 
-from ._common import (QMAX, check_dequantize_args, check_dequantize_sum_args,
-                      check_quantize_args, check_requantize_args, inverse_permutation, num_blocks,
-                      payload_dtype, payload_nbytes)
+from ._common import (
+    QMAX,
+    check_dequantize_args,
+    check_dequantize_sum_args,
+    check_quantize_args,
+    check_requantize_args,
+    inverse_permutation,
+    num_blocks,
+    payload_dtype,
+    payload_nbytes,
+)
 
-__all__ = ["quantize", "dequantize", "dequantize_sum", "dequantize_sum_requantize",
-           "quantize_reordered", "inverse_permutation", "pack_int4", "unpack_int4",
-           "num_blocks", "payload_nbytes"]
+__all__ = [
+    "quantize",
+    "dequantize",
+    "dequantize_sum",
+    "dequantize_sum_requantize",
+    "quantize_reordered",
+    "inverse_permutation",
+    "pack_int4",
+    "unpack_int4",
+    "num_blocks",
+    "payload_nbytes",
+]
 
 CHUNK_ELEMS = 1 << 18  # ~1 MiB of fp32 per chunk: the temporaries stay in L2
 
@@ -116,8 +134,7 @@ def pack_int4(q8: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor
 def unpack_int4(packed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Inverse of :func:`pack_int4`: bytes -> sign-extended int8 values (last dim doubled)."""
     if out is None:
-        out = torch.empty(*packed.shape[:-1], packed.shape[-1] * 2, dtype=torch.int8,
-                          device=packed.device)
+        out = torch.empty(*packed.shape[:-1], packed.shape[-1] * 2, dtype=torch.int8, device=packed.device)
     v = _int16_pairs(out)
     if v is not None:  # fast path: one table lookup per byte writes both values
         idx = packed.reshape(-1).to(torch.int32)
@@ -130,8 +147,7 @@ def unpack_int4(packed: torch.Tensor, out: torch.Tensor | None = None) -> torch.
     return out
 
 
-def _quant_rows(xr: torch.Tensor, bits: int, q_out: torch.Tensor, s_out: torch.Tensor,
-                ws: _Workspace) -> None:
+def _quant_rows(xr: torch.Tensor, bits: int, q_out: torch.Tensor, s_out: torch.Tensor, ws: _Workspace) -> None:
     """Quantize full blocks ``xr`` [R, B] into ``q_out`` ([R, B] int8 or [R, B/2] uint8) and
     ``s_out`` [R], chunk by chunk."""
     qmax = QMAX[bits]
@@ -163,8 +179,9 @@ def _quant_rows(xr: torch.Tensor, bits: int, q_out: torch.Tensor, s_out: torch.T
             pack_int4(t, out=q_out[r0:r1])
 
 
-def _dequant_rows(q_rows: torch.Tensor, s_rows: torch.Tensor, bits: int, out: torch.Tensor,
-                  ws: _Workspace) -> torch.Tensor:
+def _dequant_rows(
+    q_rows: torch.Tensor, s_rows: torch.Tensor, bits: int, out: torch.Tensor, ws: _Workspace
+) -> torch.Tensor:
     """fp32 ``out`` [m, B] = q_fp32 * scale for m full blocks."""
     if bits == 4:
         q_rows = unpack_int4(q_rows, out=ws.get("i8", torch.int8, q_rows.shape[0]))
@@ -172,8 +189,9 @@ def _dequant_rows(q_rows: torch.Tensor, s_rows: torch.Tensor, bits: int, out: to
     return out.copy_(q_rows).mul_(s_rows[:, None])
 
 
-def _sum_rows(q3: torch.Tensor, s2: torch.Tensor, r0: int, r1: int, bits: int,
-              acc: torch.Tensor, ws: _Workspace) -> torch.Tensor:
+def _sum_rows(
+    q3: torch.Tensor, s2: torch.Tensor, r0: int, r1: int, bits: int, acc: torch.Tensor, ws: _Workspace
+) -> torch.Tensor:
     """acc = ((d_0 + d_1) + ...) + d_{k-1} over blocks r0:r1 of the k stacked inputs."""
     _dequant_rows(q3[0, r0:r1], s2[0, r0:r1], bits, acc, ws)
     if q3.shape[0] > 1:
@@ -199,17 +217,23 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor,
     scales = torch.empty(nb, dtype=torch.float32, device=x.device)
     q2 = _payload_rows(q, bits, block_size)
     ws = _Workspace(min(_rows_per_chunk(block_size), max(nb, 1)), block_size, x.device)
-    _quant_rows(flat[:nfull * block_size].view(nfull, block_size), bits, q2[:nfull],
-                scales[:nfull], ws)
+    _quant_rows(flat[: nfull * block_size].view(nfull, block_size), bits, q2[:nfull], scales[:nfull], ws)
     if nb > nfull:  # ragged last block, zero-padded
         tail = torch.zeros(1, block_size, dtype=torch.float32, device=x.device)
-        tail[0, :n - nfull * block_size].copy_(flat[nfull * block_size:])
+        tail[0, : n - nfull * block_size].copy_(flat[nfull * block_size :])
         _quant_rows(tail, bits, q2[nfull:], scales[nfull:], ws)
     return q, scales
 
 
-def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
-               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    dtype: torch.dtype = torch.float32,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Flat tensor of ``numel`` elements in ``dtype``: (q_fp32 * scale).to(dtype) (into ``out``
     when given)."""
     check_dequantize_args(q, scales, bits, block_size, numel, dtype, out)
@@ -217,7 +241,7 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int
     q2, s = _payload_rows(q.reshape(-1), bits, block_size), scales.reshape(-1)
     given = out
     out = torch.empty(numel, dtype=dtype, device=q.device) if out is None else out.view(-1)
-    rows = out[:nfull * block_size].view(nfull, block_size)
+    rows = out[: nfull * block_size].view(nfull, block_size)
     ws = _Workspace(min(_rows_per_chunk(block_size), max(nb, 1)), block_size, q.device)
     for r0 in range(0, nb, ws.rows):
         r1 = min(nb, r0 + ws.rows)
@@ -226,16 +250,16 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int
             _dequant_rows(q2[r0:r1], s[r0:r1], bits, rows[r0:r1], ws)
             continue
         b = _dequant_rows(q2[r0:r1], s[r0:r1], bits, ws.get("f32", torch.float32, r1 - r0), ws)
-        rows[r0:full].copy_(b[:full - r0])
+        rows[r0:full].copy_(b[: full - r0])
         if full < r1:  # ragged last block: drop the padding
-            out[nfull * block_size:].copy_(b[-1, :numel - nfull * block_size])
+            out[nfull * block_size :].copy_(b[-1, : numel - nfull * block_size])
     return out if given is None else given
 
 
 def _sum_into(q_stack, scales_stack, bits, block_size, numel, result, accumulate):
     nb, nfull = num_blocks(numel, block_size), numel // block_size
     q3, s2 = _payload_rows(q_stack, bits, block_size), scales_stack
-    rows = result[:nfull * block_size].view(nfull, block_size)
+    rows = result[: nfull * block_size].view(nfull, block_size)
     ws = _Workspace(min(_rows_per_chunk(block_size), max(nb, 1)), block_size, q_stack.device)
     for r0 in range(0, nb, ws.rows):
         r1 = min(nb, r0 + ws.rows)
@@ -244,34 +268,38 @@ def _sum_into(q_stack, scales_stack, bits, block_size, numel, result, accumulate
             _sum_rows(q3, s2, r0, r1, bits, rows[r0:r1], ws)
             continue
         acc = _sum_rows(q3, s2, r0, r1, bits, ws.get("acc", torch.float32, r1 - r0), ws)
-        dst, src = [rows[r0:full]], [acc[:full - r0]]
+        dst, src = [rows[r0:full]], [acc[: full - r0]]
         if full < r1:
-            dst.append(result[nfull * block_size:])
-            src.append(acc[-1, :numel - nfull * block_size])
+            dst.append(result[nfull * block_size :])
+            src.append(acc[-1, : numel - nfull * block_size])
         for d, a in zip(dst, src):
             d.add_(a) if accumulate else d.copy_(a)
 
 
-def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,
-                   numel: int, out: torch.Tensor | None = None,
-                   accumulate: bool = False) -> torch.Tensor:
+def dequantize_sum(
+    q_stack: torch.Tensor,
+    scales_stack: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
     """fp32 sum of k stacked quantized tensors (index order 0..k-1); see the module docstring."""
-    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out,
-                                         accumulate)
+    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out, accumulate)
     result = torch.empty(numel, dtype=torch.float32, device=q_stack.device) if out is None else out
     _sum_into(q_stack, scales_stack, bits, block_size, numel, result.view(-1), accumulate)
     return result
 
 
-def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
-                              block_size: int,
-                              out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def dequantize_sum_requantize(
+    q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int, out_bits: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """quantize(dequantize_sum(...over all nblocks*B padded elements...), out_bits)."""
     k, numel, out_bits = check_requantize_args(q_stack, scales_stack, bits, block_size, out_bits)
     nb = num_blocks(numel, block_size)
     dev = q_stack.device
-    q_out = torch.empty(payload_nbytes(numel, out_bits, block_size), dtype=payload_dtype(out_bits),
-                        device=dev)
+    q_out = torch.empty(payload_nbytes(numel, out_bits, block_size), dtype=payload_dtype(out_bits), device=dev)
     s_out = torch.empty(nb, dtype=torch.float32, device=dev)
     q3, qo2 = _payload_rows(q_stack, bits, block_size), _payload_rows(q_out, out_bits, block_size)
     ws = _Workspace(min(_rows_per_chunk(block_size), max(nb, 1)), block_size, dev)
@@ -282,8 +310,7 @@ def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor,
     return q_out, s_out
 
 
-def quantize_reordered(x: torch.Tensor, bits: int, block_size: int,
-                       perm) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_reordered(x: torch.Tensor, bits: int, block_size: int, perm) -> tuple[torch.Tensor, torch.Tensor]:
     """Output slot i holds quantized slice perm[i] of x (x cut into len(perm) equal slices)."""
     bits, block_size, perm = check_quantize_args(x, bits, block_size, perm)
     flat = x.reshape(-1)
@@ -294,7 +321,9 @@ def quantize_reordered(x: torch.Tensor, bits: int, block_size: int,
     q2, xr = _payload_rows(q, bits, block_size), flat.view(-1, block_size)
     ws = _Workspace(min(_rows_per_chunk(block_size), max(rows_per_slice, 1)), block_size, x.device)
     for i, p in enumerate(perm):
-        src, dst = slice(p * rows_per_slice, (p + 1) * rows_per_slice), \
-            slice(i * rows_per_slice, (i + 1) * rows_per_slice)
+        src, dst = (
+            slice(p * rows_per_slice, (p + 1) * rows_per_slice),
+            slice(i * rows_per_slice, (i + 1) * rows_per_slice),
+        )
         _quant_rows(xr[src], bits, q2[dst], scales[dst], ws)
     return q, scales

@@ -22,17 +22,26 @@ Triton is imported lazily: this module imports fine without it (``available()`` 
 Kernels are decorated at import time, so ``TRITON_INTERPRET=1`` must be set before this module is
 first imported for the CPU interpreter to be used (``interpreted()`` tells).
 """
+
 from __future__ import annotations
 
 import torch
 
-from ._common import (QMAX, check_dequantize_args, check_dequantize_sum_args,
-                      check_quantize_args, check_requantize_args, num_blocks, payload_dtype,
-                      payload_nbytes)
+from ._common import (
+    QMAX,
+    check_dequantize_args,
+    check_dequantize_sum_args,
+    check_quantize_args,
+    check_requantize_args,
+    num_blocks,
+    payload_dtype,
+    payload_nbytes,
+)
 
 try:
     import triton
     import triton.language as tl
+
     IMPORT_ERROR: Exception | None = None
 except Exception as e:  # ImportError, or a broken/ABI-mismatched install
     triton = tl = None
@@ -87,8 +96,7 @@ def _quant_pair(xe, xo, QMAX: tl.constexpr):
     bad_e = (ae != ae) | (ae == float("inf"))
     bad_o = (ao != ao) | (ao == float("inf"))
     # max over finite values only (NaN semantics of tl.max differ between backends)
-    amax = tl.maximum(tl.max(tl.where(bad_e, 0.0, ae), axis=1),
-                      tl.max(tl.where(bad_o, 0.0, ao), axis=1))
+    amax = tl.maximum(tl.max(tl.where(bad_e, 0.0, ae), axis=1), tl.max(tl.where(bad_o, 0.0, ao), axis=1))
     bad = tl.max(bad_e.to(tl.int32) | bad_o.to(tl.int32), axis=1)
     scale = tl.math.div_rn(amax, QMAX * 1.0)
     scale = tl.where(bad > 0, float("nan"), scale)
@@ -100,8 +108,7 @@ def _quant_pair(xe, xo, QMAX: tl.constexpr):
 
 
 @_jit
-def _store_q(q_ptr, s_ptr, rows, cols, rmask, qe, qo, scale, HALF: tl.constexpr,
-             BITS: tl.constexpr):
+def _store_q(q_ptr, s_ptr, rows, cols, rmask, qe, qo, scale, HALF: tl.constexpr, BITS: tl.constexpr):
     tl.store(s_ptr + rows, scale, mask=rmask)
     if BITS == 8:
         offs = rows[:, None] * (2 * HALF) + 2 * cols[None, :]
@@ -109,8 +116,7 @@ def _store_q(q_ptr, s_ptr, rows, cols, rmask, qe, qo, scale, HALF: tl.constexpr,
         tl.store(q_ptr + offs + 1, qo.to(tl.int8), mask=rmask[:, None])
     else:
         byte = (qe & 15) | ((qo & 15) << 4)
-        tl.store(q_ptr + rows[:, None] * HALF + cols[None, :], byte.to(tl.uint8),
-                 mask=rmask[:, None])
+        tl.store(q_ptr + rows[:, None] * HALF + cols[None, :], byte.to(tl.uint8), mask=rmask[:, None])
 
 
 @_jit
@@ -122,8 +128,7 @@ def _load_deq(q_ptr, s_ptr, rows, cols, rmask, HALF: tl.constexpr, BITS: tl.cons
         qe = tl.load(q_ptr + offs, mask=rmask[:, None], other=0).to(tl.float32)
         qo = tl.load(q_ptr + offs + 1, mask=rmask[:, None], other=0).to(tl.float32)
     else:
-        b = tl.load(q_ptr + rows[:, None] * HALF + cols[None, :], mask=rmask[:, None],
-                    other=0).to(tl.int32)
+        b = tl.load(q_ptr + rows[:, None] * HALF + cols[None, :], mask=rmask[:, None], other=0).to(tl.int32)
         lo = b & 15
         hi = (b >> 4) & 15
         qe = (lo - ((lo & 8) << 1)).to(tl.float32)  # sign-extend the 4-bit two's complement
@@ -132,8 +137,7 @@ def _load_deq(q_ptr, s_ptr, rows, cols, rmask, HALF: tl.constexpr, BITS: tl.cons
 
 
 @_jit
-def _sum_pair(q_ptr, s_ptr, K, q_stride, s_stride, rows, cols, rmask, HALF: tl.constexpr,
-              BITS: tl.constexpr):
+def _sum_pair(q_ptr, s_ptr, K, q_stride, s_stride, rows, cols, rmask, HALF: tl.constexpr, BITS: tl.constexpr):
     """((d_0 + d_1) + ...) + d_{K-1} over the K stacked inputs, as (even, odd) fp32 tiles."""
     acc_e, acc_o = _load_deq(q_ptr, s_ptr, rows, cols, rmask, HALF, BITS)
     qp = q_ptr
@@ -148,16 +152,27 @@ def _sum_pair(q_ptr, s_ptr, K, q_stride, s_stride, rows, cols, rmask, HALF: tl.c
 
 
 @_jit
-def _quantize_kernel(x_ptr, q_ptr, s_ptr, perm_ptr, n, nblocks, rows_per_slice,
-                     HALF: tl.constexpr, ROWS: tl.constexpr, BITS: tl.constexpr,
-                     QMAX: tl.constexpr, REORDER: tl.constexpr, IN_BF16: tl.constexpr):
+def _quantize_kernel(
+    x_ptr,
+    q_ptr,
+    s_ptr,
+    perm_ptr,
+    n,
+    nblocks,
+    rows_per_slice,
+    HALF: tl.constexpr,
+    ROWS: tl.constexpr,
+    BITS: tl.constexpr,
+    QMAX: tl.constexpr,
+    REORDER: tl.constexpr,
+    IN_BF16: tl.constexpr,
+):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < nblocks
     rows = rows.to(tl.int64)
     if REORDER:  # output block `rows` comes from block (perm[slot], same offset) of the input
         slot = rows // rows_per_slice
-        src = tl.load(perm_ptr + slot, mask=rmask, other=0).to(tl.int64) * rows_per_slice \
-            + rows % rows_per_slice
+        src = tl.load(perm_ptr + slot, mask=rmask, other=0).to(tl.int64) * rows_per_slice + rows % rows_per_slice
     else:
         src = rows
     cols = tl.arange(0, HALF)
@@ -169,9 +184,21 @@ def _quantize_kernel(x_ptr, q_ptr, s_ptr, perm_ptr, n, nblocks, rows_per_slice,
 
 
 @_jit
-def _dequant_sum_kernel(q_ptr, s_ptr, out_ptr, K, q_stride, s_stride, numel, nblocks,
-                        HALF: tl.constexpr, ROWS: tl.constexpr, BITS: tl.constexpr,
-                        ACCUMULATE: tl.constexpr, OUT_BF16: tl.constexpr):
+def _dequant_sum_kernel(
+    q_ptr,
+    s_ptr,
+    out_ptr,
+    K,
+    q_stride,
+    s_stride,
+    numel,
+    nblocks,
+    HALF: tl.constexpr,
+    ROWS: tl.constexpr,
+    BITS: tl.constexpr,
+    ACCUMULATE: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < nblocks
     rows = rows.to(tl.int64)
@@ -188,9 +215,21 @@ def _dequant_sum_kernel(q_ptr, s_ptr, out_ptr, K, q_stride, s_stride, numel, nbl
 
 
 @_jit
-def _dequant_sum_requant_kernel(q_ptr, s_ptr, qo_ptr, so_ptr, K, q_stride, s_stride, nblocks,
-                                HALF: tl.constexpr, ROWS: tl.constexpr, BITS: tl.constexpr,
-                                OUT_BITS: tl.constexpr, QMAX: tl.constexpr):
+def _dequant_sum_requant_kernel(
+    q_ptr,
+    s_ptr,
+    qo_ptr,
+    so_ptr,
+    K,
+    q_stride,
+    s_stride,
+    nblocks,
+    HALF: tl.constexpr,
+    ROWS: tl.constexpr,
+    BITS: tl.constexpr,
+    OUT_BITS: tl.constexpr,
+    QMAX: tl.constexpr,
+):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < nblocks
     rows = rows.to(tl.int64)
@@ -206,8 +245,11 @@ def interpreted() -> bool:
     # triton's own library (tl.max, ...) is decorated when `triton` is first imported: if that
     # happened before TRITON_INTERPRET=1 (torch._dynamo imports triton), the interpreter cannot
     # call it, so both must have been built for the interpreter
-    return (available() and type(_quantize_kernel).__name__ == "InterpretedFunction"
-            and type(tl.standard.max).__name__ == "InterpretedFunction")
+    return (
+        available()
+        and type(_quantize_kernel).__name__ == "InterpretedFunction"
+        and type(tl.standard.max).__name__ == "InterpretedFunction"
+    )
 
 
 def _require(*tensors: torch.Tensor) -> None:
@@ -215,16 +257,17 @@ def _require(*tensors: torch.Tensor) -> None:
         raise RuntimeError(f"triton backend requested but triton failed to import: {IMPORT_ERROR!r}")
     for t in tensors:
         if not t.is_cuda and not interpreted():
-            raise ValueError(f"triton backend got a tensor on {t.device}; CPU tensors need "
-                             "TRITON_INTERPRET=1 set before triton is first imported (torch._dynamo "
-                             "imports it too)")
+            raise ValueError(
+                f"triton backend got a tensor on {t.device}; CPU tensors need "
+                "TRITON_INTERPRET=1 set before triton is first imported (torch._dynamo "
+                "imports it too)"
+            )
 
 
 def _launch(kernel, grid, device, *args, **meta):
     if grid[0] == 0:
         return
-    if device.type == "cuda" and device.index is not None \
-            and device.index != torch.cuda.current_device():
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
         with torch.cuda.device(device):
             kernel[grid](*args, **meta)
     else:
@@ -233,8 +276,7 @@ def _launch(kernel, grid, device, *args, **meta):
 
 def _meta(block_size: int) -> tuple[int, dict]:
     rows = max(1, TILE_ELEMS // block_size)
-    return rows, dict(HALF=block_size // 2, ROWS=rows, num_warps=4 if block_size <= 4096 else 8,
-                      enable_fp_fusion=False)
+    return rows, dict(HALF=block_size // 2, ROWS=rows, num_warps=4 if block_size <= 4096 else 8, enable_fp_fusion=False)
 
 
 _PERM_CACHE: dict = {}
@@ -261,9 +303,23 @@ def _quantize_impl(x, bits, block_size, perm):
     rows, meta = _meta(block_size)
     rows_per_slice = n // len(perm) // block_size if perm is not None else 1
     perm_t = _perm_tensor(perm, x.device) if perm is not None else scales
-    _launch(_quantize_kernel, (triton.cdiv(nb, rows),), x.device, flat, q, scales, perm_t, n, nb,
-            max(rows_per_slice, 1), BITS=bits, QMAX=QMAX[bits], REORDER=perm is not None,
-            IN_BF16=x.dtype == torch.bfloat16, **meta)
+    _launch(
+        _quantize_kernel,
+        (triton.cdiv(nb, rows),),
+        x.device,
+        flat,
+        q,
+        scales,
+        perm_t,
+        n,
+        nb,
+        max(rows_per_slice, 1),
+        BITS=bits,
+        QMAX=QMAX[bits],
+        REORDER=perm is not None,
+        IN_BF16=x.dtype == torch.bfloat16,
+        **meta,
+    )
     return q, scales
 
 
@@ -271,8 +327,7 @@ def quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.Tensor,
     return _quantize_impl(x, bits, block_size, None)
 
 
-def quantize_reordered(x: torch.Tensor, bits: int, block_size: int,
-                       perm) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_reordered(x: torch.Tensor, bits: int, block_size: int, perm) -> tuple[torch.Tensor, torch.Tensor]:
     return _quantize_impl(x, bits, block_size, perm)
 
 
@@ -280,44 +335,83 @@ def _sum(q_stack, scales_stack, bits, block_size, numel, out, accumulate):
     q_stack, scales_stack = q_stack.contiguous(), scales_stack.contiguous()
     nb = num_blocks(numel, block_size)
     rows, meta = _meta(block_size)
-    _launch(_dequant_sum_kernel, (triton.cdiv(nb, rows),), q_stack.device, q_stack, scales_stack,
-            out, q_stack.shape[0], q_stack.shape[1], scales_stack.shape[1], numel, nb, BITS=bits,
-            ACCUMULATE=accumulate, OUT_BF16=out.dtype == torch.bfloat16, **meta)
+    _launch(
+        _dequant_sum_kernel,
+        (triton.cdiv(nb, rows),),
+        q_stack.device,
+        q_stack,
+        scales_stack,
+        out,
+        q_stack.shape[0],
+        q_stack.shape[1],
+        scales_stack.shape[1],
+        numel,
+        nb,
+        BITS=bits,
+        ACCUMULATE=accumulate,
+        OUT_BF16=out.dtype == torch.bfloat16,
+        **meta,
+    )
     return out
 
 
-def dequantize(q: torch.Tensor, scales: torch.Tensor, bits: int, block_size: int, numel: int,
-               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    dtype: torch.dtype = torch.float32,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     check_dequantize_args(q, scales, bits, block_size, numel, dtype, out)
     _require(q, scales)
     out = torch.empty(numel, dtype=dtype, device=q.device) if out is None else out
     return _sum(q.reshape(1, -1), scales.reshape(1, -1), bits, block_size, numel, out, False)
 
 
-def dequantize_sum(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int,
-                   numel: int, out: torch.Tensor | None = None,
-                   accumulate: bool = False) -> torch.Tensor:
-    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out,
-                                         accumulate)
+def dequantize_sum(
+    q_stack: torch.Tensor,
+    scales_stack: torch.Tensor,
+    bits: int,
+    block_size: int,
+    numel: int,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+) -> torch.Tensor:
+    k, numel = check_dequantize_sum_args(q_stack, scales_stack, bits, block_size, numel, out, accumulate)
     _require(q_stack, scales_stack)
     result = torch.empty(numel, dtype=torch.float32, device=q_stack.device) if out is None else out
     _sum(q_stack, scales_stack, bits, block_size, numel, result, bool(accumulate))
     return result
 
 
-def dequantize_sum_requantize(q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int,
-                              block_size: int,
-                              out_bits: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def dequantize_sum_requantize(
+    q_stack: torch.Tensor, scales_stack: torch.Tensor, bits: int, block_size: int, out_bits: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     k, numel, out_bits = check_requantize_args(q_stack, scales_stack, bits, block_size, out_bits)
     _require(q_stack, scales_stack)
     q_stack, scales_stack = q_stack.contiguous(), scales_stack.contiguous()
     nb = num_blocks(numel, block_size)
     dev = q_stack.device
-    q_out = torch.empty(payload_nbytes(numel, out_bits, block_size), dtype=payload_dtype(out_bits),
-                        device=dev)
+    q_out = torch.empty(payload_nbytes(numel, out_bits, block_size), dtype=payload_dtype(out_bits), device=dev)
     s_out = torch.empty(nb, dtype=torch.float32, device=dev)
     rows, meta = _meta(block_size)
-    _launch(_dequant_sum_requant_kernel, (triton.cdiv(nb, rows),), dev, q_stack, scales_stack,
-            q_out, s_out, k, q_stack.shape[1], scales_stack.shape[1], nb, BITS=bits,
-            OUT_BITS=out_bits, QMAX=QMAX[out_bits], **meta)
+    _launch(
+        _dequant_sum_requant_kernel,
+        (triton.cdiv(nb, rows),),
+        dev,
+        q_stack,
+        scales_stack,
+        q_out,
+        s_out,
+        k,
+        q_stack.shape[1],
+        scales_stack.shape[1],
+        nb,
+        BITS=bits,
+        OUT_BITS=out_bits,
+        QMAX=QMAX[out_bits],
+        **meta,
+    )
     return q_out, s_out
