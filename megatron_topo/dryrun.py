@@ -263,8 +263,9 @@ def render(r: dict) -> str:
         f"{r['estimate_bytes_per_rank']['total'] / gib:.2f} GiB",
         *(
             [
-                f"device memory {lim / gib:.1f} GiB, reserve {r['reserve_bytes'] / gib:.1f} GiB (context, communicators, "
-                f"fragmentation: system.memory_reserve_gib): peak + reserve {'fits' if r['fits'] else 'DOES NOT FIT'}, "
+                f"device memory {lim / gib:.1f} GiB, reserve {r['reserve_bytes'] / gib:.1f} GiB "
+                f"(context, communicators, fragmentation: system.memory_reserve_gib): "
+                f"peak + reserve {'fits' if r['fits'] else 'DOES NOT FIT'}, "
                 f"estimate + reserve {'fits' if r['estimate_fits'] else 'DOES NOT FIT'}"
             ]
             if lim

@@ -56,7 +56,7 @@ def test_layout_metadata_keep_last_and_interrupted_saves(tmp_path):
     (root / ".tmp_global_step9" / "rank_00000.pt.part").write_bytes(b"partial")
     os.makedirs(root / "global_step1.old")
     assert ckpt.resolve(str(root)) == str(sd)
-    for step in (2, 3):
+    for _step in (2, 3):
         tr.train_step()
         tr.save()
     assert sorted(d for d in os.listdir(root)) == ["global_step2", "global_step3", "latest"]

@@ -153,7 +153,7 @@ def _index(weight_map=None, raw=None, extra=None):
             names = list(fh.keys())
         wm = {n: "model.safetensors" for n in names}
         if weight_map:
-            wm.update({names[0]: v for v in weight_map.values()})
+            wm[names[0]] = list(weight_map.values())[-1]  # the planted entry
         text = raw if raw is not None else json.dumps({"metadata": {}, "weight_map": wm})
         (d / "hf" / "model.safetensors.index.json").write_text(text)
 

@@ -1,6 +1,7 @@
 """megatron_topo.analysis.perf_model: FLOPs, per-level volumes against docs/design.md §4.8's table (written out here by
 hand), the alpha-beta time model on arbitrary SystemConfigs, overlap, the comparison with the
-ZeRO-topo paper (20B on 384 GCDs); the emulated cluster's model is in tests/test_emulated_model.py. Targets the honest model does not reach are strict xfails:
+ZeRO-topo paper (20B on 384 GCDs); the emulated cluster's model is in tests/test_emulated_model.py.
+Targets the honest model does not reach are strict xfails:
 they document the gap (docs/frontier.md) and turn red if a model change closes it."""
 
 from __future__ import annotations

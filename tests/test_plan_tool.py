@@ -166,7 +166,7 @@ def test_search_respects_memory_and_beats_presets():
     limit = 40 * GIB
     found = pm.search_plans(shape, topo, system, 1, 4, memory_limit=limit)
     assert found
-    for plan, est in found:
+    for plan, _est in found:
         assert pm.model_state_memory(shape.params, plan).total <= limit
     times = [e.step_s for _, e in found]
     assert times[0] <= min(times) * 1.006  # fastest first (0.5% buckets tie, broken by memory)

@@ -60,7 +60,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--load-unverified",
         action="store_true",
-        help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified",
+        help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files "
+        "(saved before file records existed): the bytes are not verified",
     )
     p.add_argument("--tokenizer-type", default=None, help="override the checkpoint's data.tokenizer_type")
     p.add_argument("--vocab-file", default=None, help="override data.vocab_file (e.g. the file moved)")

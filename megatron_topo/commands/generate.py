@@ -34,7 +34,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--load-unverified",
         action="store_true",
-        help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files (saved before file records existed): the bytes are not verified",
+        help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files "
+        "(saved before file records existed): the bytes are not verified",
     )
     return p.parse_args(argv)
 

@@ -231,8 +231,8 @@ def render(r: dict) -> str:
         )
         + f"); micro-batch {r['micro_batch']} x {r['grad_accum']} per step",
         "",
-        "model-state memory per device (GiB), extra = activations + buffers + reserve, largest model that fits, modelled "
-        "TFLOPS/GCD",
+        "model-state memory per device (GiB), extra = activations + buffers + reserve, largest model that fits, "
+        "modelled TFLOPS/GCD",
         f"{'preset':<9} {'w':>4} {'g':>4} {'os':>4} {'sec':>4} {'weights':>8} {'second.':>8} {'grads':>7} "
         f"{'optim':>7} {'total':>7} {'extra':>7} {'fits':>4} {'max B':>7} {'TFLOPS':>7}",
     ]

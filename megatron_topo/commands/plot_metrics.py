@@ -8,7 +8,8 @@ legend shows ``--labels`` or the run directory's name. ``--smooth N`` draws an N
 moving average over the faint raw curve; ``eval_loss`` is drawn dashed in the loss panel. A
 resumed run's steps count once: a job resumed from an earlier checkpoint supersedes the records
 its predecessor wrote after that checkpoint (train.py moves them to metrics.jsonl.superseded; in an
-older file they are dropped here, with a note), and the records of one step merge. Bad input prints one line on stderr and exits 2.
+older file they are dropped here, with a note), and the records of one step merge. Bad input prints
+one line on stderr and exits 2.
 """
 
 from __future__ import annotations

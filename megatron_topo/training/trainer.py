@@ -124,7 +124,8 @@ class Trainer:
             if s.bad_steps >= t.max_bad_steps:
                 raise TrainingError(
                     f"step {s.step}: non-finite gradients for {s.bad_steps} consecutive "
-                    f"steps in {self.cfg.precision} ({self._bad_units(stats['nonfinite_units'])}; loss {stats['loss'].item():.4g}); "
+                    f"steps in {self.cfg.precision} ({self._bad_units(stats['nonfinite_units'])}; "
+                    f"loss {stats['loss'].item():.4g}); "
                     f"lower the learning rate or check the data"
                 )
         else:

@@ -36,7 +36,7 @@ def calibrate(accum: list, a, out: str, unshaped: dict, meta: dict) -> list:
     from megatron_topo.analysis.perf_model import Shape
 
     seen, fit_rows = set(), []
-    for k, s, c, ca, rd in accum:
+    for k, s, _c, ca, rd in accum:
         if s == "auto" or (k, s) in seen:
             continue
         seen.add((k, s))

@@ -19,12 +19,6 @@ from ...zero_topo.sharding import Plan  # re-exported: callers build plans next 
 from .collectives import (
     NIC_SHARING,
     Collective,
-    _block0,
-    _collective,
-    _group_info,
-    _post_gather0,
-    _replicas0,
-    _two_hop0,
     bandwidth,
     bytes_per_level,
     collective_time,
@@ -32,7 +26,14 @@ from .collectives import (
     plan_collectives,
     unit_collectives,
 )
-from .search import _legal, legal_plans, search_plans
+from .collectives import _block0 as _block0
+from .collectives import _collective as _collective
+from .collectives import _group_info as _group_info
+from .collectives import _post_gather0 as _post_gather0
+from .collectives import _replicas0 as _replicas0
+from .collectives import _two_hop0 as _two_hop0
+from .search import _legal as _legal
+from .search import legal_plans, search_plans
 from .shape import (
     ADAM_BYTES_PER_PARAM,
     GIB,

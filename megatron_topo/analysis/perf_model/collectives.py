@@ -16,7 +16,8 @@ NIC_SHARING = ("ring", "rank")
 
 @dataclass(frozen=True)
 class Collective:
-    name: str  # forward_all_gather | backward_all_gather | grad_reduce | grad_reduce_inter | combine | post_step_all_gather
+    # forward_all_gather | backward_all_gather | grad_reduce | grad_reduce_inter | combine | post_step_all_gather
+    name: str
     op: str  # all_gather | reduce_scatter | all_reduce | all_to_all
     phase: str  # forward | backward | step
     wire_bytes: float  # S: the whole buffer on the wire (the payload)

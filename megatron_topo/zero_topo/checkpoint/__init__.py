@@ -25,9 +25,6 @@ from .storage import (
     STATE_KEYS,
     SUPPORTED_FORMATS,
     CheckpointError,
-    _atomic_write_bytes,
-    _remove_quietly,
-    _shard_tensors,
     check_output_outside,
     check_save_dir,
     file_digest,
@@ -38,6 +35,9 @@ from .storage import (
     resolve,
     step_dir,
 )
+from .storage import _atomic_write_bytes as _atomic_write_bytes
+from .storage import _remove_quietly as _remove_quietly
+from .storage import _shard_tensors as _shard_tensors
 
 __all__ = [
     "ARCH_KEYS",
