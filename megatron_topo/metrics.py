@@ -201,7 +201,7 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as e:  # tensorboard not installed
-                warnings.warn(f"TensorBoard unavailable ({e}); writing {self.path} only")
+                warnings.warn(f"TensorBoard unavailable ({e}); writing {self.path} only", stacklevel=2)
             else:
                 os.makedirs(self.tensorboard_dir, exist_ok=True)
                 self._tb = SummaryWriter(
@@ -327,10 +327,10 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                warnings.warn(f"{path}:{lineno}: skipping a line that is not valid JSON ({e.msg})")
+                warnings.warn(f"{path}:{lineno}: skipping a line that is not valid JSON ({e.msg})", stacklevel=2)
                 continue
             if not isinstance(rec, dict) or "step" not in rec:
-                warnings.warn(f"{path}:{lineno}: skipping a record without a 'step' key")
+                warnings.warn(f"{path}:{lineno}: skipping a record without a 'step' key", stacklevel=2)
                 continue
             out.append(_restore(rec))
     if last_per_step:
