@@ -33,7 +33,8 @@ from .test_hostile_inputs_r3 import (
     _set,
     _write,
     snap,
-)  # noqa: F401
+    world,  # noqa: F401 (a pytest fixture)
+)
 from .tool_loader import load_tool
 
 PP = load_tool("preprocess_data").main
