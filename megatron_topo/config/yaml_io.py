@@ -17,7 +17,7 @@ MAX_YAML_VALUES = 100_000  # a config has a few hundred; aliases may not expand 
 
 def _decode(path: str, raw: bytes) -> str:
     """UTF-8 (optionally with a BOM) or UTF-16/32 with a BOM, as YAML allows; else one line."""
-    for bom, _enc in (
+    for bom, enc in (  # noqa: B007 (enc is read after the loop)
         (b"\x00\x00\xfe\xff", "utf-32-be"),
         (b"\xff\xfe\x00\x00", "utf-32-le"),
         (b"\xef\xbb\xbf", "utf-8-sig"),
