@@ -75,7 +75,21 @@ def main(argv=None) -> int:
         import torch.distributed as dist
 
         dist.destroy_process_group()
+        # and the process leaves without the interpreter's teardown: with the groups destroyed a rank
+        # still aborted once after "done:" (a real-Slurm CI run, rank 1 of 2); everything the run
+        # writes is closed by now, and the atexit handlers run first
+        _leave(rc)
     return rc
+
+
+def _leave(rc: int) -> None:
+    """Exit a distributed rank now: atexit handlers, flushed streams, then ``os._exit``."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def _distributed() -> bool:
