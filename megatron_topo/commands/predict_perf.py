@@ -121,6 +121,23 @@ def parse_args(argv=None):
 
 
 MAX_GCDS = 1_000_000
+MAX_RESULTS_BYTES = 256 << 20  # a bench_sharding results.json is kilobytes
+PLOT_SOFTWARE = "megatron_topo predict_perf"  # the PNG's Software text: an earlier plot is replaced
+
+
+def check_plot_path(path: str) -> None:
+    """--plot writes a PNG: a new file, or one this tool drew before; never a user's file."""
+    from megatron_topo.safe_outputs import check_output_file, head
+
+    if not path.lower().endswith(".png"):
+        raise ConfigError(f"--plot {path}: the plot is a PNG image; give a file name ending in .png")
+    check_output_file(
+        path,
+        "--plot",
+        ConfigError,
+        ours=lambda p: PLOT_SOFTWARE.encode() in head(p, 1 << 12),
+        kind=lambda p: None if head(p, 8) == b"\x89PNG\r\n\x1a\n" else "is not a PNG image",
+    )
 
 
 def _ints(text: str) -> list[int]:
@@ -194,8 +211,13 @@ def run(args) -> dict:
 
 def bench_rows(path: str) -> dict:
     """The main-series training rows of a bench_sharding results.json, by strategy."""
-    with open(path) as f:
-        rows = json.load(f)
+    from megatron_topo.safe_files import read_small_text
+
+    text = read_small_text(path, MAX_RESULTS_BYTES, ConfigError)  # a FIFO or device is refused, not waited on
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(rows, list):
         raise ConfigError(f"{path}: expected a JSON list of bench_sharding rows")
     return {
@@ -368,18 +390,29 @@ def plot(r: dict, path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from megatron_topo.atomic import atomic_path
+
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        with atomic_path(path, tmp=os.path.join(d, f".{os.path.basename(path)}.tmp.{os.getpid()}.png")) as tmp:
+            fig.savefig(tmp, dpi=120, format="png", metadata={"Software": PLOT_SOFTWARE})
+    finally:
+        plt.close(fig)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        if args.plot:
+            check_plot_path(args.plot)
         r = run(args)
         if args.plot and "estimates" in r:
             plot(r, args.plot)
     except (ConfigError, ValueError, OSError, KeyError) as e:
-        print(f"predict_perf.py: {e}", file=sys.stderr)
+        # every line an error: line (a config file's problems are reported together)
+        text = f"{e.filename}: {e.strerror or e}" if isinstance(e, OSError) and e.filename else str(e)
+        for line in getattr(e, "problems", None) or text.splitlines() or [type(e).__name__]:
+            print(f"error: {line}", file=sys.stderr)
         return 2
     text = render_emulated(r) if args.emulated else render(r) if "estimates" in r else render_sources(r)
     print(json.dumps(r, indent=1) if args.json else text)

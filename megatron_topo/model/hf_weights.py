@@ -43,7 +43,8 @@ class HFWeights:
                 else:
                     self._open[name] = torch.load(p, map_location="cpu", mmap=True, weights_only=True)
             except Exception as e:  # a damaged or foreign file: one line
-                raise ConfigError(f"{p}: cannot read the weights ({type(e).__name__}: {e})") from None
+                first = (str(e).strip().splitlines() or [""])[0][:200]  # torch's pickle refusals run to paragraphs
+                raise ConfigError(f"{p}: cannot read the weights ({type(e).__name__}: {first})") from None
         return self._open[name]
 
     def _keys(self, name: str):

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from typing import Optional
 
 import torch
 
 from ..config.options import ConfigError
+from ..safe_files import read_small_text
+
+MAX_LATEST_BYTES = 4096  # GPT-NeoX's latest holds a step folder's name
 
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
 MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
@@ -66,14 +70,13 @@ def step_folder(path: Optional[str]) -> Optional[str]:
     if _model_files(path):
         return path
     latest = os.path.join(path, "latest")
-    if os.path.isfile(latest):
-        try:
-            with open(latest) as f:
-                name = f.read().strip()
-        except (OSError, UnicodeDecodeError):
+    if os.path.isfile(latest) and not os.path.islink(latest):
+        try:  # a step name: a few bytes (a huge, non-blocking-unreadable or non-UTF-8 file is not one)
+            name = read_small_text(latest, MAX_LATEST_BYTES, ValueError).strip()
+        except ValueError:
             return None
         d = os.path.join(path, name)
-        if name and os.sep not in name and name not in (".", "..") and _model_files(d):
+        if name and os.sep not in name and "\0" not in name and name not in (".", "..") and _model_files(d):
             return d
     return None
 
@@ -158,6 +161,9 @@ class NeoxWeights:
     def _load(self, name: str) -> dict:
         if self._cache[0] != name:
             p = os.path.join(self.dir, name)
+            st = os.lstat(p)  # listed by _model_files: a FIFO or device would block torch.load for good
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"{p}: not a regular file (a FIFO, device or link); refusing to read it; {CONVERT}")
             try:
                 obj = torch.load(p, map_location="cpu", mmap=True, weights_only=True)
             except Exception as e:  # a damaged file, or pickled objects beyond tensors: one line

@@ -39,6 +39,15 @@ def _int(v: Any, where: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
     return v
 
 
+def _rng_seed(v: Any) -> Any:
+    """trainer.python_rng: absent, or a seed random.seed() takes (an integer or a short string)."""
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**256):
+        return v
+    if isinstance(v, str) and len(v) <= 256:
+        return v
+    raise MetaError(f"trainer.python_rng: expected an integer seed or null, got {_show(v)}")
+
+
 def _dict(v: Any, where: str) -> dict:
     if not isinstance(v, dict):
         raise MetaError(f"{where}: expected an object, got {_show(v)}")
@@ -223,7 +232,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
         None if consumed is None else _int(consumed, "trainer.consumed_samples"),
         _int(tr.get("consumed_valid", 0), "trainer.consumed_valid"),
         kept if isinstance(kept, int) and not isinstance(kept, bool) and kept >= 1 else None,
-        tr.get("python_rng"),
+        _rng_seed(tr.get("python_rng")),
     )
     if trainer.step != step:
         raise MetaError(f"trainer.step: {trainer.step} differs from step {step}")

@@ -1,0 +1,166 @@
+"""Hostile inputs, round 3, second probe (an independent 178-case probe of other members of issue
+29's families): GPT-NeoX checkpoint folders get the guards our own and HF folders have (a capped,
+non-blocking ``latest``; layer files that must be regular files), meta.json's trainer.python_rng is
+validated, a pickle refusal is one line, and predict_perf prints ``error:`` lines, reads its
+results file without blocking and never draws over a user's file."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+
+import pytest
+import torch
+
+from megatron_topo.commands import predict_perf
+from megatron_topo.config import ConfigError
+from megatron_topo.model.hf_weights import HFWeights
+from megatron_topo.model.neox_checkpoint import NeoxWeights, step_folder
+from megatron_topo.zero_topo import checkpoint as ckpt
+from megatron_topo.zero_topo.checkpoint import meta_schema
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAYER = "layer_00-model_00-model_states.pt"
+
+
+def _neox(tmp_path, latest: bytes):
+    step = tmp_path / "nx" / "global_step1"
+    step.mkdir(parents=True)
+    torch.save({"word_embeddings.weight": torch.zeros(2, 2)}, step / LAYER)
+    (tmp_path / "nx" / "latest").write_bytes(latest)
+    return str(tmp_path / "nx")
+
+
+def test_a_neox_latest_names_its_step(tmp_path):
+    assert step_folder(_neox(tmp_path, b"global_step1\n")).endswith("global_step1")
+
+
+@pytest.mark.parametrize(
+    "latest", [b"global_step1\0x\n", b"global_step1" + b" " * 8192, b"\xff\xfe", b"../global_step1"]
+)
+def test_a_neox_latest_that_is_not_a_step_name_is_not_followed(tmp_path, latest):
+    """A NUL (os.listdir raised ValueError: a traceback), a file over 4 KiB (read whole before),
+    bytes that are not UTF-8, a path: not a GPT-NeoX checkpoint, no exception."""
+    assert step_folder(_neox(tmp_path, latest)) is None
+
+
+def test_a_huge_sparse_neox_latest_is_not_read(tmp_path):
+    path = _neox(tmp_path, b"")
+    os.truncate(os.path.join(path, "latest"), 100 << 20)
+    assert step_folder(path) is None
+
+
+def _alarm(seconds: float):
+    """Fail instead of hanging: open the FIFO's write end after ``seconds`` (unblocks a reader)."""
+
+    def release(p):
+        fd = os.open(p, os.O_WRONLY | os.O_NONBLOCK) if os.path.exists(p) else None
+        if fd is not None:
+            os.close(fd)
+
+    return lambda p: threading.Timer(seconds, release, (p,))
+
+
+def test_a_neox_layer_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    step = tmp_path / "nx" / "global_step1"
+    step.mkdir(parents=True)
+    os.mkfifo(step / LAYER)
+    timer = _alarm(20)(str(step / LAYER))
+    timer.start()
+    try:
+        with pytest.raises(ConfigError, match="not a regular file"):
+            NeoxWeights(str(step), 1)._load(LAYER)
+    finally:
+        timer.cancel()
+
+
+GOOD_META = {
+    "format": 2,
+    "step": 3,
+    "world_size": 1,
+    "plan": {"weight_factor": 1, "grad_factor": 1, "optimizer_factor": 1, "preset": "ddp"},
+    "shard_holders": 1,
+    "units": [{"padded": 8, "numel": 6, "params": [["w", 0, 6, [6]]]}],
+    "trainer": {"step": 3, "consumed_samples": 24, "consumed_valid": 0, "global_batch": 8},
+    "files": {"rank_00000.pt": {"bytes": 100, "sha256": "ab" * 32}},
+}
+
+
+@pytest.mark.parametrize("seed", [[3, [1, 2], None], {"a": 1}, 1.5, True, "x" * 1000, 2**300])
+def test_a_python_rng_that_random_seed_does_not_take_is_a_meta_error(seed):
+    """Before: passed through unchecked and raised TypeError from random.seed on resume."""
+    meta = copy.deepcopy(GOOD_META)
+    meta["trainer"]["python_rng"] = seed
+    with pytest.raises(meta_schema.MetaError, match="trainer.python_rng"):
+        meta_schema.validate(meta, ckpt.SUPPORTED_FORMATS)
+
+
+@pytest.mark.parametrize("seed", [None, 0, 12345, "abc"])
+def test_a_python_rng_seed_is_kept(seed):
+    meta = copy.deepcopy(GOOD_META)
+    meta["trainer"]["python_rng"] = seed
+    assert meta_schema.validate(meta, ckpt.SUPPORTED_FORMATS).trainer.python_rng == seed
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))
+
+
+def test_a_pickle_with_code_in_an_hf_folder_is_one_line(tmp_path):
+    torch.save({"gpt_neox.embed_in.weight": _Evil()}, tmp_path / "pytorch_model.bin")
+    w = HFWeights.__new__(HFWeights)
+    w.path, w._open = str(tmp_path), {}
+    with pytest.raises(ConfigError) as e:
+        w._file("pytorch_model.bin")
+    assert "\n" not in str(e.value) and "cannot read the weights" in str(e.value)
+    assert not (tmp_path / "pwned").exists()
+
+
+MODEL = os.path.join(ROOT, "configs", "20B.yml")
+SYSTEM = os.path.join(ROOT, "configs", "frontier.yml")
+
+
+def _predict(capsys, *args):
+    rc = predict_perf.main(["--model", MODEL, "--system", SYSTEM, *args])
+    err = capsys.readouterr().err
+    return rc, [ln for ln in err.splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize(
+    "args", [["--gcds", "0"], ["--gcds", "8,x"], ["--gcds", "1000000000000"], ["--presets", "zero9"]]
+)
+def test_predict_perf_errors_are_error_lines(capsys, args):
+    rc, lines = _predict(capsys, *args)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+
+
+def test_predict_perf_reads_a_fifo_results_file_without_waiting(capsys, tmp_path):
+    fifo = tmp_path / "r.json"
+    os.mkfifo(fifo)
+    timer = _alarm(20)(str(fifo))
+    timer.start()
+    try:
+        rc = predict_perf.main(["--emulated", str(fifo), "--system", os.path.join(ROOT, "configs", "emulated_cpu.yml")])
+    finally:
+        timer.cancel()
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: ") and "not a file" in lines[0], lines
+
+
+@pytest.mark.parametrize("name,content", [("mine.png", b"mine"), ("notes.yml", b"a: 1\n"), ("plot.png", None)])
+def test_predict_perf_plot_never_replaces_a_users_file(capsys, tmp_path, name, content):
+    """A user's non-PNG file named *.png, a YAML file (not a PNG name): refused, untouched; a new
+    PNG is drawn, and drawn again over its own earlier plot."""
+    out = tmp_path / name
+    if content is not None:
+        out.write_bytes(content)
+    rc, lines = _predict(capsys, "--gcds", "8", "--presets", "topo", "--plot", str(out))
+    if content is not None:
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith("error: --plot"), lines
+        assert out.read_bytes() == content
+    else:
+        assert rc == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        rc, lines = _predict(capsys, "--gcds", "8", "--presets", "topo", "--plot", str(out))
+        assert rc == 0, lines
