@@ -31,5 +31,7 @@ def fail(e: BaseException, path: str = "", status: int = 2) -> int:
         text = f"{e.filename or path}: {e.strerror or e}"
     else:
         text = str(e)
-    print(f"error: {text}", file=sys.stderr)
+    # a config file's several problems: one error: line each (never a line without the prefix)
+    for line in getattr(e, "problems", None) or text.splitlines() or [type(e).__name__]:
+        print(f"error: {line}", file=sys.stderr)
     return status

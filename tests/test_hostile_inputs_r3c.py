@@ -164,3 +164,16 @@ def test_predict_perf_plot_never_replaces_a_users_file(capsys, tmp_path, name, c
         assert rc == 0 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         rc, lines = _predict(capsys, "--gcds", "8", "--presets", "topo", "--plot", str(out))
         assert rc == 0, lines
+
+
+def test_a_tool_prints_every_problem_of_a_model_file_as_an_error_line(capsys, tmp_path):
+    """tools/plan.py with a model file that has several problems: one error: line each (the second
+    one had no prefix before); cli.fail does this for every tool that uses it."""
+    from megatron_topo.commands import plan
+
+    m = tmp_path / "m.yml"
+    m.write_text("num_layers: abc\nhidden_size: 32\nnum_attention_heads: 4\n")
+    rc = plan.main(["--model", str(m), "--system", SYSTEM, "--nodes", "1"])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) >= 2 and all(ln.startswith("error: ") for ln in lines), lines
+    assert any("num_layers" in ln for ln in lines)

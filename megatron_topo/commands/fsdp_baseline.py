@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_topo import metrics as M
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.model import build_model
 from megatron_topo.topology import Topology, launcher_env, topology_from_config
@@ -149,8 +149,7 @@ def main(argv=None) -> int:
     try:
         cfg = load_config(args.configs, args.overrides)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     env = launcher_env()
     world, rank = env["world_size"], env["rank"]
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

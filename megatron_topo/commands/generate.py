@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, fail
 
 
 def parse_args(argv=None):
@@ -192,8 +192,7 @@ def main(argv=None) -> int:
             model, ids, args.max_new_tokens, args.greedy, args.temperature, args.top_k, args.seed, cfg.model.seq_length
         )
     except (CheckpointError, GenerateError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     print("ids: " + " ".join(map(str, new)))
     if tok is not None:
         print("text: " + json.dumps(tok.detokenize(new), ensure_ascii=False))

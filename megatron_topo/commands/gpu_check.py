@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Optional
 
-from ..cli import OneLineParser
+from ..cli import OneLineParser, fail
 from ..config import ConfigError
 
 SMALL = {
@@ -179,8 +179,7 @@ def main(argv=None) -> int:
     try:
         return run_rank(args)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
 
 
 def run_rank(args) -> int:

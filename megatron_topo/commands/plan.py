@@ -25,7 +25,7 @@ import sys
 from megatron_topo import preflight
 from megatron_topo.analysis import autoplan
 from megatron_topo.analysis import perf_model as pm
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.model import unit_numels
 from megatron_topo.zero_topo.sharding import PRESETS
@@ -290,8 +290,7 @@ def main(argv=None) -> int:
     try:
         r = run(args)
     except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     print(json.dumps(r, indent=1) if args.json else render(r))
     return 0
 

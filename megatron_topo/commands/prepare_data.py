@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, fail
 
 
 def main(argv=None) -> int:
@@ -53,8 +53,7 @@ def main(argv=None) -> int:
             barrier=None,
         )
     except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return fail(e)
     except OSError as e:
         print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
