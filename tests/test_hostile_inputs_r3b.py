@@ -140,7 +140,7 @@ CASES = [
         S("eval_interval=1", "eval_iters=-2", "split=90,10,0"),
         None,
         2,
-        "eval_iters must be >= 0, got -2",
+        "eval_iters must lie in [0, 16384], got -2",
     ),
     # ---- the offline tools refuse a checkpoint without file records, naming their own flag
     (

@@ -113,3 +113,28 @@ def test_a_signal_during_start_up_stops_before_training(cache, tmp_path):  # noq
     assert not (tmp_path / "ckpt").exists() or not any(
         d.startswith("global_step") for d in os.listdir(tmp_path / "ckpt")
     )
+
+
+def test_a_signal_during_a_long_evaluation_abandons_it_saves_and_stops(cache, tmp_path):  # noqa: F811
+    """eval_iters 16384 (the largest the config allows, 2**14): an evaluation of many seconds after
+    step 1; SIGUSR1 to rank 1 alone abandons it on both ranks at the same micro-batch, and the run
+    saves step 1 and stops, exit 0, with no eval loss recorded (before, the evaluation ran to its
+    end, and eval_iters had no bound: 1e8 ran for good)."""
+    args = _args(
+        cache, tmp_path, 2, eval_interval=1, eval_iters=16384, split="80,20,0", train_micro_batch_size_per_gpu=1
+    )
+    procs = _start_ignoring_usr1(args, tmp_path, 2, "e")
+    _wait_for(tmp_path / "e.out0", "global batch", procs)  # the training loop has started
+    time.sleep(4)  # step 1 takes well under a second; its evaluation many seconds
+    t0 = time.monotonic()
+    procs[1].send_signal(signal.SIGUSR1)
+    _finish(procs)
+    took = time.monotonic() - t0
+    outs = [(tmp_path / f"e.out{r}").read_text() + (tmp_path / f"e.err{r}").read_text() for r in range(2)]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert took < 60, took
+    assert "stopped by SIGUSR1 at step 1; checkpoint" in outs[0], outs[0]
+    meta = json.loads((tmp_path / "ckpt" / "global_step1" / "meta.json").read_text())
+    assert meta["step"] == 1
+    recs = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    assert recs and not any("eval_loss" in r for r in recs), recs

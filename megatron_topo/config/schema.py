@@ -338,7 +338,7 @@ class LoggingConfig:
     log_dir: str = option("runs/default", "metrics.jsonl, config.yml and tensorboard/ go here")
     tensorboard_dir: Optional[str] = option(None, "default: {log_dir}/tensorboard")
     eval_interval: int = option(100, "steps between evaluations (0: never; the one way to turn evaluation off)", ge=0)
-    eval_iters: int = option(10, "micro-batches per evaluation (>= 1 while eval_interval > 0)", ge=0)
+    eval_iters: int = option(10, "micro-batches per evaluation (>= 1 while eval_interval > 0)", ge=0, le=1 << 14)
     progress_bar: bool = option(True, "tqdm progress bar on rank 0")
 
 

@@ -167,12 +167,21 @@ class Trainer:
         eng = self.engine
         eng.eval()
         tot = torch.zeros(1, dtype=torch.float64, device=self.rt.device)
-        iters = self.cfg.logging.eval_iters
-        for _ in range(iters):
+        iters, life, stopped = self.cfg.logging.eval_iters, self.lifecycle, False
+        for i in range(iters):
+            # a stop signal abandons the evaluation, on every rank at the same micro-batch (the
+            # agreement of a step's micro-batches); the run then saves and stops
+            if i and life is not None and life.poll_micro():
+                stopped = True
+                break
             x, y = self.valid_batches.micro(self.state.consumed_valid, 0)
             tot += loss_fn(eng(x), y).double()
             self.state.consumed_valid += self.valid_batches.mb * self.rt.world_size
+        if life is not None:
+            life.end_micro()
         eng.train()
+        if stopped:
+            return None
         (total,) = eng.comm.all_reduce_host(eng.comm.to_host(tot).tolist())
         return total / (iters * self.rt.world_size)
 
@@ -233,7 +242,8 @@ class Trainer:
                 break
             stop, save_due = life.poll()  # agreed by all ranks: a stop signal, a time-based save
             window.add(time.perf_counter() - t0, stats["loss"])
-            evals = self._evaluate_due()
+            evals = {} if stop else self._evaluate_due()  # a stopping run does not evaluate first
+            stop = stop or bool(life.stop_signal)  # a stop signal during the evaluation
             if window.due(s.step, stop):
                 last, evals = window.record(s.step, stats, s.consumed_samples, evals), {}
             if evals:  # an eval step that is not a log step gets its own record
@@ -282,6 +292,8 @@ class Trainer:
         if not (lg.eval_interval and self.state.step % lg.eval_interval == 0 and self.valid_batches is not None):
             return {}
         ev = self.evaluate()
+        if ev is None:  # abandoned for a stop signal
+            return {}
         return {"eval_loss": ev, "eval_ppl": math.exp(min(ev, 50))}
 
     def _close(self, window: LogWindow, last: dict) -> dict:
