@@ -177,3 +177,37 @@ def test_a_tool_prints_every_problem_of_a_model_file_as_an_error_line(capsys, tm
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) >= 2 and all(ln.startswith("error: ") for ln in lines), lines
     assert any("num_layers" in ln for ln in lines)
+
+
+def test_preprocess_stopped_by_sigterm_leaves_nothing(tmp_path):
+    """SIGTERM (a scheduler's kill) during a 2-worker preprocess: one error line, exit 143, no
+    partial .bin/.idx or temporary file, and no worker left (before: killed by the default handler,
+    exit -15, no line, a leftover .bin.tmp.PID and a leaked-semaphore warning)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src = tmp_path / "big.jsonl"
+    line = json.dumps({"text": "the quick brown fox jumps over the lazy dog " * 40}) + "\n"
+    src.write_text(line * 40000)  # about 70 MB: many seconds of tokenizing
+    out = tmp_path / "o"
+    out.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "tools", "preprocess_data.py"), "--input", str(src), "--output-prefix",
+         str(out / "x"), "--tokenizer-type", "CharLevelTokenizer", "--workers", "2", "--quiet"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    t0 = time.monotonic()
+    while not any(".tmp" in n for n in os.listdir(out)):  # the builder has started writing
+        assert p.poll() is None and time.monotonic() - t0 < 60, p.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    stdout, stderr = p.communicate(timeout=60)
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert p.returncode == 143 and lines == ["error: stopped by SIGTERM; no output written"], (p.returncode, stderr)
+    assert os.listdir(out) == []
+    children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
+    assert children == []

@@ -21,6 +21,7 @@ existing output is never overwritten by a failed run.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from megatron_topo.cli import OneLineParser
@@ -145,7 +146,26 @@ def check_args(args) -> None:
         raise DataError("--hf-subset/--hf-data-files/--hf-revision need --hf-dataset")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM/SIGHUP (a scheduler's kill, a closed terminal): unwound like Ctrl-C, so the partial
+    output is removed and the worker pool shut down."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signal.Signals(signum).name)
+
+
 def main(argv=None) -> int:
+    # the workers are spawned: they keep the default handlers; a caller's handlers come back after
+    old = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv=None) -> int:
     args = parse_args(argv)
     try:
         check_args(args)
@@ -189,6 +209,9 @@ def main(argv=None) -> int:
     except (DataError, OSError) as e:
         print(f"error: {error_line(e)}", file=sys.stderr)
         return 1
+    except Terminated as e:
+        print(f"error: stopped by {e}; no output written", file=sys.stderr)
+        return 128 + int(getattr(signal, str(e)))
     except KeyboardInterrupt:
         print("error: interrupted; no output written", file=sys.stderr)
         return 130
