@@ -37,7 +37,7 @@ import sys
 from megatron_topo.analysis import perf_model as pm
 from megatron_topo.analysis import perf_sources as sources
 from megatron_topo.analysis.emulation import predict as emu
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.topology import Topology
 from megatron_topo.zero_topo.sharding import PRESETS
@@ -409,11 +409,7 @@ def main(argv=None) -> int:
         if args.plot and "estimates" in r:
             plot(r, args.plot)
     except (ConfigError, ValueError, OSError, KeyError) as e:
-        # every line an error: line (a config file's problems are reported together)
-        text = f"{e.filename}: {e.strerror or e}" if isinstance(e, OSError) and e.filename else str(e)
-        for line in getattr(e, "problems", None) or text.splitlines() or [type(e).__name__]:
-            print(f"error: {line}", file=sys.stderr)
-        return 2
+        return fail(e)  # one error: line per problem
     text = render_emulated(r) if args.emulated else render(r) if "estimates" in r else render_sources(r)
     print(json.dumps(r, indent=1) if args.json else text)
     return 0
