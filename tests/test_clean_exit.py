@@ -7,10 +7,9 @@ handlers), which this test replaces to observe it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 
-from .test_lifecycle import PY, _args, _port, cache  # noqa: F401
+from .test_lifecycle import PY, _args, _port, _rank_env, cache  # noqa: F401
 
 WRAP = (
     "import sys, torch.distributed as d; import megatron_topo.commands.train as T; left = []; "
@@ -23,20 +22,10 @@ def test_a_finished_distributed_run_destroys_its_process_group(cache, tmp_path):
     args = _args(cache, tmp_path, 1)[1:]  # train.py's arguments, without the script
     port, procs = _port(), []
     for r in range(2):
-        env = dict(
-            os.environ,
-            OMP_NUM_THREADS="1",
-            RANK=str(r),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(r),
-            LOCAL_WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-        )
         procs.append(
             subprocess.Popen(
                 [PY, "-c", WRAP, *args],
-                env=env,
+                env=_rank_env(r, 2, port),
                 cwd=str(tmp_path),
                 text=True,
                 stdout=subprocess.PIPE,

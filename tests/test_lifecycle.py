@@ -115,20 +115,26 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _rank_env(r: int, world: int, port: int) -> dict:
+    """The environment of rank ``r`` of a local job (one process: no launcher variables)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if world > 1:
+        env.update(
+            RANK=str(r),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(r),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+    return env
+
+
 def _start(args, tmp, world=1, tag="a"):
     port = _port()
     procs = []
     for r in range(world):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        if world > 1:
-            env.update(
-                RANK=str(r),
-                WORLD_SIZE=str(world),
-                LOCAL_RANK=str(r),
-                LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
+        env = _rank_env(r, world, port)
         procs.append(
             subprocess.Popen(
                 [PY, *args],

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from .test_lifecycle import PY, ROOT, _args, _port, cache  # noqa: F401
+from .test_lifecycle import PY, ROOT, _args, _port, _rank_env, cache  # noqa: F401
 
 
 def _start_ignoring_usr1(args, tmp, world, tag):
@@ -18,16 +18,7 @@ def _start_ignoring_usr1(args, tmp, world, tag):
     port = _port()
     procs = []
     for r in range(world):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        if world > 1:
-            env.update(
-                RANK=str(r),
-                WORLD_SIZE=str(world),
-                LOCAL_RANK=str(r),
-                LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            )
+        env = _rank_env(r, world, port)
         procs.append(
             subprocess.Popen(
                 [PY, *args],
