@@ -166,3 +166,29 @@ class Lifecycle:
     @property
     def stop_name(self) -> Optional[str]:
         return signal_name(self.stop_signal) if self.stop_signal else None
+
+
+def leave_rank(rc: int) -> None:
+    """End a distributed rank's process without the interpreter's teardown.
+
+    Left to the teardown, gloo's worker threads can still hold tensors when the interpreter is gone
+    and the rank aborts ("terminate called without an active exception", SIGABRT, exit -6 after a
+    successful run; seen in CI with the groups destroyed too). Every tool that ran as one rank of a
+    job leaves through here once its files are closed: its process groups destroyed (if still
+    alive), the atexit handlers run, the streams flushed, then ``os._exit(rc)``.
+    """
+    import atexit
+    import os
+    import sys
+
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except ImportError:
+        pass
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from megatron_topo import metrics as M
 from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.config import ConfigError, load_config
+from megatron_topo.lifecycle import leave_rank
 from megatron_topo.model import build_model
 from megatron_topo.topology import Topology, launcher_env, topology_from_config
 from megatron_topo.training import Batches, learning_rate, loss_fn, seed_everything
@@ -146,12 +147,15 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--mode", default="full", choices=("full", "hsdp"))
     args = ap.parse_args(argv)
-    try:
+    try:  # everything that can refuse the run, before any rank joins a process group
         cfg = load_config(args.configs, args.overrides)
+        env = launcher_env()
+        world, rank = env["world_size"], env["rank"]
+        topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     except ConfigError as e:
-        return fail(e)
-    env = launcher_env()
-    world, rank = env["world_size"], env["rank"]
+        # every rank reaches the same verdict from the same files and environment: rank 0 says it
+        quiet = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0"
+        return 2 if quiet else fail(e)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(
@@ -160,7 +164,6 @@ def main(argv=None) -> int:
             world_size=world,
             timeout=datetime.timedelta(seconds=cfg.distributed.collective_timeout_s),
         )
-    topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     t, lg = cfg.train, cfg.logging
     log = print if rank == 0 else (lambda *a, **k: None)
     seed_everything(t.seed)
@@ -247,10 +250,11 @@ def main(argv=None) -> int:
             )
             log(f"step {step}: loss {vec[0].item() / world:.4f} step_time {dt:.3f}s")
     writer.close()
-    if world > 1:
-        dist.destroy_process_group()
     log(f"done: step {step}, metrics: {os.path.join(lg.log_dir, 'metrics.jsonl')}")
-    return 0 if all(math.isfinite(float(x)) for x in [vec[0]]) else 1
+    rc = 0 if all(math.isfinite(float(x)) for x in [vec[0]]) else 1
+    if world > 1:
+        leave_rank(rc)  # its groups destroyed, no interpreter teardown (lifecycle.leave_rank)
+    return rc
 
 
 if __name__ == "__main__":

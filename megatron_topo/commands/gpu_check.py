@@ -177,9 +177,23 @@ def main(argv=None) -> int:
     if args.spawn:
         return spawn(args, argv)
     try:
-        return run_rank(args)
+        rc = run_rank(args)
     except ConfigError as e:
-        return fail(e)
+        rc = fail(e)
+    if _one_rank_of_a_job():
+        from ..lifecycle import leave_rank
+
+        leave_rank(rc)  # one rank of a job: no interpreter teardown (lifecycle.leave_rank)
+    return rc
+
+
+def _one_rank_of_a_job() -> bool:
+    from ..topology import launcher_env
+
+    try:
+        return launcher_env()["world_size"] > 1
+    except ConfigError:
+        return False
 
 
 def run_rank(args) -> int:

@@ -28,6 +28,8 @@ from megatron_topo.analysis.perf_sources import fit_ring
 from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser
 from megatron_topo.config import ConfigError, load_config
+from megatron_topo.lifecycle import leave_rank
+from megatron_topo.topology import launcher_env
 from megatron_topo.training import setup_runtime
 
 OPS = ("all_gather", "reduce_scatter")
@@ -179,6 +181,13 @@ def write_json(r: dict, out_dir: str) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    rc = _measure_and_report(args)
+    if launcher_env()["world_size"] > 1:
+        leave_rank(rc)  # one rank of a job: no interpreter teardown (lifecycle.leave_rank)
+    return rc
+
+
+def _measure_and_report(args) -> int:
     try:
         r = measure(args)
         if r["rank"] == 0:

@@ -83,13 +83,11 @@ def main(argv=None) -> int:
 
 
 def _leave(rc: int) -> None:
-    """Exit a distributed rank now: atexit handlers, flushed streams, then ``os._exit``."""
-    import atexit
+    """Exit a distributed rank now (``lifecycle.leave_rank``); a name of its own so that a test can
+    observe the exit."""
+    from megatron_topo.lifecycle import leave_rank
 
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    leave_rank(rc)
 
 
 def _distributed() -> bool:
