@@ -160,6 +160,8 @@ def test_loopback_inside_a_package_and_shaped_rates(tmp_path):
         "    elif r == peer: dist.recv(t, 0)\n"
         "    dist.barrier()\n"
         "    if r == 0: print(f'peer {peer} {4 * 2**20 * 8 / (time.perf_counter() - t0) / 1e6:.1f}', flush=True)\n"
+        # a rank leaves as the tools do (lifecycle.leave_rank): no gloo teardown abort
+        "from megatron_topo.lifecycle import leave_rank; leave_rank(0)\n"
     )
     stats = tmp_path / "s.json"
     p = subprocess.run(
