@@ -211,3 +211,58 @@ def test_preprocess_stopped_by_sigterm_leaves_nothing(tmp_path):
     assert os.listdir(out) == []
     children = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()
     assert children == []
+
+
+def test_preprocess_removes_what_a_killed_run_left_and_nothing_else(tmp_path, capsys):
+    """A SIGKILLed preprocess cannot clean up: its ``PREFIX.bin.tmp.PID`` stays. The next run of the
+    same output removes the temporaries whose process is gone from this host and that have not
+    changed for 30 s, and says so in one warning line; a live writer's, a fresh one's and another
+    prefix's temporaries stay (before: every leftover stayed for good)."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from tests.tool_loader import load_tool
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        src = tmp_path / "in.jsonl"
+        src.write_text("".join(json.dumps({"text": f"document {i} " * 8}) + "\n" for i in range(20)))
+        out = tmp_path / "o"
+        out.mkdir()
+        old = time.time() - 120
+        files = {
+            f"x_text_document.bin.tmp.{dead.pid}": old,  # removed
+            f"x_text_document.idx.tmp.{dead.pid}": old,  # removed
+            f"x_text_document.bin.tmp.{live.pid}": old,  # its writer is alive: kept
+            f"x_text_document.bin.tmp.{dead.pid + 1000000}": time.time(),  # changed just now: kept
+            f"y_text_document.bin.tmp.{dead.pid}": old,  # another dataset's: kept
+        }
+        for name, mtime in files.items():
+            (out / name).write_bytes(b"partial")
+            os.utime(out / name, (mtime, mtime))
+        rc = load_tool("preprocess_data").main(
+            [
+                "--input",
+                str(src),
+                "--output-prefix",
+                str(out / "x"),
+                "--tokenizer-type",
+                "CharLevelTokenizer",
+                "--quiet",
+            ]
+        )
+        err = capsys.readouterr().err
+        assert rc == 0, err
+        warned = [ln for ln in err.splitlines() if "interrupted earlier run" in ln]
+        assert warned == [
+            f"warning: removed 2 temporary file(s) an interrupted earlier run left: "
+            f"x_text_document.bin.tmp.{dead.pid}, x_text_document.idx.tmp.{dead.pid}"
+        ], err
+        assert sorted(os.listdir(out)) == sorted(["x_text_document.bin", "x_text_document.idx", *list(files)[2:]])
+    finally:
+        live.kill()
+        live.wait()

@@ -46,6 +46,7 @@ from .corpus import (  # noqa: F401  (expand_sources, iter_source_documents, Sou
 )
 from .errors import DataError
 from .indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
+from .pair_commit import sweep_leftovers
 from .tokenizer import Tokenizer, build_tokenizer
 
 MAX_WARNINGS = 20
@@ -290,6 +291,9 @@ def preprocess(
     )
     for prefix in stats.outputs.values():
         check_outputs(prefix, [s.path for s in sources], force)
+        gone = sweep_leftovers(prefix)  # a killed earlier run's temporaries (its process is gone)
+        if gone:
+            warn(f"removed {len(gone)} temporary file(s) an interrupted earlier run left: {', '.join(gone)}")
     init_args = (tokenizer_type, vocab_file, vocab_size, keys, append_eod, np.dtype(dtype).str, merge_file, ftfy)
     builders = {}
     pool = None
