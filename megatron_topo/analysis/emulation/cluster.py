@@ -19,6 +19,9 @@ keep their HTB class at a rate no link here reaches, so bytes per level are coun
 The tag is ``mtemu-{pid}-{n}``: a run that was killed leaves namespaces whose pid is dead, which
 the next run (or ``cleanup_leftovers()``) removes. Deleting a namespace deletes its veth end (and
 the peer with it), its bridge and its qdiscs.
+
+The namespace commands are in ``netns``, the cluster's shape in ``cluster_spec`` and the byte
+counters in ``counters``; this module holds ``Cluster`` and re-exports them.
 """
 
 from __future__ import annotations
@@ -26,178 +29,49 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import re
-import shutil
-import signal
-import subprocess
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Optional
+from dataclasses import asdict
 
-from ...pids import pid_alive
-from .rates import format_rate
+from .cluster_spec import ClusterSpec
+from .counters import PackageCounters, parse_class_stats, summarize
+from .netns import (
+    ETC_NETNS,
+    PREFIX,
+    EmulationError,
+    _kill_namespace,
+    _run,
+    check_privileges,
+    cleanup_leftovers,
+    list_namespaces,
+    namespace_pids,
+)
 
-PREFIX = "mtemu"
+# what the namespace, spec and counter modules declare is re-exported: callers import it from here
+__all__ = [
+    "BRIDGE",
+    "ETC_NETNS",
+    "PREFIX",
+    "UNLIMITED_BPS",
+    "VETH",
+    "Cluster",
+    "ClusterSpec",
+    "EmulationError",
+    "PackageCounters",
+    "check_privileges",
+    "cleanup_leftovers",
+    "list_namespaces",
+    "namespace_pids",
+    "parse_class_stats",
+    "summarize",
+]
+
 UNLIMITED_BPS = 100_000_000_000  # classification-only class for unshaped levels
 VETH = "veth0"
 BRIDGE = "br0"
-ETC_NETNS = "/etc/netns"  # `ip netns exec NS` bind-mounts /etc/netns/NS/hosts over /etc/hosts
 _counter = itertools.count()
-_TAG_RE = re.compile(rf"^{PREFIX}-(\d+)-")
-
-
-class EmulationError(RuntimeError):
-    """Setting up or tearing down the emulated cluster failed; the message is one line."""
-
-
-# ---------------------------------------------------------------------------------- commands
-def _run(args: list[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
-    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
-    if check and p.returncode != 0:
-        err = (p.stderr or p.stdout).strip().replace("\n", " | ")
-        raise EmulationError(f"`{' '.join(args)}` failed: {err}")
-    return p
-
-
-def list_namespaces() -> list[str]:
-    p = _run(["ip", "netns", "list"], check=False)
-    return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
-
-
-def namespace_pids(ns: str) -> list[int]:
-    p = _run(["ip", "netns", "pids", ns], check=False)
-    return [int(x) for x in p.stdout.split() if x.isdigit()]
-
-
-def _kill_namespace(ns: str) -> None:
-    """SIGKILL what still runs inside one of our namespaces (ranks we launched), then delete it."""
-    for _ in range(3):
-        pids = namespace_pids(ns)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        time.sleep(0.2)
-    _run(["ip", "netns", "del", ns], check=False)
-    shutil.rmtree(os.path.join(ETC_NETNS, ns), ignore_errors=True)
-
-
-def cleanup_leftovers(include_live: bool = False) -> list[str]:
-    """Remove namespaces left by emulator runs whose process is gone (or all of ours with
-    ``include_live``). Returns the names removed."""
-    removed = []
-    for ns in list_namespaces():
-        m = _TAG_RE.match(ns)
-        if not m:
-            continue
-        pid = int(m.group(1))
-        if include_live or (pid != os.getpid() and not pid_alive(pid)):
-            _kill_namespace(ns)
-            removed.append(ns)
-    return removed
-
-
-def check_privileges() -> Optional[str]:
-    """None when namespaces, veths and HTB can be created here, else the reason (one line)."""
-    if os.name != "posix" or not hasattr(os, "geteuid"):
-        return "network namespaces need Linux"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"'{tool}' (iproute2) is not installed"
-    if os.geteuid() != 0:
-        return f"creating network namespaces needs root (CAP_SYS_ADMIN + CAP_NET_ADMIN); running as uid {os.geteuid()}"
-    probe = f"{PREFIX}-{os.getpid()}-probe"
-    try:
-        p = _run(["ip", "netns", "add", probe], check=False)
-        if p.returncode != 0:
-            msg = (p.stderr or p.stdout).strip()
-            return f"`ip netns add` failed: {msg.splitlines()[-1] if msg else 'unknown error'}"
-        _run(["ip", "-n", probe, "link", "set", "lo", "up"], check=False)
-        q = _run(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", "handle", "1:", "htb"], check=False)
-        if q.returncode != 0:
-            return f"the htb qdisc is not available: {q.stderr.strip()}"
-        v = _run(["ip", "-n", probe, "link", "add", "a0", "type", "veth", "peer", "name", "b0"], check=False)
-        if v.returncode != 0:
-            return f"veth links cannot be created: {v.stderr.strip()}"
-    finally:
-        _run(["ip", "netns", "del", probe], check=False)
-    return None
-
-
-# ---------------------------------------------------------------------------------- spec
-@dataclass(frozen=True)
-class ClusterSpec:
-    nodes: int
-    gpus_per_node: int
-    gcds_per_gpu: int
-    inter_node_bps: Optional[int] = None  # None: unshaped
-    intra_node_bps: Optional[int] = None
-    intra_gpu_bps: Optional[int] = None  # shapes the package namespace's loopback
-    latency_inter_us: float = 0.0  # netem delay (needs sch_netem in the kernel)
-    latency_intra_us: float = 0.0
-    mtu: int = 1500
-    subnet: str = "10.213"
-
-    def __post_init__(self):
-        for k in ("nodes", "gpus_per_node", "gcds_per_gpu"):
-            if getattr(self, k) < 1:
-                raise EmulationError(f"--{k.replace('_', '-')} must be >= 1, got {getattr(self, k)}")
-        if self.nodes > 254 or self.gpus_per_node > 253:
-            raise EmulationError("at most 254 nodes and 253 GPUs per node (one /24 per node)")
-        if not re.fullmatch(r"(10\.\d{1,3}|172\.(1[6-9]|2\d|3[01])|192\.168)", self.subnet):
-            raise EmulationError(f"subnet '{self.subnet}' must be the first two octets of a private /16")
-
-    @property
-    def ranks_per_node(self) -> int:
-        return self.gpus_per_node * self.gcds_per_gpu
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
-
-    def placement(self, rank: int) -> tuple[int, int, int]:
-        """(node, gpu, gcd) of a rank; node-major as in megatron_topo.topology."""
-        gcd = rank % self.gcds_per_gpu
-        gpu = (rank // self.gcds_per_gpu) % self.gpus_per_node
-        return rank // self.ranks_per_node, gpu, gcd
-
-    def packages(self) -> list[tuple[int, int]]:
-        return [(n, g) for n in range(self.nodes) for g in range(self.gpus_per_node)]
-
-    def address(self, node: int, gpu: int) -> str:
-        return f"{self.subnet}.{node}.{gpu + 1}"
-
-    def node_subnet(self, node: int) -> str:
-        return f"{self.subnet}.{node}.0/24"
-
-    def describe(self) -> str:
-        lat = ""
-        if self.latency_inter_us or self.latency_intra_us:
-            lat = f", latency intra-node {self.latency_intra_us:g} us, inter-node {self.latency_inter_us:g} us"
-        return (
-            f"{self.nodes} node(s) x {self.gpus_per_node} GPU(s) x {self.gcds_per_gpu} GCD(s) = "
-            f"{self.world_size} ranks; per package: intra-gpu {format_rate(self.intra_gpu_bps)} (loopback), "
-            f"intra-node {format_rate(self.intra_node_bps)}, inter-node {format_rate(self.inter_node_bps)} "
-            f"(each direction){lat}"
-        )
 
 
 # ---------------------------------------------------------------------------------- cluster
-@dataclass
-class PackageCounters:
-    node: int
-    gpu: int
-    veth_tx_bytes: int = 0
-    veth_rx_bytes: int = 0
-    lo_tx_bytes: int = 0
-    tx_bytes: dict = field(default_factory=dict)  # level -> bytes sent (package egress classes)
-    rx_bytes: dict = field(default_factory=dict)  # level -> bytes received (switch-port classes)
-    tx_drops: int = 0
-
-
 class Cluster:
     """Create with ``up()`` (or ``with Cluster(spec) as c:``), tear down with ``down()``."""
 
@@ -481,35 +355,3 @@ class Cluster:
                 d[k] = {lvl: v - getattr(b, k).get(lvl, 0) for lvl, v in getattr(a, k).items()}
             out.append(d)
         return out
-
-
-_CLASS_RE = re.compile(r"^class htb (\S+) ")
-_SENT_RE = re.compile(r"Sent (\d+) bytes \d+ pkts? \(dropped (\d+)")
-
-
-def parse_class_stats(text: str) -> tuple[dict, int]:
-    """``tc -s class show`` text -> ({"intra_node": bytes, "inter_node": bytes}, drops)."""
-    out, drops, cur = {}, 0, None
-    for line in text.splitlines():
-        m = _CLASS_RE.match(line)
-        if m:
-            cur = {"1:10": "intra_node", "1:20": "inter_node"}.get(m.group(1))
-            continue
-        m = _SENT_RE.search(line)
-        if m and cur:
-            out[cur] = int(m.group(1))
-            drops += int(m.group(2))
-            cur = None
-    return out, drops
-
-
-def summarize(per_package: list[dict]) -> dict:
-    """Totals over packages: bytes sent per link level (intra_gpu = loopback) and the busiest NIC."""
-    tot = {"intra_gpu": 0, "intra_node": 0, "inter_node": 0}
-    busiest = 0
-    for p in per_package:
-        tot["intra_gpu"] += p["lo_tx_bytes"]
-        tot["intra_node"] += p["tx_bytes"].get("intra_node", 0)
-        tot["inter_node"] += p["tx_bytes"].get("inter_node", 0)
-        busiest = max(busiest, p["tx_bytes"].get("inter_node", 0), p["rx_bytes"].get("inter_node", 0))
-    return {"wire_bytes": tot, "busiest_nic_bytes": busiest, "tx_drops": sum(p.get("tx_drops", 0) for p in per_package)}
