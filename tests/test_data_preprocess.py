@@ -225,7 +225,7 @@ def test_other_bad_inputs(tmp_path, existing):
 
 
 def test_zstd_lines_split_across_reads(tmp_path):
-    from megatron_topo.data.corpus import _zst_lines
+    from megatron_topo.data.corpus_files import _zst_lines
 
     docs = [{"text": "line %d " % i + "y" * (i % 13)} for i in range(200)]
     path = write_jsonl(str(tmp_path / "x.jsonl.zst"), docs, compress=True)

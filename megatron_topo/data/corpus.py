@@ -6,20 +6,50 @@ turn into token ids.
 A chunk is the unit of parallel work: up to ~1 MB of JSON lines (with the number of the first
 line, for error messages), a batch of records (parquet / ``datasets`` rows) or a batch of
 plain-text file paths (a worker reads them).
+
+The inputs are expanded into sources in ``corpus_sources``, one file's lines and records are read
+in ``corpus_files``; this module cuts the sources into chunks and re-exports both.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional
+from typing import Iterator, Optional
 
+from .corpus_files import ZST_SUFFIX, _lines, iter_lines, parse_json_line, read_text_file, row_values
+from .corpus_sources import (
+    COMPRESSED,
+    JSONL_SUFFIXES,
+    Source,
+    expand_sources,
+    file_kind,
+    is_saved_dataset,
+    split_inputs,
+)
 from .errors import DataError
 
-JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
-ZST_SUFFIX = ".zst"
-COMPRESSED = (".zst", ".gz", ".xz")
+# the sources and the file readers are re-exported: callers import them from here
+__all__ = [
+    "CHUNK_BYTES",
+    "CHUNK_LINES",
+    "COMPRESSED",
+    "JSONL_SUFFIXES",
+    "ZST_SUFFIX",
+    "Chunk",
+    "Source",
+    "expand_sources",
+    "file_kind",
+    "is_saved_dataset",
+    "iter_lines",
+    "iter_source_chunks",
+    "iter_source_documents",
+    "parse_json_line",
+    "read_text_file",
+    "row_values",
+    "split_inputs",
+]
+
 CHUNK_BYTES = 1 << 20
 CHUNK_LINES = 2048
 
@@ -31,212 +61,6 @@ class Chunk:
     first_line: int = 1
     items: list = field(default_factory=list)  # raw lines (bytes) or file paths
     nbytes: int = 0
-
-
-def _zst_lines(path: str, read_size: int = 1 << 20) -> Iterator[bytes]:
-    """Lines of a zstd file (one or several frames); a frame cut short is an error, not EOF."""
-    import zstandard
-
-    dctx = zstandard.ZstdDecompressor()
-    dobj, in_frame, pending = dctx.decompressobj(), False, b""
-    with open(path, "rb") as raw:
-        while True:
-            data = raw.read(read_size)
-            if not data:
-                break
-            while data:
-                out = dobj.decompress(data)
-                in_frame, data = True, b""
-                if dobj.eof:  # frame complete; the rest of the input (if any) is the next frame
-                    data, dobj, in_frame = dobj.unused_data, dctx.decompressobj(), False
-                if out:
-                    *lines, pending = (pending + out).split(b"\n")
-                    for line in lines:
-                        yield line + b"\n"
-    if in_frame:
-        raise DataError(f"{path}: truncated zstd stream (the last frame is incomplete); is the file complete?")
-    if pending:
-        yield pending
-
-
-def iter_lines(path: str) -> Iterator[bytes]:
-    """Lines of a (possibly zstd-compressed) file; a damaged stream is a DataError."""
-    try:
-        if path.endswith(ZST_SUFFIX):
-            yield from _zst_lines(path)
-        else:
-            with open(path, "rb") as f:
-                yield from f
-    except DataError:
-        raise
-    except Exception as e:  # zstandard.ZstdError on a damaged frame
-        raise DataError(
-            f"{path}: cannot read ({type(e).__name__}: {e}); is it a complete "
-            f"{'zstd-compressed ' if path.endswith(ZST_SUFFIX) else ''}file?"
-        ) from None
-
-
-def parse_json_line(line: bytes, keys: tuple[str, ...]) -> Optional[list[str]]:
-    """The values of ``keys`` in one JSON line (None for a blank line). Raises ValueError with a
-    short reason for anything else that is not a JSON object with string values under the keys."""
-    if not line.strip():
-        return None
-    try:
-        obj = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-        raise ValueError(f"invalid JSON ({reason})") from None
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    return row_values(obj, keys)
-
-
-def row_values(obj, keys: tuple[str, ...]) -> list[str]:
-    """The values of ``keys`` in one record (a parquet/``datasets`` row), checked as a JSON line's."""
-    values = []
-    for key in keys:
-        if key not in obj:
-            raise ValueError(f"no key '{key}' (keys present: {', '.join(map(str, list(obj)[:8]))})")
-        if not isinstance(obj[key], str):
-            raise ValueError(f"key '{key}' holds {type(obj[key]).__name__}, expected a string")
-        values.append(obj[key])
-    return values
-
-
-def read_text_file(path: str) -> str:
-    with open(path, "rb") as f:
-        data = f.read()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
-
-
-@dataclass
-class Source:
-    kind: str  # "jsonl", "text", "parquet", "arrow", "hf_disk", "hf_load"
-    path: str
-    options: dict = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.path
-
-
-def split_inputs(inputs: Iterable[str]) -> list[str]:
-    """GPT-NeoX's ``--input a.jsonl,b.jsonl.zst``: comma-separated lists (a name that exists as
-    given is kept whole, commas and all)."""
-    out = []
-    for item in inputs:
-        item = str(item)
-        if os.path.exists(item) or "," not in item:
-            out.append(item)
-        else:
-            out += [p for p in item.split(",") if p]
-    return out
-
-
-def is_saved_dataset(path: str) -> bool:
-    """A folder written by ``datasets``' ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
-    return os.path.isdir(path) and (
-        os.path.isfile(os.path.join(path, "dataset_dict.json"))
-        or (
-            os.path.isfile(os.path.join(path, "state.json")) and os.path.isfile(os.path.join(path, "dataset_info.json"))
-        )
-    )
-
-
-def file_kind(path: str) -> str:
-    """'jsonl' (optionally .zst/.gz/.xz-compressed), 'parquet', 'arrow' or 'text'."""
-    base = path
-    for suffix in COMPRESSED:
-        if path.endswith(suffix):
-            base = path[: -len(suffix)]
-            if not base.endswith(JSONL_SUFFIXES):
-                raise DataError(
-                    f"{path}: compressed inputs must be JSON lines (.jsonl{suffix}, .json{suffix}); "
-                    f"decompress other files first"
-                )
-            return "jsonl"
-    if base.endswith(JSONL_SUFFIXES):
-        return "jsonl"
-    if base.endswith(".parquet"):
-        return "parquet"
-    if base.endswith(".arrow"):
-        return "arrow"
-    return "text"
-
-
-def expand_sources(
-    inputs: Iterable[str], hf_dataset: Optional[dict] = None, hf_split: Optional[str] = None
-) -> list[Source]:
-    """Files named directly, ``datasets`` folders, every non-hidden file under other folders
-    (sorted), then the ``hf_dataset`` (``{"path", "name", "split", "data_files", "streaming",
-    "cache_dir", "revision"}``) if given. ``hf_split``: the split of DatasetDict folders."""
-    sources: list[Source] = []
-    paths = split_inputs(inputs or [])
-    if not paths and not hf_dataset:
-        raise DataError(
-            "no input given; pass --input FILE_OR_DIR[,...] (.jsonl[.zst|.gz|.xz], .parquet, "
-            "text files, datasets folders) or --hf-dataset NAME"
-        )
-    split = hf_split or (hf_dataset or {}).get("split") or "train"
-    for p in paths:
-        if is_saved_dataset(p):
-            sources.append(Source("hf_disk", p, {"split": split}))
-        elif os.path.isdir(p):
-            found = []
-            for root, dirs, files in os.walk(p):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                found += [os.path.join(root, f) for f in files if not f.startswith(".")]
-            for f in found:  # a FIFO or a device in the folder would block or never end
-                _regular_input(f)
-            if not found:
-                raise DataError(f"{p}: directory has no input files (empty input)")
-            sources += [Source(file_kind(f), f) for f in sorted(found)]
-        elif os.path.isfile(p):
-            sources.append(Source(file_kind(_regular_input(p)), p))
-        elif os.path.exists(p):
-            _regular_input(p)
-        else:
-            raise DataError(
-                f"{p}: no such file or directory (inputs are .jsonl[.zst|.gz|.xz], .parquet, .arrow, "
-                f"text files, datasets save_to_disk folders or directories of them)"
-            )
-    if hf_dataset:
-        spec = dict(hf_dataset)
-        if is_saved_dataset(spec["path"]) and not spec.get("data_files"):
-            sources.append(Source("hf_disk", spec["path"], {"split": split}))
-        else:
-            sources.append(Source("hf_load", spec["path"], spec))
-    return sources
-
-
-def _compressed_lines(path: str) -> Iterator[bytes]:
-    """Lines of a .gz / .xz file; a damaged or truncated stream is a DataError naming the file."""
-    import gzip
-    import lzma
-
-    opener, what = (gzip.open, "gzip") if path.endswith(".gz") else (lzma.open, "xz")
-    try:
-        with opener(path, "rb") as f:
-            yield from f
-    except EOFError:
-        raise DataError(
-            f"{path}: truncated {what} stream (it ends before its end marker); is the file complete?"
-        ) from None
-    except (OSError, lzma.LZMAError, gzip.BadGzipFile) as e:
-        if isinstance(e, OSError) and e.filename:
-            raise
-        raise DataError(
-            f"{path}: cannot read ({type(e).__name__}: {e}); is it a complete {what}-compressed file?"
-        ) from None
-
-
-def _lines(path: str) -> Iterator[bytes]:
-    if path.endswith((".gz", ".xz")):
-        return _compressed_lines(path)
-    return iter_lines(path)  # plain or .zst
 
 
 def _check_columns(name: str, columns, keys) -> None:
@@ -401,19 +225,3 @@ def iter_source_documents(
                     raise DataError(f"{where}: {e}; use --skip-bad-lines to skip such lines") from None
                 if warn is not None:
                     warn(f"{where}: {e} (skipped)")
-
-
-def _regular_input(path: str) -> str:
-    """``path`` when it is a regular file (symlinks followed); a FIFO, a device or a socket is one
-    line: reading it would block or never end."""
-    import stat
-
-    from ..safe_files import _kind
-
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
-    if not stat.S_ISREG(mode):
-        raise DataError(f"{path} is {_kind(mode)}, not a file; inputs are regular files (or folders of them)")
-    return path
