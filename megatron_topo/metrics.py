@@ -31,6 +31,7 @@ import warnings
 from typing import Any, Iterable, Optional, Union
 
 from .config.schema import ModelConfig
+from .safe_files import why_not_a_file
 
 # torch is imported lazily so that reading metrics (tools/plot_metrics.py) does not pay for it;
 # a value can only be a tensor if torch is already loaded.
@@ -317,7 +318,8 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
     """
     path = metrics_path(path_or_run_dir)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such metrics file")
+        why = why_not_a_file(path)
+        raise FileNotFoundError(f"{path}: no such metrics file" if why == "file not found" else f"{path} {why}")
     out = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):

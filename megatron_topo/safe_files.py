@@ -42,6 +42,18 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def why_not_a_file(path: str) -> str:
+    """Why ``path`` (which ``os.path.isfile`` refused) cannot be read, for an error line: ``file not
+    found``, or what it is instead (a FIFO is refused, never opened: reading it would block)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "file not found"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return f"is {_kind(st.st_mode)}, not a file; refusing to read it"
+
+
 def inside(folder: str, name, what: str, err: Type[Exception], also: Sequence[str] = ()) -> str:
     """``folder/name`` for a ``name`` read from ``what``, when it is a regular file inside ``folder``
     (symlinks followed, but only within ``folder`` or the folders in ``also``)."""

@@ -266,3 +266,58 @@ def test_preprocess_removes_what_a_killed_run_left_and_nothing_else(tmp_path, ca
     finally:
         live.kill()
         live.wait()
+
+
+def _fifo_member(tmp_path, member: str):
+    """Open the named reader of a file that is a FIFO; returns the raised error (or None)."""
+    from megatron_topo import metrics
+    from megatron_topo.config.yaml_io import load_yaml
+    from megatron_topo.data import MMapIndexedDataset
+    from megatron_topo.data.tokenizer import build_tokenizer
+    from megatron_topo.zero_topo.checkpoint.storage import load_rank_file
+
+    fifo = tmp_path / "f"
+    if member == "config file":
+        os.mkfifo(fifo)
+        call = lambda: load_yaml(str(fifo))  # noqa: E731
+    elif member == "vocab_file":
+        os.mkfifo(fifo)
+        call = lambda: build_tokenizer("HFTokenizer", str(fifo))  # noqa: E731
+    elif member == "merge_file":
+        (tmp_path / "vocab.json").write_text('{"a": 0}')
+        os.mkfifo(fifo)
+        call = lambda: build_tokenizer("GPT2BPETokenizer", str(tmp_path / "vocab.json"), None, str(fifo))  # noqa: E731
+    elif member == "dataset .bin":
+        os.mkfifo(tmp_path / "d.bin")
+        (tmp_path / "d.idx").write_bytes(b"\0" * 64)
+        fifo = tmp_path / "d.bin"
+        call = lambda: MMapIndexedDataset(str(tmp_path / "d"))  # noqa: E731
+    elif member == "metrics.jsonl":
+        fifo = tmp_path / "metrics.jsonl"
+        os.mkfifo(fifo)
+        call = lambda: metrics.read_metrics(str(tmp_path))  # noqa: E731
+    else:  # a checkpoint's rank file
+        (tmp_path / "step").mkdir()
+        fifo = tmp_path / "step" / "rank_00000.pt"
+        os.mkfifo(fifo)
+        call = lambda: load_rank_file(str(tmp_path / "step"), 0)  # noqa: E731
+    timer = _alarm(10)(str(fifo))
+    timer.start()
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
+        return e
+    finally:
+        timer.cancel()
+    return None
+
+
+@pytest.mark.parametrize(
+    "member", ["config file", "vocab_file", "merge_file", "dataset .bin", "metrics.jsonl", "rank file"]
+)
+def test_a_fifo_where_a_file_belongs_is_named_as_a_fifo(tmp_path, member):
+    """A FIFO given (or found) where a file is read is refused without opening it, and the line says
+    what it is (before: "file not found" for a path that exists, or a missing shard)."""
+    e = _fifo_member(tmp_path, member)
+    assert e is not None and "is a FIFO, not a file; refusing to read it" in str(e), (member, e)
+    assert "not found" not in str(e) and "missing" not in str(e), str(e)

@@ -22,6 +22,7 @@ import warnings
 from megatron_topo.atomic import atomic_path
 from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.metrics import drop_superseded, metrics_path, read_metrics
+from megatron_topo.safe_files import why_not_a_file
 
 # panel -> (title, keys tried in order: the canonical key first, then common spellings)
 PANELS = {
@@ -101,6 +102,8 @@ def load_runs(run_dirs: list[str]) -> list[list[dict]]:
         path = metrics_path(d)
         if not os.path.exists(d):
             raise PlotError(f"{d}: no such run directory")
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise PlotError(f"{path} {why_not_a_file(path)}")
         if not os.path.isfile(path):
             raise PlotError(f"{d}: no metrics.jsonl in this run directory (expected {path})")
         with warnings.catch_warnings(record=True) as caught:

@@ -10,6 +10,7 @@ import re
 
 import yaml
 
+from ..safe_files import why_not_a_file
 from .options import ConfigError, _Float, _Int, _norm
 
 MAX_YAML_VALUES = 100_000  # a config has a few hundred; aliases may not expand past this
@@ -84,7 +85,8 @@ def load_yaml(path: str) -> dict:
     if os.path.isdir(path):
         raise ConfigError(f"config file {path} is a directory; give a YAML file")
     if not os.path.isfile(path):
-        raise ConfigError(f"config file not found: {path}")
+        why = why_not_a_file(path)
+        raise ConfigError(f"config file not found: {path}" if why == "file not found" else f"config file {path} {why}")
     try:
         with open(path, "rb") as f:
             raw = f.read()

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from ..atomic import remove_quietly, temp_name
+from ..safe_files import why_not_a_file
 from .errors import DataError
 from .pair_commit import commit_pair, finish_interrupted, journal_path
 
@@ -94,7 +95,8 @@ class MMapIndexedDataset:
         for path in (idx_path, bin_path):
             if not os.path.isfile(path):
                 raise DataError(
-                    f"{path}: file not found (a dataset is PREFIX.bin + PREFIX.idx, e.g. data/pile_text_document)"
+                    f"{path}: {why_not_a_file(path)} (a dataset is PREFIX.bin + PREFIX.idx, e.g. "
+                    f"data/pile_text_document)"
                 )
         idx_size = os.path.getsize(idx_path)
         with open(idx_path, "rb") as f:

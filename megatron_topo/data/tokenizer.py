@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..safe_files import why_not_a_file
 from .errors import DataError
 from .tokenizer_base import EOD_NAMES, Tokenizer
 from .tokenizer_bytes import ByteLevelTokenizer, CharLevelTokenizer
@@ -107,7 +108,7 @@ def build_tokenizer(
         if not vocab_file:
             raise DataError(f"{name} needs vocab_file ({_NEEDS_FILE[name]})")
         if not (os.path.isfile(vocab_file) or (name == "HFGPT2Tokenizer" and os.path.isdir(vocab_file))):
-            raise DataError(f"vocab_file {vocab_file}: file not found ({name} needs {_NEEDS_FILE[name]})")
+            raise DataError(f"vocab_file {vocab_file}: {why_not_a_file(vocab_file)} ({name} needs {_NEEDS_FILE[name]})")
         if name in ("GPT2BPETokenizer", "HFGPT2Tokenizer"):
             return TOKENIZERS[name](vocab_file, merge_file)
         return TOKENIZERS[name](vocab_file)

@@ -8,6 +8,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..safe_files import why_not_a_file
 from .errors import DataError
 from .tokenizer_base import EOD_NAMES, Tokenizer
 
@@ -132,7 +133,7 @@ def _gpt2_bpe(name: str, vocab_file: str, merge_file: Optional[str]):
     if not merge_file:
         raise DataError(f"{name} needs merge_file (--merge-file merges.txt) next to vocab_file (vocab.json)")
     if not os.path.isfile(merge_file):
-        raise DataError(f"merge_file {merge_file}: file not found ({name} needs GPT-2's merges.txt)")
+        raise DataError(f"merge_file {merge_file}: {why_not_a_file(merge_file)} ({name} needs GPT-2's merges.txt)")
     try:
         with open(vocab_file, encoding="utf-8") as f:
             vocab = json.load(f)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
+from ...safe_files import why_not_a_file
 from ..layout import UnitLayout
 from . import meta_schema, storage
 from .meta_schema import Meta
@@ -109,6 +110,8 @@ def full_unit_state(
 def read_config_yaml(sp: str, meta: Meta) -> Optional[str]:
     """The step's config.yml text, checked against the digest meta.json records (None if absent)."""
     path = os.path.join(sp, "config.yml")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise CheckpointError(f"{path} {why_not_a_file(path)}")
     if not os.path.isfile(path):
         if meta.config:
             raise CheckpointError(f"{path} is missing; meta.json records one")

@@ -298,7 +298,8 @@ def load_rank_file(step_path: str, rank: int, meta: Optional[meta_schema.Meta] =
     callers copy what they keep, so the mapping goes away with the returned dict."""
     path = rank_file(step_path, rank)
     if not os.path.isfile(path):
-        raise CheckpointError(f"missing shard file {path}")
+        why = safe_files.why_not_a_file(path)
+        raise CheckpointError(f"missing shard file {path}" if why == "file not found" else f"shard file {path} {why}")
     # Refuse code before anything else looks at the bytes: weights_only rejects every global but
     # tensors and plain containers, so a crafted pickle fails here and runs nothing.
     try:
