@@ -96,6 +96,7 @@ def _cross_checks(cfg: Config, problems: list, arch_problems: Callable[[ModelCon
             f"{len(d.train_data_paths)} train_data_paths; give one weight per path"
         )
     _eval_checks(cfg, add)
+    _profile_checks(cfg, add)
     if cfg.zero_optimization is not None and cfg.zero_topo.preset != "ddp":
         add(f"zero_optimization and zero_topo.preset={cfg.zero_topo.preset} both choose the sharding; keep one of them")
     z = cfg.zero_topo
@@ -153,6 +154,47 @@ def _eval_checks(cfg: Config, add) -> None:
                 f"split '{d.split}' gives the validation split no share of {d.data_path}, but eval_interval "
                 f"{lg.eval_interval} evaluates on it; give it a share (e.g. 969,30,1), {off}"
             )
+
+
+PROFILE_WINDOW_DEFAULT = (10, 12)  # GPT-NeoX's profile_step_start, profile_step_stop
+
+
+def profile_window(lg) -> tuple[int, int]:
+    """The profiled window [start, stop) of the ``logging`` section, GPT-NeoX's defaults filled in."""
+    a, b = PROFILE_WINDOW_DEFAULT
+    return (a if lg.profile_step_start is None else lg.profile_step_start), (
+        b if lg.profile_step_stop is None else lg.profile_step_stop
+    )
+
+
+def _profile_checks(cfg: Config, add) -> None:
+    """GPT-NeoX's profiling keys (training/profiling.py): a window key needs profile or
+    memory_profiling, profile_backward needs profile, memory_profiling_path needs memory_profiling,
+    and the window [profile_step_start, profile_step_stop) holds steps of the run."""
+    lg, t = cfg.logging, cfg.train
+    on = lg.profile or lg.memory_profiling
+    for name, given, needs in (
+        ("profile_step_start", lg.profile_step_start is not None, on),
+        ("profile_step_stop", lg.profile_step_stop is not None, on),
+        ("profile_backward", lg.profile_backward, lg.profile),
+        ("memory_profiling_path", lg.memory_profiling_path is not None, lg.memory_profiling),
+    ):
+        if given and not needs:
+            what = "profile: true" if name == "profile_backward" else "memory_profiling: true"
+            what = "profile: true or memory_profiling: true" if name.startswith("profile_step") else what
+            add(f"{name} is set but takes effect only with {what}, which is not set; set it or drop {name}")
+    a, b = profile_window(lg)
+    if not on or a < 0 or b < 1 or t.train_iters < 1:  # (a negative value is the field's problem)
+        return
+    valid = f"valid: 0 <= profile_step_start < profile_step_stop <= train_iters {t.train_iters}"
+    shown = lambda name, v: f"{name} {v}" + (" (default)" if getattr(lg, name) is None else "")
+    if a >= b:
+        add(f"{shown('profile_step_start', a)} is not below {shown('profile_step_stop', b)}: no step profiled; {valid}")
+    elif b > t.train_iters:
+        add(
+            f"{shown('profile_step_stop', b)} is beyond train_iters {t.train_iters}: steps {max(a, t.train_iters) + 1}"
+            f"..{b} of the window never run; {valid}"
+        )
 
 
 def check_batch_size(

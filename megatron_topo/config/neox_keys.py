@@ -17,7 +17,6 @@ _SET = "set by GPT-NeoX itself while it runs, not by a config"
 _RUNNER = "a DeepSpeed runner (deepspeed launcher) option: this trainer is launched by torchrun or srun"
 _POST = "post-training (SFT/DPO/KTO/reward-model) data and losses are not implemented: pre-training only"
 _COMET = "Comet logging is not implemented: metrics go to metrics.jsonl and TensorBoard"
-_PROFILE = "the profiler hooks are not implemented; use torch.profiler around train.py"
 _DS_BLOCK = "this DeepSpeed block is not read"
 
 NEOX_UNSUPPORTED = {
@@ -95,12 +94,6 @@ NEOX_UNSUPPORTED = {
     "comet_experiment_name": _COMET,
     "comet_tags": _COMET,
     "comet_others": _COMET,
-    "memory_profiling": _PROFILE,
-    "memory_profiling_path": _PROFILE,
-    "profile": _PROFILE,
-    "profile_step_start": _PROFILE,
-    "profile_step_stop": _PROFILE,
-    "profile_backward": _PROFILE,
     # other
     "local_rank": "the rank comes from the launcher (torchrun/srun)",
     "rank": "the rank comes from the launcher (torchrun/srun)",

@@ -46,6 +46,16 @@ class DataConfig:
     builtin_corpus_bytes: int = option(4_000_000, "cap on stdlib source read for data_path: builtin", ge=1)
 
 
+_PROFILE = (
+    "torch.profiler trace per rank (CPU, + CUDA on a GPU) of the window's steps: "
+    "{tensorboard_dir}/profile/rank{R}_steps{a}-{b}.pt.trace.json; on a GPU also NVTX ranges for nsys"
+)
+_WINDOW = "steps done before the window (GPT-NeoX's iteration): steps start+1..stop of metrics.jsonl"
+_BACKWARD = "with profile, on a GPU: an NVTX range per backward op (autograd node) of the window"
+_MEMORY = "CUDA memory history of the window, dumped per rank as a snapshot pickle (refused on CPU)"
+_MEMORY_PATH = "folder of the memory snapshots (default: {tensorboard_dir}/profile)"
+
+
 @dataclass
 class LoggingConfig:
     log_interval: int = option(10, "steps per metrics record", ge=1)
@@ -54,6 +64,15 @@ class LoggingConfig:
     eval_interval: int = option(100, "steps between evaluations (0: never; the one way to turn evaluation off)", ge=0)
     eval_iters: int = option(10, "micro-batches per evaluation (>= 1 while eval_interval > 0)", ge=0, le=1 << 14)
     progress_bar: bool = option(True, "tqdm progress bar on rank 0")
+    # profiling (GPT-NeoX's keys; megatron_topo/training/profiling.py, docs/profiling.md)
+    profile: bool = option(False, _PROFILE, neox="implemented")
+    profile_step_start: Optional[int] = option(None, _WINDOW + " (default 10)", ge=0, neox="implemented")
+    profile_step_stop: Optional[int] = option(
+        None, "end of the window, exclusive (default 12)", ge=1, neox="implemented"
+    )
+    profile_backward: bool = option(False, _BACKWARD, neox="implemented")
+    memory_profiling: bool = option(False, _MEMORY, neox="implemented")
+    memory_profiling_path: Optional[str] = option(None, _MEMORY_PATH, neox="implemented")
 
 
 @dataclass

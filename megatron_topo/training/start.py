@@ -17,7 +17,7 @@ from ..zero_topo import trace
 from ..zero_topo.comm import Comm
 from ..zero_topo.engine import ZeroTopoEngine
 from ..zero_topo.sharding import Plan
-from . import auto_trials
+from . import auto_trials, profiling
 from .checkpoints import kept_global_batch, resume_source
 from .runtime import Runtime, seed_everything
 
@@ -86,6 +86,7 @@ def choose_plan(cfg: Config, rt: Runtime, log: Callable[[str], None] = print) ->
     job's ranks. Seeds the RNGs, so the engine built next is the one an explicit plan builds."""
     ckpt.check_save_dir(cfg.checkpoint.save)  # before anything is built or written
     check_run_outputs(cfg)  # log_dir, metrics.jsonl, tensorboard_dir, data_cache_dir: not over others' files
+    profiling.check(cfg, rt.device)  # profile, memory_profiling: what the device can do, their folders
     weights_from = weights_source(cfg)  # finetune_from / an HF `load` / finetune, no_load_optim
     resume_from = resume_source(cfg, weights_from, log)  # `load`, `save` under auto_resume, or None
     if resume_from and resume_from != cfg.checkpoint.load:

@@ -16,7 +16,7 @@ from .. import metrics as M
 from ..config import Config, note_lines, write_effective_config
 from ..zero_topo import checkpoint as ckpt
 from ..zero_topo.sharding import effective_config
-from . import fault_injection, step_sync
+from . import fault_injection, profiling, step_sync
 from . import start as run_start
 from .batches import Batches, build_data, check_eval_data, learning_rate, loss_fn
 from .checkpoints import Checkpointer, TrainState
@@ -92,6 +92,7 @@ class Trainer:
             write_effective_config(self.effective_cfg, lg.log_dir)
         self.flops_per_iter = M.flops_per_iteration(cfg.model, self.batches_per_step, cfg.model.checkpoint_activations)
         fault_injection.install(self)  # only with MEGATRON_TOPO_FAULT set (tests): wraps _loss/_backward
+        self.profiler = profiling.install(self)  # only with profile / memory_profiling: wraps train_step too
 
     # ---------------------------------------------------------------- data
     def _build_data(self):
@@ -298,6 +299,8 @@ class Trainer:
 
     def _close(self, window: LogWindow, last: dict) -> dict:
         """The end of :meth:`_train`: the progress bar and the metrics file closed."""
+        if self.profiler is not None:  # a window the run left early (a stop signal, ``until``)
+            self.profiler.close()
         window.close()
         self.writer.close()
         return last
