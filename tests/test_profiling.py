@@ -259,3 +259,27 @@ def test_on_a_gpu_the_trace_has_kernels_and_the_memory_snapshot_is_written(tmp_p
     folder = tmp_path / "run" / "tensorboard" / "profile"
     assert sorted(os.listdir(folder)) == ["rank0_steps1-1.mem_snapshot.pickle", "rank0_steps1-1.pt.trace.json"]
     assert any(e.get("cat") == "kernel" for e in _events(folder / "rank0_steps1-1.pt.trace.json"))
+
+
+def test_a_trace_that_cannot_be_written_is_one_line_and_training_goes_on(tmp_path, capsys):
+    """The folder turned into a file after the start's check: the rank says so in one line and the
+    run trains to its end."""
+    cfg = small_config(
+        tmp_path,
+        **{
+            "train.train_iters": 3,
+            "logging.profile": True,
+            "logging.profile_step_start": 1,
+            "logging.profile_step_stop": 2,
+        },
+    )
+    tr = Trainer(cfg, local_runtime(0, 1), datasets=datasets(cfg))
+    folder = tmp_path / "run" / "tensorboard" / "profile"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    folder.write_text("not a folder")
+    tr.train()
+    assert tr.state.step == 3 and tr.profiler.written == []
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("profile:")]
+    assert len(lines) == 1 and lines[0].startswith(f"profile: rank 0 could not write {folder}/rank0_steps2-2"), lines
+    assert lines[0].endswith("; training goes on")
+    assert folder.read_text() == "not a folder"

@@ -171,7 +171,8 @@ class StepProfiler:
         self.backward_nvtx = lg.profile and lg.profile_backward and self.gpu
         self.start, self.stop = profile_window(lg)
         self.trace_dir, self.memory_dir = trace_dir(cfg), memory_dir(cfg)
-        self.nvtx = _Nvtx(self.gpu and lg.profile)
+        self.nvtx = _Nvtx(self.gpu and lg.profile)  # roctx ranges on ROCm
+        self.capture = self.gpu and lg.profile and torch.version.hip is None  # cudaProfilerStart/Stop: CUDA only
         self.written: list[str] = []
         self._prof = None
         self._first: Optional[int] = None  # metrics number of the window's first step run here
@@ -208,7 +209,7 @@ class StepProfiler:
             self._prof.start()
         if self.memory:
             torch.cuda.memory._record_memory_history(max_entries=MEMORY_ENTRIES)
-        if self.gpu and self.trace:
+        if self.capture:
             torch.cuda.profiler.start()  # nsys --capture-range=cudaProfilerApi
 
     def close(self) -> None:
@@ -220,7 +221,7 @@ class StepProfiler:
         self._first = self._last = None
         while self._ranges:
             self._shut()
-        if self.gpu and self.trace:
+        if self.capture:
             torch.cuda.profiler.stop()
         prof, self._prof = self._prof, None
         if prof is not None:
@@ -230,24 +231,32 @@ class StepProfiler:
                 torch.cuda.memory._record_memory_history(enabled=None)
             self.log(f"profile: the run stopped inside step {first}, the window's first: nothing written")
             return
+        steps = f"step {first}" if first == last else f"steps {first}-{last}"
         if prof is not None:
             path = os.path.join(self.trace_dir, file_name(self.rank, first, last, TRACE_SUFFIX))
-            self.written.append(self._write(path, TRACE_SUFFIX, prof.export_chrome_trace))
+            self._write(path, TRACE_SUFFIX, prof.export_chrome_trace, steps)
         if self.memory:
             path = os.path.join(self.memory_dir, file_name(self.rank, first, last, SNAPSHOT_SUFFIX))
             try:
-                self.written.append(self._write(path, SNAPSHOT_SUFFIX, torch.cuda.memory._dump_snapshot))
+                self._write(path, SNAPSHOT_SUFFIX, torch.cuda.memory._dump_snapshot, steps)
             finally:
                 torch.cuda.memory._record_memory_history(enabled=None)
-        steps = f"step {first}" if first == last else f"steps {first}-{last}"
-        self.log(f"profile: {steps} written: {', '.join(self.written)} (and the same per rank)")
+        if self.written:
+            self.log(f"profile: {steps} written: {', '.join(self.written)} (and the same per rank)")
 
-    def _write(self, path: str, suffix: str, writer: Callable[[str], None]) -> str:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+    def _write(self, path: str, suffix: str, writer: Callable[[str], None], steps: str) -> None:
+        """Write one file; a failure (the disk filled, the folder's permissions changed since the
+        start) is one line from the rank it hit, and training goes on."""
         tmp = atomic.temp_name(path)
         try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             writer(tmp)
-            return publish(tmp, path, suffix)
+            self.written.append(publish(tmp, path, suffix))
+        except OSError as e:
+            print(
+                f"profile: rank {self.rank} could not write {path} ({steps}): {e.strerror or e}; training goes on",
+                flush=True,
+            )
         finally:
             atomic.remove_quietly(tmp)
 
