@@ -74,12 +74,12 @@ def check(cfg: Config, device: torch.device) -> None:
             f"and this run's device is {device.type}; drop profile_backward (profile: true's trace already "
             f"shows every backward op)"
         )
+    tb_key = "tensorboard_dir" if lg.tensorboard_dir else "log_dir"  # the key that names the folder
     if lg.profile:
-        _check_folder("tensorboard_dir" if lg.tensorboard_dir else "log_dir", trace_dir(cfg), "profile traces")
+        _check_folder(tb_key, trace_dir(cfg), "profile traces")
     if lg.memory_profiling:
-        key = "memory_profiling_path" if lg.memory_profiling_path else "tensorboard_dir"
         _check_folder(
-            key if lg.memory_profiling_path or lg.tensorboard_dir else "log_dir", memory_dir(cfg), "memory snapshots"
+            "memory_profiling_path" if lg.memory_profiling_path else tb_key, memory_dir(cfg), "memory snapshots"
         )
 
 
