@@ -283,3 +283,19 @@ def test_a_trace_that_cannot_be_written_is_one_line_and_training_goes_on(tmp_pat
     assert len(lines) == 1 and lines[0].startswith(f"profile: rank 0 could not write {folder}/rank0_steps2-2"), lines
     assert lines[0].endswith("; training goes on")
     assert folder.read_text() == "not a folder"
+
+
+def test_a_step_stopped_between_micro_batches_ends_the_window_with_the_last_whole_step(tmp_path):
+    """A stop signal inside the window: the partial step returns None and the trace holds the whole
+    steps before it; stopped inside the window's first step, nothing is written (one line says so)."""
+    cfg = _cfg(tmp_path, "profile=true", "profile_step_start=1", "profile_step_stop=3")
+    lines = []
+    prof = profiling.StepProfiler(cfg, 0, torch.device("cpu"), lines.append)
+    assert prof.step(0, lambda: {"s": 1}) == {"s": 1} and prof.written == []  # before the window
+    assert prof.step(1, lambda: {"s": 2}) == {"s": 2}
+    assert prof.step(2, lambda: None) is None
+    assert [os.path.basename(p) for p in prof.written] == ["rank0_steps2-2.pt.trace.json"]
+    assert lines == [f"profile: step 2 written: {prof.written[0]} (and the same per rank)"]
+    again = profiling.StepProfiler(cfg, 0, torch.device("cpu"), lines.append)
+    assert again.step(1, lambda: None) is None and again.written == []
+    assert lines[-1] == "profile: the run stopped inside step 2, the window's first: nothing written"
