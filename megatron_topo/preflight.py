@@ -78,6 +78,7 @@ def estimate(cfg: Config, plan: Plan, world_size: int, numels: Optional[list[int
         recompute=m.checkpoint_activations,
         ranks_per_node=ranks_per_node(cfg, world_size),
         activations=spec_for(m).activation_bytes(m, mb, cfg.precision, m.checkpoint_activations),
+        max_combines=cfg.zero_topo.max_combines_in_flight,
     )
 
 

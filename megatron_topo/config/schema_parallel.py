@@ -57,6 +57,12 @@ class ZeroTopoConfig:
     )
     inter_node_reduce: str = option("allreduce", "cross-replica combine", choices=plan_space.INTER_NODE_REDUCES)
     prefetch: bool = option(True, "gather the next unit's weights while computing this one")
+    max_combines_in_flight: int = option(
+        4,
+        "units whose cross-replica combine buffers (INT8 send/receive, 16-bit wire copy) are alive at "
+        "once; one more finishes the oldest first (0: unbounded, every unit's during the step)",
+        ge=0,
+    )
     bucket_size: int = option(
         0,
         "reserved",

@@ -73,6 +73,7 @@ def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=No
         grad_clip=t.gradient_clipping,
         fp16_cfg=t.fp16,
         kernel_backend=cfg.zero_topo.kernels,
+        max_combines_in_flight=cfg.zero_topo.max_combines_in_flight,
         device=rt.device,
         init=lambda unit: model.init_parameters(unit, t.seed),
     )

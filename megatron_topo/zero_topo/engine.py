@@ -14,7 +14,9 @@ Backward: once every parameter of a unit has its gradient, the unit's gradient i
 asynchronously into the fp32 gradient shard; a unit's reduction is finished when the reduction
 ``max_in_flight`` units later has been launched, the rest at the end of ``backward``. On the last
 micro-batch of a step (``backward(loss, last_micro_batch=True)``) each unit's cross-replica combine
-is launched when its reduction is finished, overlapping the rest of backward. Every launch point is
+is launched when its reduction is finished, overlapping the rest of backward; a combine that
+allocates buffers (INT8, or a 16-bit wire copy) is finished, oldest first, when
+``max_combines_in_flight`` later ones hold theirs and one more would start. Every launch point is
 fixed by program position, never by whether a collective has completed, so every rank issues the
 same collectives in the same order (docs/design.md §4.7). Step: the post-update all-gather that
 rebuilds primary shards runs in the background and each unit waits for its own at its next gather,
@@ -38,6 +40,7 @@ from .sharding import Plan
 from .unit import ShardedUnit, UnitGroups
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+MAX_COMBINES_IN_FLIGHT = 4  # zero_topo.max_combines_in_flight's default (0: unbounded)
 
 
 class ZeroTopoEngine:
@@ -58,6 +61,7 @@ class ZeroTopoEngine:
         grad_comm_dtype: Optional[str] = None,
         kernel_backend: Optional[str] = None,
         max_in_flight: int = 2,
+        max_combines_in_flight: int = MAX_COMBINES_IN_FLIGHT,
         device: Optional[torch.device] = None,
         init: Optional[Callable[[nn.Module], None]] = None,
     ) -> None:
@@ -72,6 +76,10 @@ class ZeroTopoEngine:
         self.dtype = DTYPES[precision]
         self.grad_clip = grad_clip
         self.max_in_flight = max_in_flight
+        if max_combines_in_flight < 0:
+            raise ValueError(f"max_combines_in_flight must be >= 0 (0: unbounded), got {max_combines_in_flight}")
+        self.max_combines_in_flight = max_combines_in_flight
+        self._combining: list[ShardedUnit] = []  # units whose combine holds buffers, oldest first
         self.in_backward = False
         self._last_micro = False
         self._grad_scale = 1.0
@@ -282,8 +290,28 @@ class ZeroTopoEngine:
         self._event("wait_reduce", u)
         u.wait_reduce()
         if self._last_micro:
-            self._event("combine", u)
-            u.start_combine()
+            self._start_combine(u, "combine")
+
+    def _start_combine(self, u: ShardedUnit, event: Optional[str] = None) -> None:
+        """Launch ``u``'s combine. One that holds buffers until it is waited for (INT8 send and
+        receive buffers, a 16-bit wire copy) first finishes the oldest such combine while
+        ``max_combines_in_flight`` hold theirs (waited for, its second stage issued and waited
+        for, reduced into its fp32 gradient, buffers dropped): at most that many units' combine
+        buffers are alive at once (memory.buffer_bytes). Launch order, fixed by program
+        position, never by whether a transfer landed: every rank issues the same collectives in
+        the same order."""
+        if u.combine_started():
+            return
+        if u.combine_holds_buffers:
+            limit = self.max_combines_in_flight
+            while limit and len(self._combining) >= limit:
+                v = self._combining.pop(0)
+                self._event("finish_combine", v)
+                v.finish_combine()
+            self._combining.append(u)
+        if event:
+            self._event(event, u)
+        u.start_combine()
 
     def _event(self, what: str, u: Optional[ShardedUnit] = None) -> None:
         if self.trace is not None:
@@ -310,7 +338,7 @@ class ZeroTopoEngine:
         ``last_micro_batch=True`` (the last backward before ``step``) also starts each unit's
         cross-replica combine when its reduction is finished; ``step`` is correct either way.
         """
-        if any(u.combine_handle is not None for u in self.units):
+        if any(u.combine_started() for u in self.units):
             raise RuntimeError(
                 "backward() called after backward(..., last_micro_batch=True) without step() "
                 "in between: the gradients of this step are already being combined"
@@ -341,11 +369,14 @@ class ZeroTopoEngine:
     def step(self, lr: Optional[float] = None) -> dict[str, Any]:
         """Combine gradients across replicas, clip, update the optimizer shards, publish."""
         self.state_bytes_before_step = self.model_state_bytes()  # secondaries are alive here
-        for u in self.units:  # every second stage goes out before any is waited for (same order on all ranks)
-            u.start_combine()
+        # every second stage of the combines in flight goes out before any is waited for (same
+        # order on all ranks); a combine finished early (the bound above) already has its result
+        for u in self.units:
+            self._start_combine(u)
             if u.advance_combine():
                 self._event("combine_stage2", u)
         grads = [u.combine_replicas() for u in self.units]
+        self._combining.clear()
         self._event("combines_done")
         optim_grp = self.groups.optim
         world = self.groups.world

@@ -78,9 +78,12 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
     """Transient bytes one unit of padded size ``P`` holds at each moment of a step, as the
     engine's transports allocate them (unit.py, transports.py): the gathered unit and its
     receive/send buffers, one reduction in flight, the cross-replica combine from its launch in
-    the last backward to the step (first stage) and in the step (second stage), the fp32
-    optimizer-shard gradient the step keeps, and the post-step gather's buffers, alive until the
-    unit's next gather."""
+    the last backward until it is finished: ``combine`` (first stage in flight),
+    ``combine_advanced`` (its second stage issued), ``combine_advance_peak`` and
+    ``combine_finish_peak`` (while the second stage is issued, while it is finished) and
+    ``combine_kept`` (once finished: the step's fp32 gradient, until the step returns), the fp32
+    optimizer-shard gradient the step keeps (``step_grad``), and the post-step gather's buffers,
+    alive until the unit's next gather."""
     e = DTYPE_BYTES[precision]
     wb = e  # the gradient wire dtype is the compute dtype (ZeroTopoEngine's grad_comm_dtype default)
     w, g, o = plan.factors
@@ -95,6 +98,10 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
             "flat_grad",
             "combine",
             "combine_stage2",
+            "combine_advanced",
+            "combine_advance_peak",
+            "combine_finish_peak",
+            "combine_kept",
             "unpack",
             "step_grad",
             "publish",
@@ -128,9 +135,20 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
             # packed.pack's send copy beside the quantized shard, and packed.unpack's contiguous
             # copy of what was received: one unit at a time
             out["unpack"] = _q(G, plan.combine_bits, gblk)
+            slice_ = G // r * 4
             if O != G // r:  # the all-gather of the summed slices
                 out["combine_stage2"] = _q(G // r, plan.combine_bits, gblk) + _q(G, plan.combine_bits, gblk)
             out["step_grad"] = 0  # a view of the fp32 gradient shard or of the fp32 slice
+            # its second stage issued (QuantizedCombine._second): the received copy unpacked beside
+            # the first stage's buffers, which then go; the slice quantized (payload + scales
+            # beside the packed send) and the gather's receive buffer
+            out["combine_advanced"] = slice_ + out["combine_stage2"]
+            tmp = _q(G // r, plan.combine_bits, gblk) if out["combine_stage2"] else 0
+            out["combine_advance_peak"] = max(out["combine"] + out["unpack"], out["combine_advanced"] + tmp)
+            if out["combine_stage2"]:  # finished: the gathered copy unpacked, dequantized into the shard
+                out["combine_finish_peak"] = out["combine_advanced"] + _q(G, plan.combine_bits, gblk)
+            else:  # finished: the fp32 slice is the step's gradient, kept until the step returns
+                out["combine_finish_peak"] = out["combine_kept"] = slice_
         elif combine == "combine_ordered_all_gather":  # the wire copy + every replica's
             out["combine"] = (r + 1) * G * wb
             out["step_grad"] = 0
@@ -140,6 +158,10 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
         else:  # combine_all_reduce: in place in fp32, else a wire copy
             out["combine"] = 0 if wb == 4 else G * wb
             out["step_grad"] = O * 4 if wb != 4 else 0
+        if combine != "combine_quantized":  # one stage; finished: its fp32 gradient made beside it
+            out["combine_advanced"] = out["combine_advance_peak"] = out["combine"]
+            out["combine_finish_peak"] = out["combine"] + out["step_grad"]
+            out["combine_kept"] = out["step_grad"]
     post = max(1, o // w)
     # the updated shard in the compute dtype (a copy of the master in fp32 only where it is sent)
     out["publish_tmp"] = O * e if (e != 4 or post > 1) else 0
@@ -160,19 +182,24 @@ def buffer_bytes(
     ranks_per_node: Optional[int] = None,
     max_in_flight: int = 2,
     sec: Optional[int] = None,
+    max_combines: int = 0,
 ) -> dict:
     """Buffers beyond the model states at each phase of a step (bytes per rank), from
     :func:`unit_buffers`: ``forward`` (gathered units: the one computing and the prefetched next;
     the post-step gathers of the previous step still held by units not yet reached),
     ``backward`` (gathers, ``max_in_flight`` + 1 reductions in flight and one flat gradient),
-    ``combines`` (every unit's first-stage combine buffers: all launched by the end of the last
-    backward) and ``step`` (the step's peak: all combines with their second stage, then the fp32
-    gradients and every unit's post-step gather with the secondaries dropped)."""
+    ``combines`` (the combine buffers at the end of the last backward: the first stage of the
+    ``max_combines`` largest units (0: of every unit; ZeroTopoEngine's ``max_combines_in_flight``)
+    and what the finished ones keep) and ``step`` (the step's peak: the combines in flight with
+    their second stage, then the fp32 gradients and every unit's post-step gather with the
+    secondaries dropped)."""
     if not unit_numels:
         return {"forward": 0, "publish": 0, "backward": 0, "combines": 0, "step": 0}
     rpn = ranks_per_node or world_size
-    counts = Counter(padded_units(unit_numels, plan, world_size))  # most units share a size: each computed once
-    kinds = [(unit_buffers(P, plan, world_size, precision, rpn), c) for P, c in counts.items()]
+    padded = padded_units(unit_numels, plan, world_size)
+    counts = Counter(padded)  # most units share a size: each computed once
+    by_size = {P: unit_buffers(P, plan, world_size, precision, rpn) for P in counts}
+    kinds = [(by_size[P], c) for P, c in counts.items()]
     n = 2 if plan.prefetch else 1
 
     def top(key: str, k: int) -> int:  # the k largest units' bytes of ``key``
@@ -192,25 +219,55 @@ def buffer_bytes(
     bwd = top("full", n) + top("gather_bwd", 1) + top("flat_grad", 1) + top("reduce", max_in_flight + 1)
     if sec is None:
         sec = state_bytes(unit_numels, plan, world_size, precision)["secondary"]
-    # step: every combine in flight (both stages) while the first fp32 gradient is made, then
-    # the fp32 gradients and every post-step gather, the secondaries dropped as they go out
-    # (each unit's combine buffers are dropped as its fp32 gradient is made; the gradients stay
-    # until the step returns)
-    step = (
-        max(
-            total("combine") + total("combine_stage2") + top("step_grad", 1) + top("unpack", 1),
-            total("step_grad") + top("combine", 1) + top("combine_stage2", 1) + top("unpack", 1),
-            total("step_grad") + max(total("publish") - sec, 0) + top("publish_tmp", 1),
-        )
-        + STEP_SCALARS
-    )
-    return {
-        "forward": fwd,
-        "publish": total("publish"),
-        "backward": bwd,
-        "combines": total("combine"),
-        "step": max(step, 0),
-    }
+    combines, step = _combine_phases([by_size[P] for P in padded], max_combines)
+    kept = total("combine_kept")  # every combine finished: the step's fp32 gradients
+    # step: the combines still in flight, then the fp32 gradients and every post-step gather, the
+    # secondaries dropped as they go out
+    step = max(step, kept + max(total("publish") - sec, 0) + top("publish_tmp", 1)) + STEP_SCALARS
+    return {"forward": fwd, "publish": total("publish"), "backward": bwd, "combines": combines, "step": max(step, 0)}
+
+
+def _combine_phases(units: list[dict], max_combines: int) -> tuple[int, int]:
+    """The combine buffers' peak through the last backward and through the step (bytes per rank),
+    as the engine schedules them (engine._start_combine): units (``unit_buffers``, unit order)
+    launch their combine in reverse unit order as backward reaches them, each finished when the
+    ``k``-th after it is launched (``k`` = ``max_combines``, all units when 0); a finished one
+    keeps its fp32 gradient. The step issues the second stages of the ``k`` still in flight (the
+    first units), in unit order, then finishes them in unit order. (A ``step`` without a
+    ``last_micro_batch`` backward launches them in unit order instead: not modelled.)"""
+    n = len(units)
+    k = n if max_combines <= 0 else min(max_combines, n)
+    launch = units[::-1]
+    kept = [u["combine_kept"] for u in launch]
+    first = [u["combine"] for u in launch]
+    done = inflight = 0  # kept bytes of the finished ones, first-stage bytes of those in flight
+    peak = 0
+    for j, u in enumerate(launch):
+        if j >= k:  # the oldest is finished first: its second stage, then its gradient
+            v = launch[j - k]
+            inflight -= first[j - k]
+            peak = max(peak, done + inflight + max(v["combine_advance_peak"], v["combine_finish_peak"]))
+            done += kept[j - k]
+        # launched: quantized beside its packed send buffer (one unpack's bytes)
+        inflight += first[j]
+        peak = max(peak, done + inflight + u["unpack"])
+    backward = max(peak, done + inflight)
+    # the step: launch[n - k:] in flight, i.e. units[:k] in unit order
+    fl = units[:k]
+    base = done
+    adv = sum(u["combine"] for u in fl)  # advancing in unit order: the earlier ones advanced
+    step = 0
+    for u in fl:
+        adv -= u["combine"]
+        step = max(step, base + adv + u["combine_advance_peak"])
+        base += u["combine_advanced"]
+    left = sum(u["combine_advanced"] for u in fl)  # finishing in unit order
+    base = done
+    for u in fl:
+        left -= u["combine_advanced"]
+        step = max(step, base + left + u["combine_finish_peak"])
+        base += u["combine_kept"]
+    return backward, max(step, base)
 
 
 def activation_bytes(
@@ -242,20 +299,23 @@ def peak_estimate(
     recompute: bool,
     ranks_per_node: Optional[int] = None,
     activations: Optional[int] = None,
+    max_combines: int = 0,
 ) -> dict:
     """The peak of one rank over a step: model states plus the largest of the phases of
     :func:`buffer_bytes` with the activations alive at that moment. Activations are freed
     through backward as the combines of the last micro-batch accumulate (and built through
     forward as the post-step gathers are consumed), so each pair counts at its larger end.
     ``activations``: the model spec's activation bytes when given (else GPT-NeoX's formula from
-    the shape keywords)."""
+    the shape keywords). ``max_combines``: the engine's ``max_combines_in_flight`` (0: unbounded)."""
     st = state_bytes(unit_numels, plan, world_size, precision)
     act = (
         activations
         if activations is not None
         else activation_bytes(hidden, heads, layers, seq, vocab, micro_batch, precision, recompute)
     )
-    b = buffer_bytes(unit_numels, plan, world_size, precision, ranks_per_node, sec=st["secondary"])
+    b = buffer_bytes(
+        unit_numels, plan, world_size, precision, ranks_per_node, sec=st["secondary"], max_combines=max_combines
+    )
     phases = {
         "forward": b["forward"] + max(act, b["publish"]),
         "backward": b["backward"] + max(act, b["combines"]),

@@ -303,6 +303,12 @@ def select_combine(plan: Plan, world_size: int) -> CombineFn:
     return COMBINE[traffic.combine_transport(plan, world_size)]
 
 
+def combine_holds_buffers(fn: CombineFn, wire: torch.dtype) -> bool:
+    """``fn`` allocates buffers held until the combine is waited for (memory.unit_buffers'
+    ``combine`` > 0): all but the one-replica combine and the in-place fp32 all-reduce."""
+    return fn is not combine_local and not (fn is combine_all_reduce and wire == torch.float32)
+
+
 # ------------------------------------------------------------------------------ publish
 # (u, master, new): ``new`` is the updated fp32 master shard in the compute dtype
 

@@ -103,6 +103,7 @@ class ShardedUnit:
         self.gather_handle: Optional[Handle] = None
         self.reduce_handles: list[Handle] = []
         self.combine_handle: Optional[Handle] = None
+        self.combined: Optional[torch.Tensor] = None  # a combine finished before the step: its result
         self.publish_handle: Optional[Handle] = None
         self.grads_ready = 0
         self.reduced_this_backward = False
@@ -116,6 +117,9 @@ class ShardedUnit:
         self.reduce_transport = transports.select_reduce(plan, comm.topo.ranks_per_node)
         self.combine_transport = transports.select_combine(plan, comm.topo.world_size)
         self.publish_transport = transports.select_publish(plan)
+        # the combine allocates buffers held until it is waited for (all but the one-replica
+        # combine and the in-place fp32 all-reduce): the engine bounds how many are in flight
+        self.combine_holds_buffers = transports.combine_holds_buffers(self.combine_transport, grad_comm_dtype)
         # the gathered unit (w > 1) lives in one flat buffer kept for the unit's lifetime whose
         # storage is allocated by each gather and released (resized to 0 bytes) by each free, as
         # FSDP does: the module's parameters, and whatever autograd saved from them in forward,
@@ -311,7 +315,7 @@ class ShardedUnit:
         """Launch the once-per-step sum of gradient shards across replicas (async). The engine
         calls it when it finishes the last micro-batch's reduction of this unit, during the rest of
         backward, so the cross-node traffic overlaps it; ``combine_replicas`` waits for it."""
-        if self.combine_handle is not None:
+        if self.combine_started():
             return
         o_lo = self.optim_range[0] - self.grad_range[0]
         self.combine_handle = self.combine_transport(self, o_lo, o_hi=o_lo + self.layout.optim_numel)
@@ -323,12 +327,24 @@ class ShardedUnit:
         h = self.combine_handle
         return isinstance(h, TwoStageHandle) and h.advance()
 
+    def combine_started(self) -> bool:
+        """This step's combine is in flight or finished (its result not yet taken by the step)."""
+        return self.combine_handle is not None or self.combined is not None
+
+    def finish_combine(self) -> None:
+        """Wait for the combine in flight (issuing its second stage first if it has one) and keep
+        its result, the fp32 optimizer-shard gradient; its transfer buffers are dropped."""
+        if self.combine_handle is not None:
+            h, self.combine_handle = self.combine_handle, None
+            self.combined = h.wait()
+
     def combine_replicas(self) -> torch.Tensor:
         """Once per step: sum gradient shards across replicas; return this rank's fp32
         optimizer-shard gradient (a view when possible)."""
         self.start_combine()
-        h, self.combine_handle = self.combine_handle, None
-        return h.wait()
+        self.finish_combine()
+        out, self.combined = self.combined, None
+        return out
 
     # -------------------------------------------------------------------------- publish
     def start_publish(self, master: torch.Tensor) -> None:
