@@ -60,13 +60,14 @@ def _jittery(rank):
         setattr(Comm, name, wrapped)
 
 
-def _train(rank, world, zt, trace_dir):
+def _train(rank, world, zt, trace_dir, bound=None):
     _jittery(rank)  # this forked process only
     topo = Topology(world, 2, 2)
     cfg = tiny_cfg(num_layers=4)
     model = build_model(cfg, seed=7)
     comm = Comm(topo, rank, trace_dir=trace_dir)
-    eng = ZeroTopoEngine(model, model.shard_units(), resolve_plan(zt, topo), comm, precision="fp32", lr=1e-2)
+    kw = {} if bound is None else {"max_combines_in_flight": bound}
+    eng = ZeroTopoEngine(model, model.shard_units(), resolve_plan(zt, topo), comm, precision="fp32", lr=1e-2, **kw)
     for step in range(2):
         for m in range(2):  # accumulation: the combine goes out during the last micro-batch's backward
             x, y = batch(step, rank, m, cfg=cfg)
@@ -85,12 +86,17 @@ CASES = {
     "mics": ZeroTopoConfig(preset="mics"),
     "zero3": ZeroTopoConfig(preset="zero3"),
     "topo_int8": ZeroTopoConfig(preset="topo", combine_bits=8, publish_bits=8),
+    # combines bounded in flight (zero_topo.max_combines_in_flight): the oldest is finished, its
+    # second stage issued (mics: optimizer shards over the node), at fixed program positions
+    "topo_int8_k1": ZeroTopoConfig(preset="topo", combine_bits=8, publish_bits=8),
+    "mics_int8_k2": ZeroTopoConfig(preset="mics", combine_bits=8),
 }
+BOUNDS = {"topo_int8_k1": 1, "mics_int8_k2": 2}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_rank_issues_the_same_collectives_in_the_same_order(case, tmp_path):
-    run_distributed(_train, WORLD, CASES[case], str(tmp_path))
+    run_distributed(_train, WORLD, CASES[case], str(tmp_path), BOUNDS.get(case))
     traces = T.load_traces(str(tmp_path))
     assert sorted(traces) == list(range(WORLD))
     assert T.compare_traces(traces, WORLD) == []

@@ -185,3 +185,34 @@ def test_the_preflight_uses_the_configured_bound():
         cfg = load_config(files, ["zero_topo.combine_bits=8", f"zero_topo.max_combines_in_flight={k}"])
         est[k] = preflight.estimate(cfg, resolve_plan(cfg.zero_topo, topo), 384)["buffer_phases"]["step"]
     assert est[1] < est[4] < est[0]
+
+
+def _trace(rank, world, bound):
+    cfg = tiny_cfg(num_layers=6)
+    zcfg = ZeroTopoConfig(preset="topo", **INT8)
+    eng = make_engine(rank, world, zcfg, gcds=2, gpus=1, cfg=cfg, max_combines_in_flight=bound)
+    for m in range(2):
+        x, y = batch(0, rank, m, cfg=cfg)
+        if m == 1:
+            eng.trace = []
+        eng.backward(loss_fn(eng(x), y) / 2, last_micro_batch=m == 1)
+    eng.step()
+    trace, eng.trace = eng.trace, None
+    return trace, len(eng.units)
+
+
+def test_the_oldest_combine_is_finished_right_before_one_more_starts():
+    """The event trace (same on every rank): combines launch in backward order; unit L[i]'s is
+    finished immediately before L[i + k]'s launch, oldest first; the last k are finished in the
+    step, after their second stages went out."""
+    k = 2
+    traces = run_distributed(_trace, 4, k)  # 2 nodes x 1 GPU x 2 GCDs
+    assert all(t == traces[0] for t in traces)
+    trace, n = traces[0]
+    launched = [u for e, u in trace if e == "combine"]
+    finished = [u for e, u in trace if e == "finish_combine"]
+    assert launched == list(reversed(range(n)))
+    assert finished == launched[: n - k]
+    for i, u in enumerate(finished):
+        assert trace.index(("finish_combine", u)) + 1 == trace.index(("combine", launched[i + k])), trace
+    assert trace.index(("combines_done", None)) > trace.index(("autograd_done", None))

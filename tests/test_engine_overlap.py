@@ -65,8 +65,8 @@ def test_zeropp_second_hop_launched_before_the_next_units_first_hop():
             assert _pos(trace, "hop2", u) < _pos(trace, "launch_reduce", launches[i + 1]), (u, trace)
 
 
-def _step_trace(rank, world, zt):
-    eng = make_engine(rank, world, zt, gcds=2, gpus=1, cfg=tiny_cfg(num_layers=LAYERS))
+def _step_trace(rank, world, zt, bound=0):
+    eng = make_engine(rank, world, zt, gcds=2, gpus=1, cfg=tiny_cfg(num_layers=LAYERS), max_combines_in_flight=bound)
     x, y = batch(0, rank, 0, cfg=eng.module.cfg)
     eng.backward(loss_fn(eng(x), y), last_micro_batch=True)
     eng.trace = []
@@ -80,7 +80,12 @@ def test_quantized_combine_second_stages_all_go_out_before_the_first_wait():
     order on every rank, before it waits for any, so they pipeline on the link (before, each
     unit's all-gather was launched and waited for in turn)."""
     zt = ZeroTopoConfig(preset="mics", combine_bits=8)  # optimizer over the node, 2 replicas
-    trace, n = run_distributed(_step_trace, 4, zt)[0]
+    trace, n = run_distributed(_step_trace, 4, zt)[0]  # unbounded (max_combines_in_flight 0)
     stage2 = [u for e, u in trace if e == "combine_stage2"]
     assert stage2 == list(range(n)), trace
     assert trace.index(("combines_done", None)) > trace.index(("combine_stage2", n - 1)), trace
+    # bounded: the K still in flight at the step (the first units, launched last in backward)
+    k = 3
+    trace, n = run_distributed(_step_trace, 4, zt, k)[0]
+    assert [u for e, u in trace if e == "combine_stage2"] == list(range(k)), trace
+    assert not [e for e, _ in trace if e == "finish_combine"], trace  # none of these is finished early
