@@ -82,8 +82,8 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
     ``combine_advanced`` (its second stage issued), ``combine_advance_peak`` and
     ``combine_finish_peak`` (while the second stage is issued, while it is finished) and
     ``combine_kept`` (once finished: the step's fp32 gradient, until the step returns), the fp32
-    optimizer-shard gradient the step keeps (``step_grad``), and the post-step gather's buffers,
-    alive until the unit's next gather."""
+    and the post-step gather's buffers, alive until the unit's next gather. (Every combine leaves its
+    result in the fp32 gradient shard, or in its fp32 slice: no other fp32 gradient is allocated.)"""
     e = DTYPE_BYTES[precision]
     wb = e  # the gradient wire dtype is the compute dtype (ZeroTopoEngine's grad_comm_dtype default)
     w, g, o = plan.factors
@@ -103,7 +103,6 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
             "combine_finish_peak",
             "combine_kept",
             "unpack",
-            "step_grad",
             "publish",
             "publish_tmp",
         ),
@@ -138,7 +137,6 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
             slice_ = G // r * 4
             if O != G // r:  # the all-gather of the summed slices
                 out["combine_stage2"] = _q(G // r, plan.combine_bits, gblk) + _q(G, plan.combine_bits, gblk)
-            out["step_grad"] = 0  # a view of the fp32 gradient shard or of the fp32 slice
             # its second stage issued (QuantizedCombine._second): the received copy unpacked beside
             # the first stage's buffers, which then go; the slice quantized (payload + scales
             # beside the packed send) and the gather's receive buffer
@@ -151,17 +149,12 @@ def unit_buffers(P: int, plan: Plan, world_size: int, precision: str, ranks_per_
                 out["combine_finish_peak"] = out["combine_kept"] = slice_
         elif combine == "combine_ordered_all_gather":  # the wire copy + every replica's
             out["combine"] = (r + 1) * G * wb
-            out["step_grad"] = 0
-        elif combine == "combine_reduce_scatter":
+        elif combine == "combine_reduce_scatter":  # the wire copy + the received shard
             out["combine"] = G * wb + O * wb
-            out["step_grad"] = O * 4 if wb != 4 else 0
         else:  # combine_all_reduce: in place in fp32, else a wire copy
             out["combine"] = 0 if wb == 4 else G * wb
-            out["step_grad"] = O * 4 if wb != 4 else 0
-        if combine != "combine_quantized":  # one stage; finished: its fp32 gradient made beside it
-            out["combine_advanced"] = out["combine_advance_peak"] = out["combine"]
-            out["combine_finish_peak"] = out["combine"] + out["step_grad"]
-            out["combine_kept"] = out["step_grad"]
+        if combine != "combine_quantized":  # one stage, finished into the fp32 gradient shard
+            out["combine_advanced"] = out["combine_advance_peak"] = out["combine_finish_peak"] = out["combine"]
     post = max(1, o // w)
     # the updated shard in the compute dtype (a copy of the master in fp32 only where it is sent)
     out["publish_tmp"] = O * e if (e != 4 or post > 1) else 0

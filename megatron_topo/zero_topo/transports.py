@@ -211,27 +211,31 @@ def combine_ordered_all_gather(u: ShardedUnit, o_lo: int, o_hi: int) -> Handle:
 
 def combine_reduce_scatter(u: ShardedUnit, o_lo: int, o_hi: int) -> Handle:
     """``inter_node_reduce: reduce_scatter`` with optimizer shards over the world: each rank
-    receives only its optimizer shard's sum."""
-    wire = u.grad_comm_dtype
-    send = u.grad_acc.to(wire)
+    receives only its optimizer shard's sum (a 16-bit one is widened into the fp32 gradient shard,
+    which the send copy has already been taken from: no fp32 buffer is allocated)."""
+    acc, wire = u.grad_acc, u.grad_comm_dtype
+    send = acc.to(wire)
     out = torch.empty(u.layout.optim_numel, dtype=wire, device=u.device)
     work = u.comm.reduce_scatter(out, send, u.g.replicas, async_op=True)
 
     def scattered(_keep: torch.Tensor = send) -> torch.Tensor:  # the send buffer lives until the collective is done
-        return out.float() if wire != torch.float32 else out
+        if wire == torch.float32:
+            return out
+        return acc[o_lo:o_hi].copy_(out)
 
     return Handle([work], scattered)
 
 
 def combine_all_reduce(u: ShardedUnit, o_lo: int, o_hi: int) -> Handle:
-    """An all-reduce of the gradient shard across replicas (in place when the wire is fp32)."""
+    """An all-reduce of the gradient shard across replicas (in place when the wire is fp32; else
+    of a wire copy whose optimizer shard is widened back into the fp32 gradient shard)."""
     acc, rep, wire = u.grad_acc, u.g.replicas, u.grad_comm_dtype
     if wire == torch.float32:
         work = u.comm.all_reduce(acc, rep, async_op=True)
         return Handle([work], lambda: acc[o_lo:o_hi])
     buf = acc.to(wire)
     work = u.comm.all_reduce(buf, rep, async_op=True)
-    return Handle([work], lambda: buf[o_lo:o_hi].float())
+    return Handle([work], lambda: acc[o_lo:o_hi].copy_(buf[o_lo:o_hi]))
 
 
 class QuantizedCombine(TwoStageHandle):
