@@ -181,11 +181,11 @@ def buffer_bytes(
     :func:`unit_buffers`: ``forward`` (gathered units: the one computing and the prefetched next;
     the post-step gathers of the previous step still held by units not yet reached),
     ``backward`` (gathers, ``max_in_flight`` + 1 reductions in flight and one flat gradient),
-    ``combines`` (the combine buffers at the end of the last backward: the first stage of the
-    ``max_combines`` largest units (0: of every unit; ZeroTopoEngine's ``max_combines_in_flight``)
-    and what the finished ones keep) and ``step`` (the step's peak: the combines in flight with
-    their second stage, then the fp32 gradients and every unit's post-step gather with the
-    secondaries dropped)."""
+    ``combines`` (the combine buffers' peak through the last backward: at most ``max_combines``
+    units' in flight (0: every unit's; ZeroTopoEngine's ``max_combines_in_flight``) and the fp32
+    slices the finished ones keep, :func:`_combine_phases`) and ``step`` (the step's peak: the
+    combines still in flight with their second stage, then the fp32 slices and every unit's
+    post-step gather with the secondaries dropped)."""
     if not unit_numels:
         return {"forward": 0, "publish": 0, "backward": 0, "combines": 0, "step": 0}
     rpn = ranks_per_node or world_size
@@ -213,7 +213,7 @@ def buffer_bytes(
     if sec is None:
         sec = state_bytes(unit_numels, plan, world_size, precision)["secondary"]
     combines, step = _combine_phases([by_size[P] for P in padded], max_combines)
-    kept = total("combine_kept")  # every combine finished: the step's fp32 gradients
+    kept = total("combine_kept")  # every combine finished: the fp32 slices the step uses
     # step: the combines still in flight, then the fp32 gradients and every post-step gather, the
     # secondaries dropped as they go out
     step = max(step, kept + max(total("publish") - sec, 0) + top("publish_tmp", 1)) + STEP_SCALARS
@@ -225,7 +225,8 @@ def _combine_phases(units: list[dict], max_combines: int) -> tuple[int, int]:
     as the engine schedules them (engine._start_combine): units (``unit_buffers``, unit order)
     launch their combine in reverse unit order as backward reaches them, each finished when the
     ``k``-th after it is launched (``k`` = ``max_combines``, all units when 0); a finished one
-    keeps its fp32 gradient. The step issues the second stages of the ``k`` still in flight (the
+    keeps ``combine_kept`` (a one-stage INT8 combine's fp32 slice; the others finish into the fp32
+    gradient shard). The step issues the second stages of the ``k`` still in flight (the
     first units), in unit order, then finishes them in unit order. (A ``step`` without a
     ``last_micro_batch`` backward launches them in unit order instead: not modelled.)"""
     n = len(units)
