@@ -108,23 +108,11 @@ def generate(
 ) -> list[int]:
     import torch
 
+    from megatron_topo.model.sampling import generate_tokens
+
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    dev = next(model.parameters()).device
-    out = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            x = torch.tensor([out[-context:]], dtype=torch.long, device=dev)
-            logits = model(x)[0, -1].float().cpu()
-            if greedy:
-                nxt = int(torch.argmax(logits))
-            else:
-                logits = logits / max(temperature, 1e-6)
-                if top_k > 0:
-                    kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
-            out.append(nxt)
-    return out[len(ids) :]
+    kw = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=0.0, gen=gen, context=context)
+    return generate_tokens(model, ids, n, **kw)[0]
 
 
 def check_device(name: str) -> str:
