@@ -13,10 +13,12 @@ the last ``seq_length`` tokens. Bad input prints one line on stderr and exits 2.
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.commands.generate_load import GenerateError, build_tokenizer_or_none, check_device, load_model
+
+__all__ = ["GenerateError", "build_tokenizer_or_none", "check_device", "generate", "load_model", "main", "parse_ids"]
 
 
 def parse_args(argv=None):
@@ -43,10 +45,6 @@ def parse_args(argv=None):
 MAX_NEW_TOKENS = 1 << 20  # one forward pass each: a bound that makes the run's length sane
 
 
-class GenerateError(ValueError):
-    pass
-
-
 def parse_ids(text: str, vocab: int) -> list[int]:
     try:
         ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
@@ -60,49 +58,6 @@ def parse_ids(text: str, vocab: int) -> list[int]:
     return ids
 
 
-def build_tokenizer_or_none(cfg):
-    from megatron_topo.data import DataError, build_tokenizer
-
-    try:
-        return build_tokenizer(cfg.data.tokenizer_type, cfg.data.vocab_file, cfg.model.vocab_size), None
-    except (DataError, ImportError, OSError) as e:
-        return None, str(e)
-
-
-def load_model(checkpoint: str, device: str = "cpu", unverified: bool = False):
-    """(model in eval mode, full Config) from any checkpoint (``unverified``: --load-unverified)."""
-    import torch
-
-    from megatron_topo.config import ConfigError, load_config
-    from megatron_topo.model.spec import spec_for
-    from megatron_topo.zero_topo.checkpoint import CheckpointError, read_full_state
-
-    st = read_full_state(checkpoint, unverified=unverified, ask="pass --load-unverified")
-    path = os.path.join(st["step_dir"], "config.yml")
-    if st["config_yaml"] is None:
-        raise CheckpointError(f"{st['step_dir']} has no config.yml; cannot tell the model's shape")
-    try:
-        cfg = load_config([path])
-    except ConfigError as e:
-        raise CheckpointError(f"{path}: {e}") from None
-    with torch.device(device):  # the architecture the config names (its spec's module)
-        model = spec_for(cfg.model).module_class(cfg.model)(cfg.model)  # rotary buffers built here
-    try:
-        missing, unexpected = model.load_state_dict(st["params"], strict=False)
-    except RuntimeError as e:
-        raise CheckpointError(
-            f"{st['step_dir']}: weights do not fit config.yml's model: {str(e).strip().splitlines()[-1].strip()}"
-        ) from None
-    # tied: the head's weight is the embedding's (stored once, under the embedding's name)
-    tied = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    missing = [m for m in missing if m not in tied]
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{st['step_dir']}: parameters do not match config.yml (missing {missing[:3]}, unexpected {unexpected[:3]})"
-        )
-    return model.eval(), cfg
-
-
 def generate(
     model, ids: list[int], n: int, greedy: bool, temperature: float, top_k: int, seed: int, context: int
 ) -> list[int]:
@@ -113,26 +68,6 @@ def generate(
     gen = torch.Generator(device="cpu").manual_seed(seed)
     kw = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=0.0, gen=gen, context=context)
     return generate_tokens(model, ids, n, **kw)[0]
-
-
-def check_device(name: str) -> str:
-    """'cpu', 'cuda' or 'cuda:N' that exists here; anything else is one line."""
-    import torch
-
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise GenerateError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from None
-    if dev.type == "cpu":
-        return name
-    if dev.type != "cuda":
-        raise GenerateError(f"--device {name!r}: only cpu and cuda are supported")
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n == 0:
-        raise GenerateError(f"--device {name}: no GPU is visible; use --device cpu")
-    if dev.index is not None and not 0 <= dev.index < n:
-        raise GenerateError(f"--device {name}: this machine has {n} GPU(s), cuda:0..cuda:{n - 1}")
-    return name
 
 
 def check_args(args) -> None:
