@@ -106,7 +106,7 @@ def test_local_setup_keys_start_fresh_then_resume(tmp_path):
     [
         ("scalenorm_epsilon", "1.0e-8", "ScaleNorm is not implemented"),
         ("gas", "4", "GPT-NeoX overwrites it with gradient_accumulation_steps: set that"),
-        ("text_gen_type", "unconditional", "a text-generation/evaluation setting of GPT-NeoX's generate.py"),
+        ("eval_tasks", "[lambada]", "an evaluation setting of GPT-NeoX's eval.py (lm-evaluation-harness)"),
         ("num_gpus", "8", "a DeepSpeed runner (deepspeed launcher) option"),
     ],
 )

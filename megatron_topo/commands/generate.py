@@ -8,6 +8,12 @@ Prints ``ids: ...`` (the generated token ids, space separated) and, when the che
 names a tokenizer that can be built (``tokenizer_type``/``vocab_file``), ``text: "..."`` (JSON
 quoted: one line). ``--prompt`` needs that tokenizer; ``--prompt-ids`` never does. The context is
 the last ``seq_length`` tokens. Bad input prints one line on stderr and exits 2.
+
+    python tools/generate.py configs/125M.yml text_generation.yml --set load=runs/tiny/checkpoints
+
+reads GPT-NeoX's text-generation keys (text_gen_type, maximum_tokens, temperature, top_k, top_p,
+prompt_end, num_samples, sample_input_file, sample_output_file) as its generate.py does:
+:mod:`megatron_topo.commands.generate_neox`.
 """
 
 from __future__ import annotations
@@ -23,15 +29,29 @@ __all__ = ["GenerateError", "build_tokenizer_or_none", "check_device", "generate
 
 def parse_args(argv=None):
     p = OneLineParser(prog="generate.py", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
-    src = p.add_mutually_exclusive_group(required=True)
+    p.add_argument(
+        "configs",
+        nargs="*",
+        metavar="CONFIG.yml",
+        help="GPT-NeoX config files with the text-generation keys (text_gen_type, maximum_tokens, "
+        "temperature, top_k, top_p, ...) and load: GPT-NeoX's generate.py interface (docs/neox_compat.md)",
+    )
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (with CONFIG.yml)")
+    p.add_argument("--force", action="store_true", help="replace a sample_output_file this tool did not write")
+    p.add_argument("--checkpoint", metavar="DIR", help="save directory or global_stepN directory")
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the config's tokenizer)")
     src.add_argument("--prompt-ids", metavar="I,J,K", help="prompt as comma-separated token ids")
-    p.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, metavar="N")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, help="divide the logits by it (default 1.0)")
+    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens (default 0: all)")
+    p.add_argument(
+        "--top-p",
+        type=float,
+        help="sample from the smallest set of most likely tokens whose probabilities sum to >= p (default 0: all)",
+    )
+    p.add_argument("--seed", type=int, help="sampling seed (default 0; with CONFIG.yml: the config's seed)")
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--load-unverified",
@@ -39,7 +59,23 @@ def parse_args(argv=None):
         help="read a checkpoint whose meta.json records no size and SHA-256 for its rank files "
         "(saved before file records existed): the bytes are not verified",
     )
-    return p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
+    if not args.configs:  # the flag interface: its required options, its defaults
+        missing = [
+            f for f, v in (("--checkpoint", args.checkpoint), ("--max-new-tokens", args.max_new_tokens)) if v is None
+        ]
+        if missing:
+            p.error(f"the following arguments are required: {', '.join(missing)}")
+        if args.prompt is None and args.prompt_ids is None:
+            p.error("one of the arguments --prompt --prompt-ids is required")
+        for flag in ("set", "force"):
+            if getattr(args, flag):
+                p.error(f"--{flag} goes with CONFIG.yml files (GPT-NeoX's text-generation keys)")
+        args.temperature = 1.0 if args.temperature is None else args.temperature
+        args.top_k = 0 if args.top_k is None else args.top_k
+        args.top_p = 0.0 if args.top_p is None else args.top_p
+        args.seed = 0 if args.seed is None else args.seed
+    return args
 
 
 MAX_NEW_TOKENS = 1 << 20  # one forward pass each: a bound that makes the run's length sane
@@ -59,14 +95,14 @@ def parse_ids(text: str, vocab: int) -> list[int]:
 
 
 def generate(
-    model, ids: list[int], n: int, greedy: bool, temperature: float, top_k: int, seed: int, context: int
+    model, ids: list[int], n: int, greedy: bool, temperature: float, top_k: int, seed: int, context: int, top_p=0.0
 ) -> list[int]:
     import torch
 
     from megatron_topo.model.sampling import generate_tokens
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    kw = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=0.0, gen=gen, context=context)
+    kw = dict(greedy=greedy, temperature=temperature, top_k=top_k, top_p=top_p, gen=gen, context=context)
     return generate_tokens(model, ids, n, **kw)[0]
 
 
@@ -82,6 +118,8 @@ def check_args(args) -> None:
         raise GenerateError(f"--temperature {args.temperature}: must be a finite number > 0")
     if args.top_k < 0:
         raise GenerateError(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
+    if not 0.0 <= args.top_p <= 1.0:  # NaN fails too
+        raise GenerateError(f"--top-p {args.top_p}: must lie in [0, 1] (0: all tokens)")
     if not -(2**63) <= args.seed < 2**64:  # what torch.Generator.manual_seed takes
         raise GenerateError(f"--seed {args.seed}: must lie in [-2**63, 2**64)")
     check_device(args.device)
@@ -89,6 +127,10 @@ def check_args(args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.configs:
+        from megatron_topo.commands import generate_neox
+
+        return generate_neox.main(args, GenerateError)
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     try:
@@ -112,7 +154,15 @@ def main(argv=None) -> int:
         else:
             ids = parse_ids(args.prompt_ids, cfg.model.vocab_size)
         new = generate(
-            model, ids, args.max_new_tokens, args.greedy, args.temperature, args.top_k, args.seed, cfg.model.seq_length
+            model,
+            ids,
+            args.max_new_tokens,
+            args.greedy,
+            args.temperature,
+            args.top_k,
+            args.seed,
+            cfg.model.seq_length,
+            args.top_p,
         )
     except (CheckpointError, GenerateError) as e:
         return fail(e)

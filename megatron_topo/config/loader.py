@@ -287,6 +287,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
         _collect(problems, resolve_vocab_size, cfg, "vocab_size" in origin, "tokenizer_type" in origin)
     raise_problems(problems)
     cfg.no_effect = no_effect_settings(cfg, origin)
+    cfg.origin = dict(origin)
     from ..data.tokenizer import MERGE_FILE_IGNORED
 
     if cfg.data.merge_file and str(cfg.data.tokenizer_type).lower() in {t.lower() for t in MERGE_FILE_IGNORED}:

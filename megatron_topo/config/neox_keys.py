@@ -12,7 +12,7 @@ _MUP = "muP is not implemented"
 _TE = "Transformer Engine layers are not used (attention and MLP are plain torch modules)"
 _MAMBA = "Mamba blocks are not implemented"
 _RWKV = "RWKV blocks are not implemented"
-_GEN = "a text-generation/evaluation setting of GPT-NeoX's generate.py/eval.py; use tools/generate.py's options"
+_GEN = "an evaluation setting of GPT-NeoX's eval.py (lm-evaluation-harness), which is not implemented"
 _SET = "set by GPT-NeoX itself while it runs, not by a config"
 _RUNNER = "a DeepSpeed runner (deepspeed launcher) option: this trainer is launched by torchrun or srun"
 _POST = "post-training (SFT/DPO/KTO/reward-model) data and losses are not implemented: pre-training only"
@@ -167,18 +167,8 @@ NEOX_UNSUPPORTED = {
     "mup_rp_embedding_mult": _MUP,
     "mup_width_scale": _MUP,
     "lora": "LoRA fine-tuning is not implemented (fine-tuning trains every weight)",
-    # text generation / evaluation (GPT-NeoX's training ignores them too)
-    "text_gen_type": _GEN,
-    "temperature": _GEN,
-    "top_p": _GEN,
-    "top_k": _GEN,
-    "return_logits": _GEN,
-    "maximum_tokens": _GEN,
-    "prompt_end": _GEN,
-    "sample_input_file": _GEN,
-    "sample_output_file": _GEN,
-    "num_samples": _GEN,
-    "recompute": _GEN,
+    # evaluation; text generation: config/schema_generate.py (tools/generate.py CONFIG.yml)
+    "return_logits": "tools/generate.py does not write the logits of generated tokens",
     "eval_results_prefix": _GEN,
     "eval_tasks": _GEN,
     # DeepSpeed config blocks

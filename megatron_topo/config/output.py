@@ -3,6 +3,7 @@ default, valid values and doc) and the GPT-NeoX compatibility table (``--neox-ta
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import typing
@@ -14,6 +15,7 @@ from .neox import NEOX_DEFAULT_DIFFERS, NEOX_IMPLEMENTED, REJECTED_KEYS
 from .neox_keys import NEOX_UNSUPPORTED
 from .options import _bounds_text, _check_block, _check_split, _fmt, _type_name
 from .schema import Config, SystemConfig, _declared, _key_index
+from .schema_generate import generation_settings
 
 
 def neox_table() -> list[tuple[str, str, str]]:
@@ -67,6 +69,9 @@ def note_lines(cfg: Config) -> list[str]:
     out = []
     if cfg.no_effect:
         out.append(f"note: set but without effect in megatron_topo (docs/neox_compat.md): {', '.join(cfg.no_effect)}")
+    gen = generation_settings(cfg.generation)
+    if gen:  # GPT-NeoX users compose text_generation.yml into the same list: named, not refused
+        out.append(f"note: read by tools/generate.py CONFIG.yml, not by training (GPT-NeoX's too): {', '.join(gen)}")
     if cfg.auto_values:
         vals = ", ".join(f"{k}={_fmt(v) if not isinstance(v, list) else v}" for k, v in sorted(cfg.auto_values.items()))
         out.append(
@@ -102,6 +107,7 @@ def describe_keys() -> str:
         opt = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
         typ = re.sub(r"\b(an?) ", "", _type_name(tp)).replace(" (true/false)", "") + (" or null" if opt else "")
         default = "null" if value is None else _fmt(value) if not isinstance(value, list) else str(value)
+        default = json.dumps(default) if not default.isprintable() else default  # prompt_end's "\n"
         lines.append(
             f"{path:<42} {typ:<28} default {default:<14} {'; '.join(valid):<36} {meta.get('doc', '')}".rstrip()
         )

@@ -20,6 +20,7 @@ from .deepspeed import ZeroOptimizationBlock
 from .neox import NeoxCompatConfig
 from .options import _strip_optional
 from .precision import resolve_precision
+from .schema_generate import GenerationConfig
 from .schema_io import CheckpointConfig, DataConfig, LoggingConfig
 from .schema_model import INIT_METHODS, MAX_VOCAB, ModelConfig
 from .schema_parallel import AUTO_TRIAL_KEYS, DistributedConfig, SystemConfig, TopologyConfig, ZeroTopoConfig
@@ -38,6 +39,7 @@ __all__ = [
     "DataConfig",
     "DistributedConfig",
     "Fp16Block",
+    "GenerationConfig",
     "LoggingConfig",
     "ModelConfig",
     "OptimizerBlock",
@@ -64,10 +66,13 @@ class Config:
     zero_optimization: Optional[ZeroOptimizationBlock] = None
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     system: Optional[SystemConfig] = None
+    generation: GenerationConfig = field(default_factory=GenerationConfig)  # tools/generate.py CONFIG.yml
 
     def __post_init__(self):
         # ``key=value`` of accepted settings that change nothing here (load_config fills it)
         self.no_effect: list[str] = []
+        # which file (or --set) gave each key that was given (load_config fills it)
+        self.origin: dict = {}
         # DeepSpeed "auto" keys (HF Trainer files) -> the value taken from the rest of the config
         self.auto_values: dict = {}
         # which of train_batch_size / micro-batch / accumulation a config file set (DeepSpeed derives the
@@ -85,7 +90,7 @@ class Config:
 
 
 # Sections whose fields are top-level YAML keys (GPT-NeoX is flat) and blocks that are nested.
-_FLAT_SECTIONS = ("model", "train", "data", "logging", "checkpoint", "neox")
+_FLAT_SECTIONS = ("model", "train", "data", "logging", "checkpoint", "neox", "generation")
 _BLOCK_SECTIONS = ("topology", "zero_topo", "zero_optimization", "distributed", "system")
 
 
