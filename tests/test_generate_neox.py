@@ -207,6 +207,10 @@ def test_bad_input_is_one_error_line(ck, tmp_path, capsys):
         (["--set", "text_gen_type=interactive", "--set", "prompt_end="], "prompt_end"),
         (["--set", "maximum_tokens=3"], "text_gen_type is not set"),
         (
+            ["--set", "text_gen_type=unconditional", "--set", "sample_output_file= "],
+            "sample_output_file='' is not valid; give a file name, or null",
+        ),
+        (
             ["--set", "text_gen_type=unconditional", "--set", f"sample_output_file={existing}"],
             "already exists; pass --force",
         ),

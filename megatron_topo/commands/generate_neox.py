@@ -108,10 +108,8 @@ class Sampler:
         ids = ids or [self.tok.eod]  # an empty context is the end-of-document token (GPT-NeoX)
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:
-            raise self.err(
-                f"prompt {raw[:40]!r}: token {bad[0]} ({self.tok.name}) is outside the model's vocabulary "
-                f"0..{self.vocab - 1}"
-            )
+            what = f"prompt {raw[:40]!r}: token" if raw else "an empty context is the end-of-document token, but"
+            raise self.err(f"{what} {bad[0]} ({self.tok.name}) is outside the model's vocabulary 0..{self.vocab - 1}")
         room = self.seq - len(ids)
         text, new, ended, msg = None, [], False, None
         if room <= 0:

@@ -19,6 +19,10 @@ def _prompt_end(v) -> Optional[str]:
     return None if isinstance(v, str) and v else "give a non-empty string (GPT-NeoX's default: a newline)"
 
 
+def _file_name(v) -> Optional[str]:
+    return None if v is None or (isinstance(v, str) and v.strip()) else "give a file name, or null"
+
+
 @dataclass
 class GenerationConfig:
     text_gen_type: Optional[str] = option(
@@ -67,11 +71,14 @@ class GenerationConfig:
         neox="implemented",
     )
     num_samples: int = option(1, "samples of text_gen_type unconditional", ge=1, le=MAX_SAMPLES, neox="implemented")
-    sample_input_file: Optional[str] = option(None, "prompts of text_gen_type input-file", neox="implemented")
+    sample_input_file: Optional[str] = option(
+        None, "prompts of text_gen_type input-file", check=_file_name, neox="implemented"
+    )
     sample_output_file: Optional[str] = option(
         "samples.txt",
         "JSON lines written by input-file and unconditional (null: input-file writes "
         "sample_input_file + '.output.jsonl', unconditional prints them)",
+        check=_file_name,
         neox="implemented",
     )
 
