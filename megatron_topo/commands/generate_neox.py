@@ -40,7 +40,7 @@ def _ours(path: str) -> bool:
     """The file's first line is a sample record (this tool's or GPT-NeoX's generate.py's output)."""
     from megatron_topo.safe_outputs import head
 
-    line = head(path, 1 << 16).split(b"\n", 1)[0]
+    line = head(path, 1 << 20).split(b"\n", 1)[0]
     try:
         rec = json.loads(line)
     except ValueError:
@@ -192,12 +192,15 @@ def main(args, err) -> int:
             raise err(f"text generation needs the tokenizer, which cannot be built ({e})") from None
         seed = args.seed if args.seed is not None else cfg.train.seed
         sampler = Sampler(model, tok, g, ck.model, seed, err)
-        if prompts is None:  # interactive
-            for raw in stdin_prompts(g.prompt_end):
-                rec = sampler.sample(raw)
-                print("Generated Text: " + (rec["text"] or ""), flush=True)
-                if rec["message"]:
-                    print(f"note: {rec['message']}", file=sys.stderr, flush=True)
+        if prompts is None:  # interactive: until EOF (Ctrl-D); Ctrl-C ends it quietly too
+            try:
+                for raw in stdin_prompts(g.prompt_end):
+                    rec = sampler.sample(raw)
+                    print("Generated Text: " + (rec["text"] or ""), flush=True)
+                    if rec["message"]:
+                        print(f"note: {rec['message']}", file=sys.stderr, flush=True)
+            except KeyboardInterrupt:
+                return 130
             return 0
         lines = "".join(json.dumps(sampler.sample(p)) + "\n" for p in prompts)
         if out is not None:
