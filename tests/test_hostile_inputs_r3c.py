@@ -215,35 +215,40 @@ def test_preprocess_stopped_by_sigterm_leaves_nothing(tmp_path):
 
 def test_preprocess_removes_what_a_killed_run_left_and_nothing_else(tmp_path, capsys):
     """A SIGKILLed preprocess cannot clean up: its ``PREFIX.bin.tmp.PID`` stays. The next run of the
-    same output removes the temporaries whose process is gone from this host and that have not
-    changed for 30 s, and says so in one warning line; a live writer's, a fresh one's and another
+    same output removes the temporaries whose process is gone from this host and whose writer lock
+    nobody holds, and says so in one warning line; a live writer's (its pid alive, or its lock held
+    by a process elsewhere, as a writer on another host of a shared file system) and another
     prefix's temporaries stay (before: every leftover stayed for good)."""
     import json
     import subprocess
     import sys
-    import time
 
     from tests.tool_loader import load_tool
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = dead.pid + 1000000  # a pid that does not exist here: "another host's" writer
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"text": f"document {i} " * 8}) + "\n" for i in range(20)))
+    out = tmp_path / "o"
+    out.mkdir()
+    pre = "x_text_document"
+    files = [
+        f"{pre}.bin.tmp.{dead.pid}",  # removed
+        f"{pre}.idx.tmp.{dead.pid}",  # removed with its .bin
+        f"{pre}.bin.tmp.{os.getppid()}",  # its writer is alive: kept
+        f"{pre}.bin.tmp.{other}",  # its writer lock is held: kept
+        f"y_text_document.bin.tmp.{dead.pid}",  # another dataset's: kept
+    ]
+    for name in files:
+        (out / name).write_bytes(b"partial")
+    held = os.open(out / files[3], os.O_RDONLY)
+    holder = subprocess.Popen(  # locks its inherited descriptor, as a live writer elsewhere would
+        [sys.executable, "-c", f"import fcntl, time; fcntl.flock({held}, fcntl.LOCK_EX); print(1, flush=True); "
+         "time.sleep(60)"], pass_fds=(held,), stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        src = tmp_path / "in.jsonl"
-        src.write_text("".join(json.dumps({"text": f"document {i} " * 8}) + "\n" for i in range(20)))
-        out = tmp_path / "o"
-        out.mkdir()
-        old = time.time() - 120
-        files = {
-            f"x_text_document.bin.tmp.{dead.pid}": old,  # removed
-            f"x_text_document.idx.tmp.{dead.pid}": old,  # removed
-            f"x_text_document.bin.tmp.{live.pid}": old,  # its writer is alive: kept
-            f"x_text_document.bin.tmp.{dead.pid + 1000000}": time.time(),  # changed just now: kept
-            f"y_text_document.bin.tmp.{dead.pid}": old,  # another dataset's: kept
-        }
-        for name, mtime in files.items():
-            (out / name).write_bytes(b"partial")
-            os.utime(out / name, (mtime, mtime))
+        assert holder.stdout.readline().strip() == "1"
         rc = load_tool("preprocess_data").main(
             [
                 "--input",
@@ -259,65 +264,71 @@ def test_preprocess_removes_what_a_killed_run_left_and_nothing_else(tmp_path, ca
         assert rc == 0, err
         warned = [ln for ln in err.splitlines() if "interrupted earlier run" in ln]
         assert warned == [
-            f"warning: removed 2 temporary file(s) an interrupted earlier run left: "
-            f"x_text_document.bin.tmp.{dead.pid}, x_text_document.idx.tmp.{dead.pid}"
+            f"warning: removed 2 temporary file(s) an interrupted earlier run left: {files[0]}, {files[1]}"
         ], err
-        assert sorted(os.listdir(out)) == sorted(["x_text_document.bin", "x_text_document.idx", *list(files)[2:]])
+        assert sorted(os.listdir(out)) == sorted([f"{pre}.bin", f"{pre}.idx", *files[2:]])
     finally:
-        live.kill()
-        live.wait()
+        holder.kill()
+        holder.wait()
+        os.close(held)
 
 
-def _fifo_member(tmp_path, member: str):
-    """Open the named reader of a file that is a FIFO; returns the raised error (or None)."""
-    from megatron_topo import metrics
-    from megatron_topo.config.yaml_io import load_yaml
-    from megatron_topo.data import MMapIndexedDataset
-    from megatron_topo.data.tokenizer import build_tokenizer
-    from megatron_topo.zero_topo.checkpoint.storage import load_rank_file
+def test_preprocess_rerun_right_after_a_sigkill_cleans_up(tmp_path):
+    """SIGKILL a 2-worker preprocess while it writes, then run it again at once into the same
+    prefix: the new run removes the dead run's temporaries (their writer lock died with it), names
+    them in one warning line, and leaves only the new dataset."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
 
-    fifo = tmp_path / "f"
-    if member == "config file":
-        os.mkfifo(fifo)
-        call = lambda: load_yaml(str(fifo))  # noqa: E731
-    elif member == "vocab_file":
-        os.mkfifo(fifo)
-        call = lambda: build_tokenizer("HFTokenizer", str(fifo))  # noqa: E731
-    elif member == "merge_file":
-        (tmp_path / "vocab.json").write_text('{"a": 0}')
-        os.mkfifo(fifo)
-        call = lambda: build_tokenizer("GPT2BPETokenizer", str(tmp_path / "vocab.json"), None, str(fifo))  # noqa: E731
-    elif member == "dataset .bin":
-        os.mkfifo(tmp_path / "d.bin")
-        (tmp_path / "d.idx").write_bytes(b"\0" * 64)
-        fifo = tmp_path / "d.bin"
-        call = lambda: MMapIndexedDataset(str(tmp_path / "d"))  # noqa: E731
-    elif member == "metrics.jsonl":
-        fifo = tmp_path / "metrics.jsonl"
-        os.mkfifo(fifo)
-        call = lambda: metrics.read_metrics(str(tmp_path))  # noqa: E731
-    else:  # a checkpoint's rank file
-        (tmp_path / "step").mkdir()
-        fifo = tmp_path / "step" / "rank_00000.pt"
-        os.mkfifo(fifo)
-        call = lambda: load_rank_file(str(tmp_path / "step"), 0)  # noqa: E731
-    timer = _alarm(10)(str(fifo))
-    timer.start()
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - the test inspects what was raised
-        return e
-    finally:
-        timer.cancel()
-    return None
+    tool = os.path.join(ROOT, "tools", "preprocess_data.py")
+    big = tmp_path / "big.jsonl"
+    big.write_text((json.dumps({"text": "the quick brown fox jumps over the lazy dog " * 40}) + "\n") * 20000)
+    small = tmp_path / "small.jsonl"
+    small.write_text(json.dumps({"text": "a short document"}) + "\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    args = ["--output-prefix", str(out / "x"), "--tokenizer-type", "CharLevelTokenizer", "--quiet"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, tool, "--input", str(big), "--workers", "2", *args], env=env)
+    t0 = time.monotonic()
+    while not any(".tmp" in n for n in os.listdir(out)):
+        assert p.poll() is None and time.monotonic() - t0 < 60
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    left = sorted(n for n in os.listdir(out) if ".tmp." in n)
+    assert left, "the killed run left nothing to clean up"
+    r = subprocess.run([sys.executable, tool, "--input", str(small), *args], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == [
+        f"warning: removed {len(left)} temporary file(s) an interrupted earlier run left: {', '.join(left)}"
+    ]
+    assert sorted(os.listdir(out)) == ["x_text_document.bin", "x_text_document.idx"]
 
 
-@pytest.mark.parametrize(
-    "member", ["config file", "vocab_file", "merge_file", "dataset .bin", "metrics.jsonl", "rank file"]
-)
-def test_a_fifo_where_a_file_belongs_is_named_as_a_fifo(tmp_path, member):
-    """A FIFO given (or found) where a file is read is refused without opening it, and the line says
-    what it is (before: "file not found" for a path that exists, or a missing shard)."""
-    e = _fifo_member(tmp_path, member)
-    assert e is not None and "is a FIFO, not a file; refusing to read it" in str(e), (member, e)
-    assert "not found" not in str(e) and "missing" not in str(e), str(e)
+@pytest.mark.parametrize("target", ["outside.json", "missing.json"])
+def test_a_dataset_journal_that_is_a_symlink_is_not_followed(tmp_path, target):
+    """``PREFIX.replacing`` is written by commit_pair as a plain file; a symbolic link there (out of
+    the folder, or dangling) is refused in one line, and neither it nor its target is touched
+    (before: read through the link and then removed)."""
+    import json
+
+    from megatron_topo.data import MMapIndexedDataset, MMapIndexedDatasetBuilder
+    from megatron_topo.data.errors import DataError
+
+    d = tmp_path / "data"
+    d.mkdir()
+    with MMapIndexedDatasetBuilder(str(d / "toy")) as b:
+        b.add_document([1, 2, 3])
+        b.finalize()
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"bin": "toy.bin.tmp.1", "idx": "toy.idx.tmp.1"}))
+    os.symlink(tmp_path / target, d / "toy.replacing")
+    with pytest.raises(DataError, match=r"a symbolic link, not a replacement journal") as e:
+        MMapIndexedDataset(str(d / "toy"))
+    assert len(str(e.value).splitlines()) == 1
+    assert os.path.islink(d / "toy.replacing") and outside.read_text().startswith("{")

@@ -29,7 +29,7 @@ import numpy as np
 from ..atomic import remove_quietly, temp_name
 from ..safe_files import why_not_a_file
 from .errors import DataError
-from .pair_commit import commit_pair, finish_interrupted, journal_path
+from .pair_commit import commit_pair, finish_interrupted, hold_writer_lock, journal_path, release_writer_lock
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -273,6 +273,7 @@ class MMapIndexedDatasetBuilder:
         self._bin_tmp = temp_name(data_file_path(self.prefix))
         self._idx_tmp = temp_name(index_file_path(self.prefix))
         self._bin = open(self._bin_tmp, "wb")
+        self._lock = hold_writer_lock(self._bin_tmp)  # dropped by the kernel if this process dies
         self._sizes = array.array("q")
         self._doc_idx = array.array("q", [0])
         self.num_tokens = 0
@@ -328,10 +329,14 @@ class MMapIndexedDatasetBuilder:
             f.flush()
             os.fsync(f.fileno())
         commit_pair(self.prefix, self._bin_tmp, self._idx_tmp)  # journalled: never a new .bin with an old .idx
+        release_writer_lock(self._lock)
+        self._lock = None
 
     def abort(self) -> None:
         if not self._bin.closed:
             self._bin.close()
+        release_writer_lock(self._lock)
+        self._lock = None
         if os.path.lexists(journal_path(self.prefix)):  # the switch began: the next reader completes it
             return
         remove_quietly(self._bin_tmp)

@@ -46,13 +46,24 @@ def _roll_forward(prefix: str, bin_tmp: str, idx_tmp: str) -> None:
     fsync_dir(folder)
 
 
+def _read_journal(journal: str, prefix: str) -> str:
+    """The journal's text. :func:`commit_pair` writes it as a regular file in the dataset's folder;
+    a symbolic link there (to anywhere) is not one of ours and is neither followed nor removed."""
+    if os.path.islink(journal):
+        raise DataError(
+            f"{journal}: a symbolic link, not a replacement journal of {prefix} (those are plain files); "
+            f"remove it if no replacement of the dataset is running"
+        )
+    return read_small_text(journal, 4 * KIB, DataError)
+
+
 def finish_interrupted(prefix: str) -> bool:
     """Complete a replacement of ``PREFIX`` that a crash interrupted; True when there was one.
     DataError when the journal is not ours or the files cannot be moved (read-only folder)."""
     journal = journal_path(prefix)
     if not os.path.lexists(journal):
         return False
-    text = read_small_text(journal, 4 * KIB, DataError)
+    text = _read_journal(journal, prefix)
     base = re.escape(os.path.basename(prefix))
     try:
         names = json.loads(text)
@@ -77,43 +88,116 @@ def finish_interrupted(prefix: str) -> bool:
     return True
 
 
+def hold_writer_lock(path: str):
+    """Mark the temporary ``path`` as being written: an exclusive ``flock`` on a descriptor of its
+    own, held until :func:`release_writer_lock` (after the rename: the lock goes with the file).
+    The kernel drops it when the writer dies, however it dies. None where the file system has no
+    ``flock`` (then :func:`sweep_leftovers` falls back to the file's age)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release_writer_lock(fd) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _abandoned(path: str, min_age_s: float) -> bool:
+    """Whether nobody writes the regular file ``path`` any more: no process holds its writer lock
+    (:func:`hold_writer_lock`), or, where the file system has no ``flock``, it has not changed for
+    ``min_age_s`` (a writer on another host of a shared file system keeps its file fresh)."""
+    import fcntl
+
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True  # nobody holds it: its writer is gone
+    except BlockingIOError:
+        return False  # a live writer (on any host) holds it
+    except OSError:  # no flock here
+        return time.time() - st.st_mtime >= min_age_s
+    finally:
+        os.close(fd)
+
+
 def sweep_leftovers(prefix: str, min_age_s: float = 30.0) -> list[str]:
     """Remove the temporary ``PREFIX.bin.tmp.PID`` / ``PREFIX.idx.tmp.PID`` of a writer that died
-    without cleaning up (SIGKILL, a crash of the machine): its process is gone from this host and the
-    file has not changed for ``min_age_s`` (a writer on another host of a shared file system keeps
-    its file fresh). Files a journal names are left to :func:`finish_interrupted`. Returns the
-    removed names (the caller says so)."""
+    without cleaning up (SIGKILL, a crash of the machine): its process is gone from this host and
+    its ``.bin`` temporary's writer lock is free (:func:`_abandoned`). An ``.idx`` temporary goes
+    with its ``.bin`` (it is written last, under the same lock); without one, by its age. Files a
+    journal names are left to :func:`finish_interrupted`. Returns the removed names (the caller
+    says so)."""
     from ..pids import pid_alive
 
     folder = os.path.dirname(os.path.abspath(prefix))
     base = os.path.basename(prefix)
-    pattern = re.compile(rf"{re.escape(base)}\.(bin|idx)\.tmp\.(\d+)")
+    pattern = re.compile(rf"{re.escape(base)}\.(bin|idx)\.tmp\.(\d{{1,10}})")
     named: set[str] = set()
     if os.path.lexists(journal_path(prefix)):
         try:
-            named = set(json.loads(read_small_text(journal_path(prefix), 4 * KIB, DataError)).values())
+            named = set(json.loads(_read_journal(journal_path(prefix), prefix)).values())
         except (DataError, ValueError, AttributeError, TypeError):
             return []  # finish_interrupted reports a journal that is not ours
-    removed = []
     try:
-        names = os.listdir(folder)
+        names = set(os.listdir(folder))
     except OSError:
         return []
-    now = time.time()
+    dead: dict[int, list[str]] = {}
     for name in sorted(names):
         m = pattern.fullmatch(name)
-        if not m or name in named or int(m.group(2)) == os.getpid() or pid_alive(int(m.group(2))):
+        if m and name not in named and int(m.group(2)) != os.getpid() and not pid_alive(int(m.group(2))):
+            dead.setdefault(int(m.group(2)), []).append(name)
+    removed = []
+    for pid, group in sorted(dead.items()):
+        bin_tmp = f"{base}.bin.tmp.{pid}"
+        if bin_tmp in names:
+            gone = _abandoned(os.path.join(folder, bin_tmp), min_age_s)
+        else:  # an .idx alone: no lock to ask
+            gone = all(_abandoned_by_age(os.path.join(folder, n), min_age_s) for n in group)
+        if not gone:
             continue
-        path = os.path.join(folder, name)
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= min_age_s:
-            remove_quietly(path)
-            if not os.path.lexists(path):
-                removed.append(name)
+        for name in group:
+            path = os.path.join(folder, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                remove_quietly(path)
+                if not os.path.lexists(path):
+                    removed.append(name)
     return removed
 
 
-__all__ = ["SUFFIX", "commit_pair", "finish_interrupted", "journal_path", "sweep_leftovers"]
+def _abandoned_by_age(path: str, min_age_s: float) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime >= min_age_s
+
+
+__all__ = [
+    "SUFFIX",
+    "commit_pair",
+    "finish_interrupted",
+    "hold_writer_lock",
+    "journal_path",
+    "release_writer_lock",
+    "sweep_leftovers",
+]
