@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
+
+from .error_lines import clean, emit
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -20,18 +21,18 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: ") :]
-        self.exit(self.error_status, f"error: {message} (usage: {usage})\n")
+        self.exit(self.error_status, clean(f"error: {message} (usage: {usage})") + "\n")
 
 
 def fail(e: BaseException, path: str = "", status: int = 2) -> int:
     """Print the one ``error:`` line for an expected failure of a tool and return its exit status:
     an OSError as ``PATH: reason`` (``path`` when the error names no file), anything else as its
-    message."""
+    message; each line escaped and capped (error_lines.clean)."""
     if isinstance(e, OSError):
         text = f"{e.filename or path}: {e.strerror or e}"
     else:
         text = str(e)
     # a config file's several problems: one error: line each (never a line without the prefix)
     for line in getattr(e, "problems", None) or text.splitlines() or [type(e).__name__]:
-        print(f"error: {line}", file=sys.stderr)
+        emit("error", line)
     return status

@@ -21,6 +21,7 @@ from megatron_topo.data import DataError
 from megatron_topo.data.builtin import stdlib_files
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
+from megatron_topo.error_lines import clean
 
 
 def make_corpus(directory: str, megabytes: float) -> str:
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
                         file=sys.stderr,
                     )
     except (DataError, OSError) as e:
-        print(f"error: {error_line(e)}", file=sys.stderr)
+        print(clean(f"error: {error_line(e)}"), file=sys.stderr)
         return 1
     header = (
         f"{'tokenizer':>12} {'workers':>7} {'MB':>7} {'seconds':>8} {'start-up':>8} {'MB/s':>8} "

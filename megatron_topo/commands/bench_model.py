@@ -37,6 +37,7 @@ from megatron_topo.analysis.bench.model_paths import OPT_IMPL, Ours, Plain
 from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser
 from megatron_topo.config import ConfigError, ModelConfig, load_config
+from megatron_topo.error_lines import clean
 from megatron_topo.metrics import flops_per_iteration
 
 TARGET = 0.95
@@ -222,11 +223,11 @@ def main(argv=None) -> int:
     try:
         cfg = model_config(args)
     except ConfigError as e:
-        print(f"bench_model: error: {e}", file=sys.stderr)
+        print(clean(f"bench_model: error: {e}"), file=sys.stderr)
         return 2
     for name in ("batch", "steps", "repeats"):
         if getattr(args, name) < 1:
-            print(f"bench_model: error: --{name} must be >= 1, got {getattr(args, name)}", file=sys.stderr)
+            print(clean(f"bench_model: error: --{name} must be >= 1, got {getattr(args, name)}"), file=sys.stderr)
             return 2
     if args.threads:
         torch.set_num_threads(args.threads)

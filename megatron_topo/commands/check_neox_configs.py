@@ -16,6 +16,7 @@ import os
 import sys
 
 from megatron_topo.cli import OneLineParser
+from megatron_topo.error_lines import clean
 
 
 def check_file(path: str, vocab_size: int, world_size: int) -> list[str]:
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--world-size", type=int, default=8, help="ranks of the dry run (default 8)")
     args = ap.parse_args(argv)
     if not os.path.isdir(args.folder):
-        print(f"error: {args.folder}: not a folder", file=sys.stderr)
+        print(clean(f"error: {args.folder}: not a folder"), file=sys.stderr)
         return 2
     files = sorted(
         os.path.join(d, f) for d, _, names in os.walk(args.folder) for f in names if f.endswith((".yml", ".yaml"))

@@ -40,6 +40,7 @@ import shutil
 import sys
 
 from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.error_lines import clean
 from megatron_topo.pids import pid_alive
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -290,7 +291,7 @@ def main(argv=None) -> int:
             },
             max_shard_size=args.max_shard_size,
             unverified=args.load_unverified,
-            warn=lambda msg: print(f"warning: {msg}", file=sys.stderr),
+            warn=lambda msg: print(clean(f"warning: {msg}"), file=sys.stderr),
         )
     except (CheckpointError, OSError) as e:
         return fail(e, args.output)

@@ -23,6 +23,7 @@ import sys
 import time
 
 from megatron_topo.cli import fail
+from megatron_topo.error_lines import clean
 
 FIELDS = ("context", "text", "length", "finished", "message", "duration_seconds")
 MAX_INPUT_BYTES = 64 << 20
@@ -198,7 +199,7 @@ def main(args, err) -> int:
                     rec = sampler.sample(raw)
                     print("Generated Text: " + (rec["text"] or ""), flush=True)
                     if rec["message"]:
-                        print(f"note: {rec['message']}", file=sys.stderr, flush=True)
+                        print(clean(f"note: {rec['message']}"), file=sys.stderr, flush=True)
             except KeyboardInterrupt:
                 return 130
             return 0

@@ -17,6 +17,7 @@ from megatron_topo.cli import OneLineParser
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer
 from megatron_topo.data.build import check_token_range
 from megatron_topo.data.errors import error_line
+from megatron_topo.error_lines import clean
 
 
 def stats(ds: MMapIndexedDataset) -> dict:
@@ -48,7 +49,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     if args.vocab_size is not None and args.vocab_size < 1:
-        print(f"error: --vocab-size {args.vocab_size}: must be >= 1", file=sys.stderr)
+        print(clean(f"error: --vocab-size {args.vocab_size}: must be >= 1"), file=sys.stderr)
         return 1
     try:
         ds = MMapIndexedDataset(args.prefix)
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
             if args.tokenizer_type:
                 print(build_tokenizer(args.tokenizer_type, args.vocab_file).detokenize(ids))
     except (DataError, OSError) as e:
-        print(f"error: {error_line(e)}", file=sys.stderr)
+        print(clean(f"error: {error_line(e)}"), file=sys.stderr)
         return 1
     return 0
 

@@ -21,6 +21,7 @@ import warnings
 
 from megatron_topo.atomic import atomic_path
 from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.error_lines import clean
 from megatron_topo.metrics import drop_superseded, metrics_path, read_metrics
 from megatron_topo.safe_files import why_not_a_file
 
@@ -115,7 +116,7 @@ def load_runs(run_dirs: list[str]) -> list[list[dict]]:
             except OSError as e:
                 raise PlotError(f"{path}: cannot read it ({e.strerror or e})") from None
         for w in caught:
-            print(f"plot_metrics: warning: {w.message}", file=sys.stderr)
+            print(clean(f"plot_metrics: warning: {w.message}"), file=sys.stderr)
         for r in recs:
             s = r["step"]
             if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s != int(s):

@@ -19,6 +19,7 @@ import sys
 import time
 
 from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.error_lines import clean
 
 
 def main(argv=None) -> int:
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     except (ConfigError, DataError) as e:
         return fail(e)
     except OSError as e:
-        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        print(clean(f"error: {e.filename or ''}: {e.strerror or e}"), file=sys.stderr)
         return 2
     sizes = ", ".join(
         f"{name} {len(ds) if ds is not None else 0}" for name, ds in zip(("train", "valid", "test"), splits)

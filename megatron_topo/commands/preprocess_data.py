@@ -29,6 +29,7 @@ from megatron_topo.data import TOKENIZERS, DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
 from megatron_topo.data.tokenizer import MERGE_FILE_IGNORED
+from megatron_topo.error_lines import clean
 
 # Megatron-LM flags we refuse (with why) when given a value other than their no-op default.
 REFUSED = {
@@ -207,13 +208,13 @@ def _main(argv=None) -> int:
             force=args.force,
         )
     except (DataError, OSError) as e:
-        print(f"error: {error_line(e)}", file=sys.stderr)
+        print(clean(f"error: {error_line(e)}"), file=sys.stderr)
         return 1
     except Terminated as e:
-        print(f"error: stopped by {e}; no output written", file=sys.stderr)
+        print(clean(f"error: stopped by {e}; no output written"), file=sys.stderr)
         return 128 + int(getattr(signal, str(e)))
     except KeyboardInterrupt:
-        print("error: interrupted; no output written", file=sys.stderr)
+        print(clean("error: interrupted; no output written"), file=sys.stderr)
         return 130
     for key, prefix in stats.outputs.items():
         print(f"wrote {prefix}.bin/.idx ({key})")

@@ -13,6 +13,7 @@ import os
 import sys
 
 from megatron_topo.cli import OneLineParser
+from megatron_topo.error_lines import clean, emit
 
 
 def main(argv=None) -> int:
@@ -109,7 +110,7 @@ def _train(args, signals) -> int:
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     rt = None
-    lock = runlock.RunLock(log=lambda m: print(m, flush=True))
+    lock = runlock.RunLock(log=lambda m: print(clean(m), flush=True))
     try:
         cfg = load_config(args.configs, args.overrides)
         active_faults()  # a malformed MEGATRON_TOPO_FAULT fails here, not mid-run
@@ -135,11 +136,11 @@ def _train(args, signals) -> int:
             else None
         )
         if line is not None:
-            print(f"error: {line}", file=sys.stderr, flush=True)
+            emit("error", line, flush=True)
             sys.stdout.flush()
             os._exit(1)
         if isinstance(e, OSError) and e.filename is not None:
-            print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+            emit("error", f"{e.filename}: {e.strerror or e}")
             return 2
         oom = _out_of_memory(e)
         if oom is not None:  # a model too large for this machine: one line, not a C++ traceback
@@ -298,7 +299,7 @@ def report_once(e, rt) -> None:
 def print_errors(e) -> None:
     """One ``error:`` line per problem (a config file's problems are all reported at once)."""
     for line in getattr(e, "problems", None) or [str(e)]:
-        print(f"error: {line}", file=sys.stderr)
+        emit("error", line)
 
 
 def _out_of_memory(e: BaseException):

@@ -23,6 +23,7 @@ from megatron_topo.cli import OneLineParser
 from megatron_topo.data import DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import expand_sources, iter_source_documents
+from megatron_topo.error_lines import clean
 from megatron_topo.safe_outputs import check_output_file, head
 
 MAX_VOCAB = 1 << 24  # 16,777,216 ids: far beyond any tokenizer trained for a model (the 20B's: 50,277)
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
             ),
         )
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        warn = lambda msg: print(f"warning: {msg}", file=sys.stderr)  # noqa: E731
+        warn = lambda msg: print(clean(f"warning: {msg}"), file=sys.stderr)  # noqa: E731
         count, failure = [0], []
 
         def texts():  # a reading error stops training cleanly and is raised afterwards
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
             if trained is not None:
                 raise trained
     except (DataError, OSError) as e:
-        print(f"error: {error_line(e)}", file=sys.stderr)
+        print(clean(f"error: {error_line(e)}"), file=sys.stderr)
         return 1
     print(f"wrote {args.output} ({args.model_type}, vocab {args.vocab_size}, {count[0]} documents)")
     return 0

@@ -31,6 +31,7 @@ from typing import Callable, Iterable, Optional
 
 import numpy as np
 
+from ..error_lines import clean
 from .corpus import (  # noqa: F401  (expand_sources, iter_source_documents, Source: re-exported for callers)
     CHUNK_BYTES,
     CHUNK_LINES,
@@ -386,7 +387,7 @@ def _consume(result: dict, builders: dict, stats: PreprocessStats, skip_bad_line
 def _warn(msg: str) -> None:
     from tqdm import tqdm
 
-    tqdm.write(f"warning: {msg}", file=sys.stderr)  # keeps the progress bar intact
+    tqdm.write(clean(f"warning: {msg}"), file=sys.stderr)  # keeps the progress bar intact
 
 
 def _log(msg: str) -> None:

@@ -25,6 +25,8 @@ from typing import IO, Optional, Sequence
 
 import torch
 
+from ..error_lines import clean
+
 FILE = "rank_{rank}.jsonl"
 _NAME = re.compile(r"rank_(\d+)\.jsonl$")
 
@@ -166,7 +168,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--world-size", type=int, default=None, help="report ranks with no trace")
     a = ap.parse_args(argv)
     if not os.path.isdir(a.dir):
-        print(f"error: {a.dir} is not a directory", file=sys.stderr)
+        print(clean(f"error: {a.dir} is not a directory"), file=sys.stderr)
         return 2
     traces = load_traces(a.dir)
     problems = compare_traces(traces, a.world_size)

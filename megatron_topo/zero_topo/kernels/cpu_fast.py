@@ -39,6 +39,7 @@ import threading
 
 import torch
 
+from ...error_lines import clean
 from . import _cache
 from ._common import (
     check_dequantize_args,
@@ -130,7 +131,7 @@ def _warn(line: str) -> None:
     """One stderr line per distinct problem and process (a refused cache, a rebuilt library)."""
     if line not in _warned:
         _warned.add(line)
-        print(f"warning: {line}", file=sys.stderr, flush=True)
+        print(clean(f"warning: {line}"), file=sys.stderr, flush=True)
 
 
 def _private_cache() -> tuple[str | None, list[str]]:
