@@ -46,3 +46,14 @@ def emit(prefix: str, text, file=None, flush: bool = False) -> None:
     out = sys.stderr if file is None else file
     for part in str(text).splitlines() or [""]:
         print(clean(f"{prefix}: {part}" if prefix else part), file=out, flush=flush)
+
+
+def brief(text, limit: int = 60) -> str:
+    """``text`` as it is when short and printable (a file name, a ``--set`` argument), else its
+    first ``limit`` characters escaped, with its length: for naming a user's value inside a line."""
+    s = text if isinstance(text, str) else str(text)
+    if len(s) <= limit and not _UNSAFE.search(s):
+        return s
+    return (
+        f"{_UNSAFE.sub(_escape, s[:limit])}... ({len(s):,} characters)" if len(s) > limit else _UNSAFE.sub(_escape, s)
+    )

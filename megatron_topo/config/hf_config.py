@@ -13,6 +13,7 @@ import os
 from typing import Optional
 
 from ..model import hf_schema
+from ..safe_files import excerpt
 from .options import ConfigError
 
 WEIGHT_FILES = (
@@ -57,7 +58,7 @@ def model_keys_from_hf(hf: dict, where: str) -> dict:
     spec = spec_for_hf(hf)
     if spec is None:
         raise ConfigError(
-            f"{where}: model_type {hf.get('model_type')!r} is not supported; GPT-NeoX (gpt_neox: "
+            f"{where}: model_type {excerpt(hf.get('model_type'))} is not supported; GPT-NeoX (gpt_neox: "
             f"GPT-NeoX-20B, Pythia), Llama (llama) and Mistral (mistral) checkpoints load"
         )
     return spec.model_keys_from_hf(hf, where)

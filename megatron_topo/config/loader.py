@@ -12,6 +12,8 @@ import re
 import typing
 from typing import Any, Optional
 
+from ..error_lines import brief
+from ..safe_files import excerpt
 from .checks import validate
 from .deepspeed import AUTO, BATCH_KEYS, HF_AUTO_KEYS, apply_scheduler, resolve_autos
 from .neox import REJECTED_KEYS
@@ -86,6 +88,8 @@ def _coerce(value, tp, where: str):
         if isinstance(value, str):  # "5e8" quoted in JSON/YAML (DeepSpeed files do this)
             text = value.strip().replace("_", "")
             if re.fullmatch(r"[-+]?[0-9]+", text):
+                if len(text) > 1000:  # int() refuses over 4,300 digits; no count or size has this many
+                    raise ConfigError(f"{where}: an integer of {len(text):,} digits; expected {_type_name(base)}")
                 return int(text)
             try:
                 f = float(text)
@@ -154,7 +158,8 @@ def _merge_key(obj, raw_key, value, where: str, origin: dict, src: str, problems
     key = _norm(raw_key)
     path = f"{where}.{key}" if where else key
     if key not in names:
-        raise ConfigError(f"{src}: unknown key '{path}'{_suggest(key, names)} (valid: {', '.join(sorted(names))})")
+        valid = ", ".join(sorted(names))
+        raise ConfigError(f"{src}: unknown key {excerpt(path, 60)}{_suggest(key, names)} (valid: {valid})")
     tp = hints[key]
     base = _strip_optional(tp)
     if isinstance(value, str) and value == "auto" and path in HF_AUTO_KEYS:
@@ -190,14 +195,14 @@ def _merge_top(cfg, index, raw_key, value, src, origin, problems):
     if key == "deepspeed_extra_args" and isinstance(value, dict):  # GPT-NeoX hands these to DeepSpeed as top-level
         for k, v in value.items():  # keys and refuses one set elsewhere as well
             if any(p == _norm(k) or p.startswith(_norm(k) + ".") for p in origin):
-                raise ConfigError(f"{src}: deepspeed_extra_args.{k} is also set elsewhere; give it once")
+                raise ConfigError(f"{src}: deepspeed_extra_args.{brief(k)} is also set elsewhere; give it once")
             _collect(problems, _merge_top, cfg, index, k, v, src, origin, problems)
         return
     if key not in index:
         why = REJECTED_KEYS.get(key) or NEOX_UNSUPPORTED.get(key)
         if why:  # declared by GPT-NeoX / DeepSpeed: the reason, not a look-alike key
-            raise ConfigError(f"{src}: GPT-NeoX key '{raw_key}' is not supported here: {why}")
-        raise ConfigError(f"{src}: unknown key '{raw_key}'{_suggest(key, index)}")
+            raise ConfigError(f"{src}: GPT-NeoX key {excerpt(raw_key, 60)} is not supported here: {why}")
+        raise ConfigError(f"{src}: unknown key {excerpt(raw_key, 60)}{_suggest(key, index)}")
     sec = index[key]
     if key == "zero_optimization" and isinstance(value, bool):  # DeepSpeed's old form: true is stage 1
         value = {"stage": 1 if value else 0}
@@ -251,7 +256,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
         for path in _paths(data):
             origin.pop(path, None)
             origin.pop(path.split(".", 1)[-1], None)
-        _collect(problems, merge_into, cfg, data, f"--set {expr}", origin, problems)
+        _collect(problems, merge_into, cfg, data, f"--set {brief(expr)}", origin, problems)
     cfg.auto_values.update({k: None for k in BATCH_KEYS if AUTO + k in origin and k not in origin})
     _collect(problems, resolve_autos, cfg, origin)
     _resolve_aliases(cfg, origin, problems)

@@ -15,6 +15,7 @@ import typing
 from dataclasses import field
 from typing import Any, Optional
 
+from ..safe_files import excerpt
 from ..zero_topo.plan_space import BLOCK_SIZE_RULE, is_block_size
 
 
@@ -131,6 +132,10 @@ def _kind(value) -> str:
     return {_Int: "int", _Float: "float"}.get(type(value), type(value).__name__)
 
 
+def _scalar(v) -> bool:
+    return isinstance(v, (bool, int, float)) or v is None
+
+
 def _fmt(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -180,13 +185,14 @@ def _check_declared(path: str, value, meta) -> None:
         fold = (lambda x: x.lower() if isinstance(x, str) else x) if meta.get("ignore_case") else (lambda x: x)
         if fold(value) not in [fold(c) for c in choices] or (isinstance(value, bool) != isinstance(choices[0], bool)):
             why = f" ({meta['why']})" if meta.get("why") else ""
-            shown = f"'{value}'" if isinstance(value, str) else _fmt(value)
+            shown = excerpt(value, 60) if isinstance(value, str) else _fmt(value) if _scalar(value) else _short(value)
             raise ConfigError(f"{path}={shown} is not valid; use one of {', '.join(_fmt(c) for c in choices)}{why}")
     check = meta.get("check")
     if check is not None:
         err = check(value)
         if err:
-            raise ConfigError(f"{path}={value!r} is not valid; {err}")
+            shown = excerpt(value, 60) if isinstance(value, str) else _short(value)
+            raise ConfigError(f"{path}={shown} is not valid; {err}")
 
 
 def _collect(problems: Optional[list], fn, *args) -> None:

@@ -14,6 +14,7 @@ from ..safe_files import why_not_a_file
 from .options import ConfigError, _Float, _Int, _norm
 
 MAX_YAML_VALUES = 100_000  # a config has a few hundred; aliases may not expand past this
+MAX_INT_DIGITS = 1000  # far beyond any count or size; Python's own bound for int(str) is 4,300
 
 
 def _decode(path: str, raw: bytes) -> str:
@@ -125,6 +126,11 @@ def _yaml_int(loader, node):
     text = loader.construct_scalar(node)
     t = text.replace("_", "")
     sign, body = (-1, t[1:]) if t[:1] == "-" else (1, t.lstrip("+"))
+    if len(body) > MAX_INT_DIGITS:  # Python refuses to convert more than 4,300 digits: say so, one line
+        raise ConfigError(
+            f"{loader.name}: line {node.start_mark.line + 1}: an integer of {len(body):,} digits; "
+            f"a config value has at most {MAX_INT_DIGITS}"
+        )
     v = int(body[2:], 8) if body.startswith("0o") else int(body[2:], 16) if body.startswith("0x") else int(body, 10)
     out = _Int(sign * v)
     out.text = text

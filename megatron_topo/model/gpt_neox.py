@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from ..config.schema import ModelConfig
+from ..safe_files import excerpt
 from .spec_base import (
     OUTPUT,
     ModelSpec,
@@ -333,7 +334,7 @@ class GPTNeoXSpec(ModelSpec):
         for r in (hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}):  # both: either may be stale
             kind = r.get("rope_type", r.get("type", "default"))  # "type": transformers' older name
             if kind not in ("default", None):
-                raise ConfigError(f"{where}: rope_type {kind!r} is not supported (plain rotary only)")
+                raise ConfigError(f"{where}: rope_type {excerpt(kind)} is not supported (plain rotary only)")
         h = int(hf["hidden_size"])
         out = dict(
             num_layers=int(hf["num_hidden_layers"]),
@@ -351,7 +352,7 @@ class GPTNeoXSpec(ModelSpec):
         if int(hf.get("intermediate_size", 4 * h)) != 4 * h:
             unsupported.append(f"intermediate_size {hf['intermediate_size']} (ours is 4 x hidden_size = {4 * h})")
         if hf.get("hidden_act", "gelu") != "gelu":
-            unsupported.append(f"hidden_act {hf['hidden_act']!r} (ours is gelu)")
+            unsupported.append(f"hidden_act {excerpt(hf['hidden_act'])} (ours is gelu)")
         if hf.get("attention_bias", True) is not True:
             unsupported.append("attention_bias false (ours has biases)")
         if unsupported:

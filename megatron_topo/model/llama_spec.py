@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from ..safe_files import excerpt
 from .llama import Llama, gated, kv_heads, mlp_bias, mlp_width
 from .spec_base import ModelSpec
 
@@ -201,14 +202,13 @@ class LlamaSpec(ModelSpec):
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         for r in (hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}):  # both: either may be stale
             if r.get("rope_type", r.get("type", "default")) not in ("default", None):
-                raise ConfigError(
-                    f"{where}: rope_type {r.get('rope_type', r.get('type'))!r} is not supported (plain rotary only)"
-                )
+                kind = excerpt(r.get("rope_type", r.get("type")))
+                raise ConfigError(f"{where}: rope_type {kind} is not supported (plain rotary only)")
         base = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
         h, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
         unsupported = []
         if hf.get("hidden_act", HF_ACT) != HF_ACT:
-            unsupported.append(f"hidden_act {hf['hidden_act']!r} (ours is silu)")
+            unsupported.append(f"hidden_act {excerpt(hf['hidden_act'])} (ours is silu)")
         if int(hf.get("head_dim") or h // heads) * heads != h:
             unsupported.append(f"head_dim {hf.get('head_dim')} x {heads} heads != hidden_size {h}")
         if float(base) != int(float(base)):

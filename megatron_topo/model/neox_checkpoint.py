@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from ..config.options import ConfigError
-from ..safe_files import read_small_text
+from ..safe_files import excerpt, read_small_text
 
 MAX_LATEST_BYTES = 4096  # GPT-NeoX's latest holds a step folder's name
 
@@ -131,7 +131,7 @@ class NeoxWeights:
                 m = re.match(r"(?:module\.)?sequential\.(\d+)\.(.+)$", full)
                 if m is None:
                     raise ConfigError(
-                        f"{self.dir}/mp_rank_00_model_states.pt: tensor {full!r} is not a GPT-NeoX "
+                        f"{self.dir}/mp_rank_00_model_states.pt: tensor {excerpt(full)} is not a GPT-NeoX "
                         f"layer tensor (sequential.N.*); {CONVERT}"
                     )
                 self._add(int(m.group(1)), m.group(2), ("mp_rank_00_model_states.pt", full))
@@ -152,7 +152,7 @@ class NeoxWeights:
             return  # tied output layer: the embedding itself
         else:
             raise ConfigError(
-                f"{self.path}: GPT-NeoX layer {idx} tensor {key!r} has no place in this model "
+                f"{self.path}: GPT-NeoX layer {idx} tensor {excerpt(key)} has no place in this model "
                 f"(num_layers {L}, GPT-NeoX's gelu MLP with biases, rotary positions, LayerNorm); "
                 f"check num_layers and the architecture keys, or {CONVERT}"
             )

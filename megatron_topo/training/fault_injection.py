@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config.options import ConfigError
+from ..safe_files import excerpt
 
 ENV = "MEGATRON_TOPO_FAULT"
 KINDS = ("kill", "nan", "inf")
@@ -53,13 +54,13 @@ def parse(spec: str) -> list[Fault]:
     for item in filter(None, (s.strip() for s in spec.split(";"))):
         kind, *fields = item.split(":")
         if kind not in KINDS:
-            raise ConfigError(f"{ENV}: fault '{kind}' in {item!r} is unknown; valid: {', '.join(KINDS)}")
+            raise ConfigError(f"{ENV}: fault {excerpt(kind)} in {excerpt(item)} is unknown; valid: {', '.join(KINDS)}")
         kw: dict = {}
         for f in fields:
             key, sep, val = f.partition("=")
             if not sep or key not in ("rank", "step", "at", "unit", "count", "where"):
                 raise ConfigError(
-                    f"{ENV}: {f!r} in {item!r} is not valid; use rank=, step=, at=, unit=, count=, where="
+                    f"{ENV}: {excerpt(f)} in {excerpt(item)} is not valid; use rank=, step=, at=, unit=, count=, where="
                 )
             if key in ("at", "where"):
                 kw[key] = val
@@ -67,13 +68,15 @@ def parse(spec: str) -> list[Fault]:
                 try:
                     kw[key] = int(val)
                 except ValueError:
-                    raise ConfigError(f"{ENV}: {key}={val!r} in {item!r} is not an integer") from None
+                    raise ConfigError(f"{ENV}: {key}={excerpt(val)} in {excerpt(item)} is not an integer") from None
         if "step" not in kw:
-            raise ConfigError(f"{ENV}: {item!r} needs step=N")
+            raise ConfigError(f"{ENV}: {excerpt(item)} needs step=N")
         if kw.get("at", "step") not in POINTS:
-            raise ConfigError(f"{ENV}: at={kw['at']} in {item!r} is not valid; use one of {', '.join(POINTS)}")
+            raise ConfigError(
+                f"{ENV}: at={excerpt(kw['at'])} in {excerpt(item)} is not valid; use one of {', '.join(POINTS)}"
+            )
         if kw.get("where", "grad") not in ("grad", "loss"):
-            raise ConfigError(f"{ENV}: where={kw['where']} in {item!r} is not valid; use grad or loss")
+            raise ConfigError(f"{ENV}: where={excerpt(kw['where'])} in {excerpt(item)} is not valid; use grad or loss")
         out.append(Fault(kind, **kw))
     return out
 
