@@ -10,10 +10,12 @@ import re
 
 import yaml
 
-from ..safe_files import why_not_a_file
+from ..error_lines import brief
+from ..safe_files import excerpt, why_not_a_file
 from .options import ConfigError, _Float, _Int, _norm
 
 MAX_YAML_VALUES = 100_000  # a config has a few hundred; aliases may not expand past this
+MAX_YAML_DEPTH = 100  # levels of nesting (a config has at most 4 or 5)
 MAX_INT_DIGITS = 1000  # far beyond any count or size; Python's own bound for int(str) is 4,300
 
 
@@ -39,23 +41,65 @@ def _decode(path: str, raw: bytes) -> str:
         ) from None
 
 
-def _expanded_size(obj, limit: int, memo: dict) -> int:
-    """How many values ``obj`` holds once every alias is expanded (memoised: linear time)."""
-    if id(obj) in memo:
-        return memo[id(obj)]
-    n = 1
+class _Recursive(Exception):
+    pass
+
+
+class YamlBoundError(ConfigError):
+    """A config YAML past a bound (recursive, too deep, expanding too far): refused as a whole,
+    also for a ``--set`` value (never taken as plain text instead)."""
+
+
+def _children(obj):
     if isinstance(obj, dict):
-        items = list(obj.values())
-    elif isinstance(obj, list):
-        items = obj
-    else:
-        items = ()
-    for v in items:
-        n += _expanded_size(v, limit, memo)
-        if n > limit:
-            break
-    memo[id(obj)] = n
-    return n
+        return list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        return list(obj)
+    return ()
+
+
+def _expanded_size(obj, limit: int, memo: dict, depth_limit: int = 0) -> int:
+    """How many values ``obj`` holds once every alias is expanded (memoised: linear time; an
+    explicit stack, so neither a deep nor a recursive structure can exhaust Python's).
+    Raises _Recursive for a structure that contains itself (``a: &a [*a]``), and, with
+    ``depth_limit``, ValueError(depth) for one nested deeper than that."""
+    on_path: set = set()
+    stack = [(obj, iter(_children(obj)), 1)]
+    on_path.add(id(obj))
+    counts = [1]
+    while stack:
+        node, it, depth = stack[-1]
+        child = next(it, _DONE)
+        if child is _DONE:
+            stack.pop()
+            on_path.discard(id(node))
+            n = counts.pop()
+            if _children(node):
+                memo[id(node)] = n
+            if counts:
+                counts[-1] = min(counts[-1] + n, limit + 1)
+            else:
+                return n
+            continue
+        if counts[-1] > limit:
+            continue  # past the bound already: no need to look further
+        if id(child) in on_path:
+            raise _Recursive()
+        if id(child) in memo:
+            counts[-1] = min(counts[-1] + memo[id(child)], limit + 1)
+            continue
+        if not _children(child):
+            counts[-1] += 1
+            continue
+        if depth_limit and depth + 1 > depth_limit:
+            raise ValueError(depth + 1)
+        on_path.add(id(child))
+        stack.append((child, iter(_children(child)), depth + 1))
+        counts.append(1)
+    return counts[0] if counts else 1
+
+
+_DONE = object()
 
 
 def parse_yaml(text: str, name: str):
@@ -73,13 +117,29 @@ def parse_yaml(text: str, name: str):
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{name}:{at} invalid YAML: {problem}") from None
     except RecursionError:
-        raise ConfigError(f"{name}: invalid YAML: nested too deeply") from None
-    if _expanded_size(data, MAX_YAML_VALUES, {}) > MAX_YAML_VALUES:
-        raise ConfigError(
+        raise YamlBoundError(f"{name}: invalid YAML: nested too deeply") from None
+    check_bounds(data, name)
+    return data
+
+
+def check_bounds(data, name: str) -> None:
+    """YamlBoundError when ``data`` contains itself, is nested too deeply or expands too far."""
+    try:
+        size = _expanded_size(data, MAX_YAML_VALUES, {}, MAX_YAML_DEPTH)
+    except _Recursive:
+        raise YamlBoundError(
+            f"{name}: a recursive alias (an &anchor used inside itself, as in `a: &a [*a]`); "
+            f"a config value cannot contain itself"
+        ) from None
+    except ValueError:
+        raise YamlBoundError(
+            f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; a config needs a few"
+        ) from None
+    if size > MAX_YAML_VALUES:
+        raise YamlBoundError(
             f"{name}: the YAML expands to more than {MAX_YAML_VALUES:,} values through its aliases "
             f"(&anchor/*alias); a config needs a few hundred"
         )
-    return data
 
 
 def load_yaml(path: str) -> dict:
@@ -116,6 +176,7 @@ def load_yaml(path: str) -> dict:
                 raise
             where = f" line {e.lineno}:" if hasattr(e, "lineno") else ""
             raise ConfigError(f"{path}:{where} invalid JSON: {getattr(e, 'msg', e)}") from None
+        check_bounds(data, path)
         if data is not None and not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
         return data or {}
@@ -198,21 +259,23 @@ def parse_set(expr: str, is_text=None) -> dict:
     ``is_text(parts)`` says the key's declared type is a string: then the value is the text as
     written (``save=run #2/ck`` keeps its ``#``), unless it is quoted YAML or null."""
     if "=" not in expr:
-        raise ConfigError(f"--set {expr!r}: expected dotted.key=value")
+        raise ConfigError(f"--set {excerpt(expr, 60)}: expected dotted.key=value")
     key, raw = expr.split("=", 1)
     parts = key.strip().split(".")
     if not all(p.strip() for p in parts):
-        raise ConfigError(f"--set {expr!r}: empty key name in {key.strip()!r}; expected dotted.key=value")
+        raise ConfigError(
+            f"--set {excerpt(expr, 60)}: empty key name in {excerpt(key.strip(), 60)}; expected dotted.key=value"
+        )
     text = raw.strip()
     quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
     if is_text is not None and is_text(parts) and not quoted and text not in ("null", "Null", "NULL", "~"):
         value = text
     else:
         try:
-            value = parse_yaml(raw, f"--set {expr}") if raw != "" else ""
-        except ConfigError as e:
-            if "expands to more than" in str(e):
-                raise
+            value = parse_yaml(raw, f"--set {brief(expr)}") if raw != "" else ""
+        except YamlBoundError:
+            raise
+        except ConfigError:
             value = raw  # not YAML: the text itself
     out: dict = {}
     cur = out
