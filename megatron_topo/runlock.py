@@ -26,16 +26,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
+import stat
 import subprocess
 import threading
 import time
 from typing import Callable, Optional
 
-from .pids import pid_alive
+from . import safe_files
+from .error_lines import brief
+from .pids import pid_alive, valid_pid
 
 LOCK_NAME = ".megatron_topo.lock"
 LEASE_S = float(os.environ.get("MEGATRON_TOPO_LOCK_LEASE_S", "300"))
+RECORD_CAP = 64 * 1024  # a lock record is a few hundred bytes; a larger file is not one
+_JOB_ID = re.compile(r"[0-9A-Za-z_.+-]{1,64}")
 _SLURM_LIVE = {
     "PENDING",
     "RUNNING",
@@ -83,15 +89,38 @@ def _slurm_job_state(job: str) -> Optional[str]:
     return None
 
 
+def record_problem(owner: dict) -> Optional[str]:
+    """Why ``owner`` (a lock file's JSON) is not a lock record a run of ours writes, or None."""
+    if not owner:
+        return "not a JSON record"
+    if not isinstance(owner.get("host"), str) or not owner["host"] or len(owner["host"]) > 255:
+        return f"host {_show(owner.get('host'))}"
+    if not valid_pid(owner.get("pid")):
+        return f"pid {_show(owner.get('pid'))} (a process id is an integer from 1 to 4,194,304)"
+    job = owner.get("job")
+    if job is not None and not (isinstance(job, str) and _JOB_ID.fullmatch(job)):
+        return f"Slurm job {_show(job)}"
+    return None
+
+
+def _show(v) -> str:
+    return "missing" if v is None else safe_files.excerpt(v) if isinstance(v, str) else brief(repr(v))
+
+
+def _field(owner: dict, key: str) -> str:
+    v = owner.get(key)
+    return "?" if v is None else brief(v) if isinstance(v, str) else _show(v)
+
+
 def describe(owner: dict) -> str:
-    job = f"Slurm job {owner['job']}, " if owner.get("job") else ""
-    return f"{job}host {owner.get('host', '?')}, pid {owner.get('pid', '?')}, since {owner.get('started', '?')}"
+    job = f"Slurm job {_field(owner, 'job')}, " if owner.get("job") else ""
+    return f"{job}host {_field(owner, 'host')}, pid {_field(owner, 'pid')}, since {_field(owner, 'started')}"
 
 
 def stale_reason(owner: dict, lock_path: str, now: Optional[float] = None) -> Optional[str]:
     """Why the lock of ``owner`` is stale, or None while its owner may still run."""
     host, pid = owner.get("host"), owner.get("pid")
-    if host == socket.gethostname() and isinstance(pid, int):
+    if host == socket.gethostname() and valid_pid(pid):
         if not pid_alive(pid):
             return f"process {pid} on {host} has exited"
         start = _proc_start(pid)
@@ -99,7 +128,7 @@ def stale_reason(owner: dict, lock_path: str, now: Optional[float] = None) -> Op
             return f"process {pid} on {host} has exited (its pid now belongs to another process)"
         return None
     job = owner.get("job")
-    if job and job != _job_id():
+    if isinstance(job, str) and _JOB_ID.fullmatch(job) and job != _job_id():
         state = _slurm_job_state(str(job))
         if state is not None:
             if state in _SLURM_LIVE:
@@ -114,16 +143,42 @@ def stale_reason(owner: dict, lock_path: str, now: Optional[float] = None) -> Op
     return None
 
 
+class _Unreadable(Exception):
+    pass
+
+
 def _read(path: str) -> Optional[dict]:
+    """The lock record at ``path``: None when there is none, {} when it cannot be read as one (judged
+    by its lease, like a remote owner). Never blocks: a FIFO, device, folder or symbolic link at the
+    lock's name is no lock of ours and raises LockError (nothing is opened or removed)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(4096)
-        rec = json.loads(data.decode("utf-8", "replace"))
-        return rec if isinstance(rec, dict) else {}
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except OSError:
+        return {}
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else safe_files._kind(st.st_mode)
+        raise LockError(
+            f"{path} is {kind}, not a lock file of megatron_topo; it was not made by a run: "
+            f"remove it, or point the run at another folder"
+        )
+    try:
+        data = safe_files.read_small(path, RECORD_CAP, _Unreadable)
+        rec = json.loads(data.decode("utf-8", "replace"))
+    except FileNotFoundError:
+        return None
+    except (_Unreadable, OSError, ValueError, RecursionError):
         return {}  # unreadable or not ours: judged by its lease (mtime) like a remote owner
+    return rec if isinstance(rec, dict) else {}
+
+
+def _read_own(path: str) -> dict:
+    """The record at a lock path this run holds ({} when it is gone or replaced by something else)."""
+    try:
+        return _read(path) or {}
+    except LockError:
+        return {}
 
 
 class RunLock:
@@ -174,6 +229,13 @@ class RunLock:
                 if owner is None:
                     continue  # released meanwhile: try again
                 reason = stale_reason(owner, path)
+                bad = record_problem(owner)
+                if reason is None and bad is not None:
+                    raise LockError(
+                        f"{what} {folder}: the lock {path} does not hold a valid lock record ({bad}); it counts "
+                        f"as held until its lease expires ({LEASE_S:.0f} s after its last change): remove it "
+                        f"if no run uses this folder, or use another folder"
+                    )
                 if reason is None:
                     raise LockError(
                         f"{what} {folder} belongs to a running job ({describe(owner)}; lock {path}); "
@@ -184,7 +246,7 @@ class RunLock:
                     os.rename(path, aside)
                 except FileNotFoundError:
                     continue  # another run took it over first: look again
-                if _read(aside) != owner:  # renamed a fresh lock taken between our read and rename
+                if _read_own(aside) != owner:  # renamed a fresh lock taken between our read and rename
                     try:
                         os.link(aside, path)
                     except FileExistsError:
@@ -210,7 +272,7 @@ class RunLock:
         def renew():
             while not self._stop.wait(LEASE_S / 4):
                 for path, token in list(self.held):
-                    if (_read(path) or {}).get("token") == token:
+                    if _read_own(path).get("token") == token:
                         try:
                             os.utime(path)
                         except OSError:
@@ -223,7 +285,7 @@ class RunLock:
         """Remove the locks this run holds (only where the lock is still ours)."""
         self._stop.set()
         for path, token in self.held:
-            if (_read(path) or {}).get("token") == token:
+            if _read_own(path).get("token") == token:
                 try:
                     os.unlink(path)
                 except OSError:
