@@ -6,7 +6,9 @@ can write (issue 29).
   else can write is tightened to 0700, and anything else (another owner, group- or world-writable,
   a symlink, a file) is refused with the reason. Every existing folder above it must be owned by
   this user or root and, where others can write it, carry the sticky bit (so nobody else can
-  rename the cache away and put their own in its place).
+  rename the cache away and put their own in its place). Symbolic links on the way are followed:
+  the folders they lead to (and every folder above those) are checked the same way, and a link
+  owned by another user is refused.
 * A library is loaded only when its SHA-256 equals the one recorded next to it when it was built
   (``NAME.so.sha256``, in the same private folder); a missing or different record means rebuild.
 """
@@ -34,23 +36,92 @@ def _describe_owner(uid: int) -> str:
         return f"uid {uid}"
 
 
+def _folder_problem(p: str, st: os.stat_result, me: int) -> Optional[str]:
+    if st.st_uid not in (me, 0):
+        return f"its parent {p} is owned by {_describe_owner(st.st_uid)}"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"its parent {p} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit)"
+    return None
+
+
+def _chain_problem(path: str, me: int) -> Optional[str]:
+    """Walk ``path`` (absolute) component by component as the kernel resolves it, following every
+    symbolic link: each folder passed through (the link's targets and their parents included) must
+    pass :func:`_folder_problem`, and each link must be owned by this user or root (whoever owns a
+    link in a sticky folder can replace it). The walk stops at the first component that does not
+    exist yet (it will be created by this user, inside a folder already checked)."""
+    todo = [c for c in path.split(os.sep) if c]
+    cur = os.sep
+    try:
+        why = _folder_problem(cur, os.stat(cur), me)
+    except OSError as e:
+        return f"its parent {cur} cannot be inspected ({e.strerror or e})"
+    if why:
+        return why
+    hops = 0
+    while todo:
+        name = todo.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"its parent {nxt} cannot be inspected ({e.strerror or e})"
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in (me, 0):
+                return f"its parent {nxt} is a symbolic link owned by {_describe_owner(st.st_uid)}"
+            hops += 1
+            if hops > 40:
+                return f"its parent {nxt} passes through too many symbolic links"
+            try:
+                target = os.readlink(nxt)
+            except OSError as e:
+                return f"its parent {nxt} cannot be inspected ({e.strerror or e})"
+            todo[:0] = [c for c in target.split(os.sep) if c]
+            if os.path.isabs(target):
+                cur = os.sep
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            return None  # a file in the way: creating the cache fails, with its own reason
+        why = _folder_problem(nxt, st, me)
+        if why:
+            return why
+        cur = nxt
+    return None
+
+
 def _ancestors_problem(d: str) -> Optional[str]:
+    """Why a folder above the cache ``d`` could let another user swap the cache, or None: checked
+    along the path as written, symbolic links followed (a link to a folder others can write, or a
+    link inside the chain owned by someone else, is refused), and along its real path."""
     me = _uid()
-    p = os.path.dirname(os.path.abspath(d))
+    parent = os.path.dirname(os.path.join(os.getcwd(), d))
+    why = _chain_problem(parent, me)
+    if why:
+        return why
+    real = os.path.realpath(parent)
+    while os.path.lexists(real) is False and os.path.dirname(real) != real:
+        real = os.path.dirname(real)
+    p = real
     while True:
         try:
-            st = os.lstat(p)
+            st = os.stat(p)
         except OSError:
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
-            if st.st_uid not in (me, 0):
-                return f"its parent {p} is owned by {_describe_owner(st.st_uid)}"
-            if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
-                return f"its parent {p} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit)"
-        parent = os.path.dirname(p)
-        if parent == p:
+            why = _folder_problem(p, st, me)
+            if why:
+                return why
+        up = os.path.dirname(p)
+        if up == p:
             return None
-        p = parent
+        p = up
 
 
 def private_dir(d: str) -> Optional[str]:
