@@ -128,7 +128,7 @@ def check_bounds(data, name: str) -> None:
         size = _expanded_size(data, MAX_YAML_VALUES, {}, MAX_YAML_DEPTH)
     except _Recursive:
         raise YamlBoundError(
-            f"{name}: a recursive alias (an &anchor used inside itself, as in `a: &a [*a]`); "
+            f"{name}: a recursive alias (an &anchor used inside itself, as in 'a: &a [*a]'); "
             f"a config value cannot contain itself"
         ) from None
     except ValueError:
