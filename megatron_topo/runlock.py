@@ -16,6 +16,11 @@ time) is detected as stale, without guessing, by the first of these that applies
 * otherwise a lease: the owner rewrites the lock's modification time every ``LEASE_S / 4``
   seconds while it runs, and a lock not refreshed for ``LEASE_S`` seconds is stale.
 
+A lock file that does not hold a valid record (not JSON, no host, a pid outside 1..2**22) is judged
+by its lease alone, with a line naming the bad field while the lease runs; something other than a
+regular file at the lock's name (a FIFO, a folder, a symbolic link, a device) was not made by a run:
+one line, nothing opened (the record is read without blocking, at most 64 KiB) or removed.
+
 A stale lock is taken over with one line naming the previous owner. Creating the lock is atomic
 (``os.link`` of a complete file: no reader ever sees a half-written record, also on Lustre and
 NFS); taking over renames the stale file away first (only one contender's rename succeeds) and
