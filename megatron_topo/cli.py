@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .error_lines import clean, emit
+from .error_lines import LINE_CAP, clean, emit
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -21,7 +21,11 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: ") :]
-        self.exit(self.error_status, clean(f"error: {message} (usage: {usage})") + "\n")
+        head = clean(f"error: {message}")
+        room = LINE_CAP - len(head) - len(" (usage: )")
+        if len(usage) > room:  # the message stays whole; a long usage is shortened (--help has it all)
+            usage = usage[: max(room - len(" ... see --help"), 0)].rstrip() + " ... see --help"
+        self.exit(self.error_status, clean(f"{head} (usage: {usage})") + "\n")
 
 
 def fail(e: BaseException, path: str = "", status: int = 2) -> int:

@@ -328,3 +328,17 @@ def test_symlink_to_our_own_private_folder_is_used(lib_name, tmp_path):  # noqa:
     assert out.startswith("available") and err == [], (out, err)
     assert sorted(os.listdir(mine / "kc")) == sorted([lib_name[0], lib_name[0] + ".sha256"])
     shutil.rmtree(mine)
+
+
+def test_argument_error_keeps_its_message_and_shortens_a_long_usage(capfd):
+    """An argparse error of a tool with a long usage (preprocess_data: ~850 characters) and an
+    argument holding escape sequences: one line, the message whole and escaped, the usage cut."""
+    from megatron_topo.commands import preprocess_data
+
+    argv = ["--input", "x", "--output-prefix", "o", "--tokenizer-type", "ByteLevel", "--no-such-flag" + ESC + "f" * 300]
+    rc = call(preprocess_data.main, argv)
+    line = one_error_line(capfd)
+    assert rc == 1  # preprocess_data's status for bad arguments (GPT-NeoX's)
+    assert line.startswith("error: unrecognized arguments: --no-such-flag\\x1b[2J\\x1b]0;x\\x07fff"), line
+    assert "f" * 300 in line and line.endswith(" ... see --help)"), line
+    assert len(line) <= error_lines.LINE_CAP and not any(c in line for c in CONTROL), ascii(line)
