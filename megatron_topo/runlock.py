@@ -44,7 +44,23 @@ from .error_lines import brief
 from .pids import pid_alive, valid_pid
 
 LOCK_NAME = ".megatron_topo.lock"
-LEASE_S = float(os.environ.get("MEGATRON_TOPO_LOCK_LEASE_S", "300"))
+LEASE_ENV = "MEGATRON_TOPO_LOCK_LEASE_S"
+
+
+def _lease_from_env() -> tuple[float, Optional[str]]:
+    """The lease in seconds ($MEGATRON_TOPO_LOCK_LEASE_S, default 300) and, for a value that is not
+    a number of seconds from 1 to a week, the error line ``acquire`` gives (300 s meanwhile)."""
+    raw = os.environ.get(LEASE_ENV, "300")
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not 1 <= v <= 604800:
+        return 300.0, f"{LEASE_ENV}={brief(raw)} is not valid; use a number of seconds from 1 to 604800 (a week)"
+    return v, None
+
+
+LEASE_S, _LEASE_PROBLEM = _lease_from_env()
 RECORD_CAP = 64 * 1024  # a lock record is a few hundred bytes; a larger file is not one
 _JOB_ID = re.compile(r"[0-9A-Za-z_.+-]{1,64}")
 _SLURM_LIVE = {
@@ -206,6 +222,8 @@ class RunLock:
 
     def acquire(self, folder: str, what: str) -> None:
         """Lock ``folder`` (created if missing) for this run or raise LockError naming the owner."""
+        if _LEASE_PROBLEM:
+            raise LockError(_LEASE_PROBLEM)
         given, folder = folder, os.path.abspath(folder)
         path = os.path.join(folder, LOCK_NAME)
         if any(p == path for p, _ in self.held):

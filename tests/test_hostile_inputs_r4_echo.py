@@ -342,3 +342,33 @@ def test_argument_error_keeps_its_message_and_shortens_a_long_usage(capfd):
     assert line.startswith("error: unrecognized arguments: --no-such-flag\\x1b[2J\\x1b]0;x\\x07fff"), line
     assert "f" * 300 in line and line.endswith(" ... see --help)"), line
     assert len(line) <= error_lines.LINE_CAP and not any(c in line for c in CONTROL), ascii(line)
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "-5", "1e999", ESC + "x" * 2000])
+def test_lock_lease_env_that_is_not_a_duration(value, world, tmp_path, monkeypatch):  # noqa: F811
+    """$MEGATRON_TOPO_LOCK_LEASE_S is read at import: a bad value was a ValueError traceback there
+    (or a lease of nan/-5 s that made every lock stale at once); now one line when a lock is taken."""
+    import subprocess
+    import sys
+
+    from .cli_cases import ROOT
+
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snap(d)
+    env = {k: v for k, v in os.environ.items() if k not in (fault_injection.ENV, "WORLD_SIZE", "RANK")}
+    env.update({runlock.LEASE_ENV: value, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "train.py"), *S("save=sv", "train_iters=1")],
+        cwd=d,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith(f"error: {runlock.LEASE_ENV}=") and "is not valid" in lines[0], lines
+    assert len(lines[0]) <= error_lines.LINE_CAP and not any(c in lines[0] for c in CONTROL)
+    assert {k: v for k, v in snap(d).items() if not k.startswith("cache/")} == {
+        k: v for k, v in before.items() if not k.startswith("cache/")
+    }
