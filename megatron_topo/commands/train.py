@@ -146,10 +146,10 @@ def _train(args, signals) -> int:
         if oom is not None:  # a model too large for this machine: one line, not a C++ traceback
             if rt is not None and rt.heartbeat is not None:
                 rt.heartbeat.stop()
-            print(
-                f"error: rank {rt.rank if rt is not None else 0}: out of memory ({oom}); use a smaller model or "
+            emit(
+                "error",
+                f"rank {rt.rank if rt is not None else 0}: out of memory ({oom}); use a smaller model or "
                 f"micro-batch, shard more (zero_topo.preset: zero3 or topo) or add ranks",
-                file=sys.stderr,
             )
             return 1
         raise
