@@ -27,6 +27,7 @@ LAYER_OF = {
     "megatron_topo.safe_outputs": "util",
     "megatron_topo.pids": "util",
     "megatron_topo.cli": "util",
+    "megatron_topo.error_lines": "util",
     "megatron_topo.zero_topo.plan_space": "util",  # the plan space's legal values; imports nothing
     "megatron_topo.zero_topo.kernels": "kernels",
     "megatron_topo.data": "data",

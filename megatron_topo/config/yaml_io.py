@@ -132,9 +132,7 @@ def check_bounds(data, name: str) -> None:
             f"a config value cannot contain itself"
         ) from None
     except ValueError:
-        raise YamlBoundError(
-            f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; a config needs a few"
-        ) from None
+        raise YamlBoundError(f"{name}: nested more than {MAX_YAML_DEPTH} levels deep; a config needs a few") from None
     if size > MAX_YAML_VALUES:
         raise YamlBoundError(
             f"{name}: the YAML expands to more than {MAX_YAML_VALUES:,} values through its aliases "
