@@ -78,7 +78,14 @@ def consolidate(checkpoint: str, output: str, force: bool = False, unverified: b
     from megatron_topo.model.hf import SafetensorsWriter
     from megatron_topo.safe_outputs import check_output_file
     from megatron_topo.zero_topo.checkpoint import STATE_KEYS, CheckpointError
-    from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
+    from megatron_topo.config import load_config
+    from megatron_topo.zero_topo.checkpoint import load_model_config
+    from megatron_topo.zero_topo.checkpoint.export import (
+        check_model_table,
+        check_output_parent,
+        iter_checkpoint_units,
+        open_checkpoint,
+    )
 
     safet = output.endswith(".safetensors")
     optim_path = output[: -len(".safetensors")] + ".optim.pt" if safet else None
@@ -93,6 +100,9 @@ def consolidate(checkpoint: str, output: str, force: bool = False, unverified: b
     sp, meta, config_yaml = open_checkpoint(
         checkpoint, unverified, "pass --load-unverified"
     )  # fails before any shard is read
+    if config_yaml is not None:  # the names written are the model's (a checkpoint without config.yml: as saved)
+        st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
+        check_model_table(sp, meta, load_model_config(st, lambda p: load_config([p])))
     model, exp_avg, exp_avg_sq, adam_step = {}, {}, {}, {}
     tmp = temp_name(output)
     writer = None

@@ -111,7 +111,12 @@ def convert(
     from megatron_topo.model.hf import ShardedSafetensorsWriter, parse_size, to_hf_key
     from megatron_topo.safe_outputs import checkpoint_step_above
     from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside, load_model_config
-    from megatron_topo.zero_topo.checkpoint.export import check_output_parent, iter_checkpoint_units, open_checkpoint
+    from megatron_topo.zero_topo.checkpoint.export import (
+        check_model_table,
+        check_output_parent,
+        iter_checkpoint_units,
+        open_checkpoint,
+    )
 
     try:
         max_bytes = parse_size(max_shard_size)
@@ -146,6 +151,7 @@ def convert(
     )  # fails before anything is written
     st = {"step_dir": sp, "meta": meta, "config_yaml": config_yaml}
     mcfg = load_model_config(st, lambda p: load_config([p]))
+    check_model_table(sp, meta, mcfg)  # every name written is one the model has
     tdt = getattr(torch, DTYPES[dtype])
     from megatron_topo.model.spec import spec_for
 

@@ -10,6 +10,7 @@ from typing import Optional
 from . import meta_schema, storage
 from .meta_schema import Meta
 from .offline import full_unit_state, read_config_yaml
+from .param_table import check_param_table, module_unit_table
 from .storage import CheckpointError
 
 
@@ -32,6 +33,16 @@ def open_checkpoint(
     config_yaml = read_config_yaml(sp, meta)
     verify_checkpoint_files(sp, meta)
     return sp, meta, config_yaml
+
+
+def check_model_table(step_path: str, meta: Meta, model_cfg) -> None:
+    """meta.json's parameter table against the model ``model_cfg`` (the checkpoint's config.yml)
+    builds, on the meta device (no memory): a renamed, missing, extra or reshaped parameter is a
+    CheckpointError before anything is written."""
+    from ...model.spec import build_model
+
+    mine = module_unit_table(build_model(model_cfg, device="meta"))
+    check_param_table(step_path, meta, mine, "the model config.yml builds")
 
 
 def check_output_parent(path: str, flag: str = "--output") -> None:

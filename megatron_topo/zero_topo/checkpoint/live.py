@@ -17,6 +17,7 @@ from ...atomic import fsync_dir
 from . import storage
 from .meta_schema import FileRecord, Meta, TrainerState, UnitRecord
 from .offline import read_config_yaml, unit_state_range
+from .param_table import check_param_table
 from .storage import FORMAT_VERSION, LATEST, CheckpointError
 
 if TYPE_CHECKING:
@@ -179,24 +180,9 @@ def _publish(
 
 # ------------------------------------------------------------------------------- load
 def check_compatible(sp: str, meta: Meta, mine: list[dict]) -> None:
-    """The checkpoint's unit parameter tables must equal the model's (names, offsets, shapes)."""
-    if len(meta.units) != len(mine):
-        raise CheckpointError(
-            f"{sp}: checkpoint has {len(meta.units)} units, the model has {len(mine)} (different num_layers?)"
-        )
-    for i, (a, b) in enumerate(zip(meta.units, mine)):
-        pa = [p.to_record() for p in a.params]
-        pb = [[p[0], p[1], p[2], list(p[3])] for p in b["params"]]
-        if pa != pb:
-            if len(pa) != len(pb):
-                raise CheckpointError(
-                    f"{sp}: unit {i} has {len(pa)} parameters in the checkpoint, {len(pb)} in the model"
-                )
-            x, y = next((x, y) for x, y in zip(pa, pb) if x != y)
-            raise CheckpointError(
-                f"{sp}: parameter {y[0]} has shape {tuple(x[3])} in the checkpoint but {tuple(y[3])} in the "
-                f"model (unit {i}); the model config differs from the one that was saved"
-            )
+    """The checkpoint's unit parameter tables must equal the model's (names, offsets, numels,
+    shapes): :func:`.param_table.check_param_table`, the check every reader applies."""
+    check_param_table(sp, meta, mine)
 
 
 def _saved_config(sp: str, meta: Meta, read_config: Callable[[str], Config]) -> Optional[Config]:
