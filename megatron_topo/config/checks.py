@@ -73,6 +73,9 @@ def _cross_checks(cfg: Config, problems: list, arch_problems: Callable[[ModelCon
                 f'[[["global"], {m.num_layers}]]'
             )
     if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:
+        bad_rotary = _rotary_problem(m)
+        if bad_rotary:
+            add(bad_rotary)
         problems.extend(arch_problems(m))  # the architecture's own rules (model/spec.py)
     if not d.train_data_paths:
         for name in ("train_data_weights", "valid_data_paths", "test_data_paths"):
@@ -123,6 +126,36 @@ def _cross_checks(cfg: Config, problems: list, arch_problems: Callable[[ModelCon
             f"finetune_from ({c.finetune_from}) and load ({c.load}) both name the starting point; keep one "
             f"(load with finetune: true is the same as finetune_from)"
         )
+
+
+def rotary_dims(m: ModelConfig) -> tuple[float, int]:
+    """(head dim x rotary_pct, the rotary dims GPT-NeoX and HF's GPTNeoX use: int() of it)."""
+    exact = (m.hidden_size // m.num_attention_heads) * float(m.rotary_pct)
+    return exact, int(exact)
+
+
+def _rotary_problem(m: ModelConfig) -> Optional[str]:
+    """rotary_pct must give an even, non-zero count of rotary dims per head: an odd count fails in
+    GPT-NeoX and HF (their cos/sin tables have an even width) and this model would drop one more
+    dim; zero leaves the model without any position information (rotary is its only one)."""
+    if not 0.0 <= float(m.rotary_pct) <= 1.0:
+        return None  # the field's own problem
+    head = m.hidden_size // m.num_attention_heads
+    exact, dims = rotary_dims(m)
+    shown = f"rotary_pct {m.rotary_pct:g} of head dim {head} = {exact:g}" + ("" if exact == dims else f" -> {dims}")
+    evens = [d for d in range(2, head + 1, 2)]
+    near = " or ".join(f"{d / head:g} ({d} dims)" for d in sorted(evens, key=lambda d: abs(d - exact))[:2])
+    if dims == 0:
+        return (
+            f"{shown} rotary dims: the model would have no position information (rotary is its only position "
+            f"embedding); use e.g. rotary_pct {near or '1.0'}"
+        )
+    if dims % 2:
+        return (
+            f"{shown} rotary dims, an odd count: rotary turns pairs of dims (GPT-NeoX and HF fail on an odd "
+            f"count); use e.g. rotary_pct {near}"
+        )
+    return None
 
 
 def _eval_checks(cfg: Config, add) -> None:

@@ -77,6 +77,24 @@ def note_lines(cfg: Config) -> list[str]:
         out.append(
             f'note: DeepSpeed "auto" values taken from the rest of the config (as the HF Trainer fills them): {vals}'
         )
+    d, given = cfg.data, getattr(cfg, "origin", None) or {}
+    unused = [f"{k} {getattr(d, k)}" for k in ("data_path", "split") if k in given and getattr(d, k) is not None] if d.train_data_paths else []
+    if unused:  # GPT-NeoX reads train/valid/test_data_paths then, and ignores these too
+        out.append(
+            f"note: train_data_paths is set, so {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} not "
+            f"used (as in GPT-NeoX, train/valid/test_data_paths win); drop {' and '.join(k.split()[0] for k in unused)} "
+            f"to silence this"
+        )
+    m = cfg.model
+    if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:
+        from .checks import rotary_dims
+
+        exact, dims = rotary_dims(m)
+        if exact != dims:
+            out.append(
+                f"note: rotary_pct {m.rotary_pct:g} of head dim {m.hidden_size // m.num_attention_heads} = {exact:g}: "
+                f"{dims} dims are rotary (GPT-NeoX and HF round down the same way)"
+            )
     lg, t = cfg.logging, cfg.train
     if 0 < t.train_iters < lg.eval_interval:
         out.append(

@@ -83,20 +83,107 @@ def resume_source(cfg: Config, weights_from: Optional[str], log: Callable[[str],
     return None
 
 
+def _saved_run(cfg: Config, resume_from: str):
+    """(step folder, meta.json, the Config the checkpoint was saved with) of the checkpoint a run
+    resumes; None where it cannot be read or has no config.yml (reported where it is loaded)."""
+    from ..config import ConfigError
+
+    try:
+        sp = ckpt.resolve(resume_from)
+        meta = ckpt.read_meta(sp, unverified=cfg.checkpoint.load_unverified)
+        if ckpt.read_config_yaml(sp, meta) is None:
+            return None
+        return sp, meta, _read_config(os.path.join(sp, "config.yml"))
+    except (ckpt.CheckpointError, ConfigError):
+        return None
+
+
 def kept_global_batch(cfg: Config, resume_from: Optional[str], world_size: int) -> tuple:
-    """(global batch, where from) of the checkpoint this run resumes, when it was saved on
-    another world size and the config sets no train_batch_size: the run keeps its global
-    batch on the new node count. (None, "") otherwise."""
+    """(global batch, where from) of the checkpoint this run resumes when the config sets no
+    train_batch_size and the run's micro-batch x accumulation x world size would give another one
+    (another world size, micro-batch or accumulation): the run keeps the saved global batch and the
+    accumulation count is derived (a line says so; train_batch_size changes it deliberately).
+    (None, "") otherwise."""
     if not resume_from or cfg.train.train_batch_size is not None:
         return None, ""
     try:
-        meta = ckpt.read_meta(ckpt.resolve(resume_from))
+        meta = ckpt.read_meta(ckpt.resolve(resume_from), unverified=cfg.checkpoint.load_unverified)
     except ckpt.CheckpointError:
         return None, ""  # reported where the checkpoint is loaded
     kept, world = meta.trainer.global_batch, meta.world_size  # global_batch: None unless a positive integer
-    if kept is None or world == world_size:
+    t = cfg.train
+    if kept is None or kept == t.train_micro_batch_size_per_gpu * t.gradient_accumulation_steps * world_size:
         return None, ""
-    return kept, f"the checkpoint's, saved on {world} ranks"
+    if world != world_size:
+        return kept, f"the checkpoint's, saved on {world} ranks"
+    return kept, "the checkpoint's; set train_batch_size to change it"
+
+
+# keys whose change across a resume changes what the saved state means (besides the architecture,
+# which checkpoint.load refuses, and the global batch, which kept_global_batch keeps)
+DATA_ORDER_KEYS = (
+    ("data", "data_path"),
+    ("data", "train_data_paths"),
+    ("data", "train_data_weights"),
+    ("data", "split"),
+    ("train", "seed"),
+    ("data", "tokenizer_type"),
+    ("data", "vocab_file"),
+    ("data", "merge_file"),
+)
+SCHEDULE_KEYS = (("train", "min_lr"), ("train", "warmup"), ("train", "lr_decay_iters"), ("train", "lr_decay_style"))
+
+
+def _value(cfg: Config, section: str, key: str):
+    return getattr(getattr(cfg, section), key)
+
+
+def check_resume_keys(cfg: Config, resume_from: Optional[str]) -> list[str]:
+    """Before anything is built: a resume whose seq_length differs from the checkpoint's is refused
+    (its consumed_samples counts samples of the saved length: the data position would be
+    reinterpreted); the data order, tokenizer, learning-rate schedule and an explicit
+    train_batch_size may change, each with a note line (returned) naming the keys and both values."""
+    saved_run = _saved_run(cfg, resume_from) if resume_from else None
+    if saved_run is None:
+        return []
+    sp, meta, saved = saved_run
+    n = meta.trainer.consumed_samples
+    if saved.model.seq_length != cfg.model.seq_length:
+        raise ckpt.CheckpointError(
+            f"{sp}: seq_length {cfg.model.seq_length} differs from the checkpoint's {saved.model.seq_length}: its "
+            f"consumed_samples {n} counts {saved.model.seq_length}-token samples, so the data position would be "
+            f"reinterpreted; resume with --set seq_length={saved.model.seq_length}, or start from its weights "
+            f"with finetune_from={resume_from} instead of load (step 0, a fresh data position)"
+        )
+    notes = []
+
+    def changed(keys):
+        return [
+            f"{k} {_value(saved, s, k)!r} -> {_value(cfg, s, k)!r}"
+            for s, k in keys
+            if _value(saved, s, k) != _value(cfg, s, k)
+        ]
+
+    data = changed(DATA_ORDER_KEYS)
+    if data:
+        notes.append(
+            f"note: resuming with other data keys than the checkpoint's ({'; '.join(data)}): consumed_samples "
+            f"{n} is taken as a position in the new data order"
+        )
+    lr_now, lr_saved = cfg.train.optimizer.params.lr, saved.train.optimizer.params.lr
+    sched = ([f"lr {lr_saved!r} -> {lr_now!r}"] if lr_now != lr_saved else []) + changed(SCHEDULE_KEYS)
+    if sched:
+        notes.append(
+            f"note: resuming with another learning-rate schedule than the checkpoint's ({'; '.join(sched)}): it "
+            f"continues at step {meta.step} with the new values"
+        )
+    kept, t = meta.trainer.global_batch, cfg.train
+    if kept is not None and t.train_batch_size is not None and t.train_batch_size != kept:
+        notes.append(
+            f"note: global batch {t.train_batch_size} (train_batch_size) differs from the checkpoint's {kept}: "
+            f"consumed_samples {n} counts samples, so the data position holds"
+        )
+    return notes
 
 
 class Checkpointer:

@@ -18,7 +18,7 @@ from ..zero_topo.comm import Comm
 from ..zero_topo.engine import ZeroTopoEngine
 from ..zero_topo.sharding import Plan
 from . import auto_trials, profiling
-from .checkpoints import kept_global_batch, resume_source
+from .checkpoints import check_resume_keys, kept_global_batch, resume_source
 from .runtime import Runtime, seed_everything
 
 
@@ -94,6 +94,8 @@ def choose_plan(cfg: Config, rt: Runtime, log: Callable[[str], None] = print) ->
         weights_from = None  # an interrupted fine-tuning run resumes from its own save folder
     elif weights_from:
         resume_from = None
+    for line in check_resume_keys(cfg, resume_from):  # seq_length refused; data order, schedule: noted
+        log(line)
     # DeepSpeed's train_batch_size, now that the world is known
     batch_note = check_batch_size(
         cfg, rt.world_size, rt.topo.ranks_per_node, *kept_global_batch(cfg, resume_from, rt.world_size)

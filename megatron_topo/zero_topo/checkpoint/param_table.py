@@ -59,7 +59,7 @@ def check_param_table(sp: str, meta: Meta, mine: Sequence[dict], model: str = "t
                 continue
             if x[0] == y[0] and x[3] != y[3]:  # the message resume gave for another model config
                 raise CheckpointError(
-                    f"{where}: parameter {excerpt(y[0])} has shape {tuple(x[3])} in the checkpoint but "
+                    f"{where}: parameter {y[0]} has shape {tuple(x[3])} in the checkpoint but "
                     f"{tuple(y[3])} in the model (unit {i}); the model config differs from the one that was saved"
                 )
             raise CheckpointError(
