@@ -54,6 +54,7 @@ def _big_cfg():
 PROBE = textwrap.dedent("""
     import json
     import torch, transformers, safetensors.torch  # every import before the baseline
+    import torch._dynamo  # the parameter-table check builds the model on the meta device, which imports it
     transformers.GPTNeoXConfig
     from megatron_topo.commands import convert_to_hf
     def status(key):

@@ -151,3 +151,156 @@ def test_an_unedited_checkpoint_still_exports(world, tmp_path, monkeypatch, capf
     entry, argv, out = READERS[reader]
     assert call(entry, argv) == 0
     assert os.path.exists(d / out)
+
+
+# ------------------------------------------------------------------------------ rounded values
+def _cfg(*sets):
+    from megatron_topo.config import load_config
+
+    return load_config(["cfg.yml"], list(sets))
+
+
+@pytest.mark.parametrize(
+    "pct, needle",
+    [
+        ("0.375", "= 3 rotary dims, an odd count"),  # 3 dims: GPT-NeoX and HF fail, ours dropped one more
+        ("0.125", "= 1 rotary dims, an odd count"),
+        ("0.1", "= 0.8 -> 0 rotary dims: the model would have no position information"),
+        ("0", "= 0 rotary dims: the model would have no position information"),
+    ],
+)
+def test_a_rotary_pct_giving_odd_or_no_rotary_dims_is_refused(world, tmp_path, monkeypatch, capfd, pct, needle):
+    d = scratch(world, tmp_path, monkeypatch)
+    line = _refused(d, capfd, T, ["cfg.yml", "--set", f"rotary_pct={pct}", "--set", "train_iters=1"])
+    assert f"rotary_pct {float(pct):g} of head dim 8 {needle}" in line and "use e.g. rotary_pct 0.25" in line, line
+
+
+def test_a_fractional_rotary_dim_count_is_noted(world, tmp_path, monkeypatch, capfd):
+    """rotary_pct 0.3 of head dim 8 is 2.4 dims: 2 are used, as GPT-NeoX and HF do; said once."""
+    scratch(world, tmp_path, monkeypatch)
+    from megatron_topo.config.output import note_lines
+    from megatron_topo.model.gpt_neox import rotary_inv_freq
+
+    cfg = _cfg("rotary_pct=0.3")
+    assert rotary_inv_freq(cfg.model).numel() * 2 == 2
+    assert "note: rotary_pct 0.3 of head dim 8 = 2.4: 2 dims are rotary" in "\n".join(note_lines(cfg))
+    assert not [x for x in note_lines(_cfg("rotary_pct=0.25")) if "rotary" in x]
+    assert call(T, ["cfg.yml", "--set", "rotary_pct=0.3", "--dry-run"]) == 0
+    assert "2 dims are rotary" in capfd.readouterr().out
+
+
+# ------------------------------------------------------------------------------ keys that override others
+def test_train_data_paths_over_data_path_is_noted(world, tmp_path, monkeypatch, capfd):
+    """GPT-NeoX reads train_data_paths and ignores data_path and split; that is said, not silent."""
+    scratch(world, tmp_path, monkeypatch)
+    from megatron_topo.config.output import note_lines
+
+    notes = "\n".join(note_lines(_cfg("train_data_paths=[data/other]")))
+    assert "note: train_data_paths is set, so data_path data/toy and split 100,0,0 are not used" in notes, notes
+    assert not [x for x in note_lines(_cfg("data_path=data/other")) if "train_data_paths" in x]
+    assert call(T, ["cfg.yml", "--set", "train_data_paths=[data/other]", "--set", "train_iters=1"]) == 0
+    assert "data_path data/toy and split 100,0,0 are not used" in capfd.readouterr().out
+
+
+def test_keys_that_replace_others_are_still_refused_together(world, tmp_path, monkeypatch):
+    """The pairs already refused stay refused (one line each)."""
+    from megatron_topo.config import ConfigError
+
+    scratch(world, tmp_path, monkeypatch)
+    for sets, needle in (
+        (("warmup_iters=1", "warmup=0.5"), "warmup_iters and warmup both set"),
+        (("decay_lr_to=0.1", "min_lr=0.0001"), "decay_lr_to and min_lr both set"),
+        (("finetune_from=ck", "load=ck"), "both name the starting point"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            _cfg(*sets)
+
+
+# ------------------------------------------------------------------------------ resume with changed keys
+RESUME = ["cfg.yml", "--set", "load=ck", "--set", "train_iters=3", "--set", "log_dir=lg"]
+
+
+def _resume(capfd, *sets):
+    argv = list(RESUME)
+    for s in sets:
+        argv += ["--set", s]
+    rc = call(T, argv)
+    out = capfd.readouterr()
+    return rc, out.out + out.err
+
+
+def _last_loss(d):
+    recs = [json.loads(x) for x in (d / "lg" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r["loss"] for r in recs if r.get("step") == 3 and "loss" in r][-1]
+
+
+@pytest.mark.parametrize("sets", [["seq_length=8"], ["seq_length=8", "max_position_embeddings=8"]])
+def test_a_resume_with_another_seq_length_is_refused(world, tmp_path, monkeypatch, capfd, sets):
+    """consumed_samples counted 16-token samples: resuming at 8 reinterpreted the data position."""
+    d = scratch(world, tmp_path, monkeypatch)
+    argv = list(RESUME)
+    for s in sets:
+        argv += ["--set", s]
+    line = _refused(d, capfd, T, argv)
+    assert "seq_length 8 differs from the checkpoint's 16" in line and "finetune_from=ck" in line, line
+
+
+def test_another_seq_length_from_the_checkpoints_weights_is_a_fine_tune(world, tmp_path, monkeypatch, capfd):
+    scratch(world, tmp_path, monkeypatch)
+    assert call(T, ["cfg.yml", "--set", "finetune_from=ck", "--set", "seq_length=8", "--set", "train_iters=1"]) == 0
+
+
+@pytest.mark.parametrize("sets", [["train_micro_batch_size_per_gpu=4"], ["train_micro_batch_size_per_gpu=3"]])
+def test_a_resume_whose_micro_batch_cannot_keep_the_global_batch_is_refused(world, tmp_path, monkeypatch, capfd, sets):
+    """The global batch went from 2 to 4 without a line; the README says a resumed run keeps it."""
+    d = scratch(world, tmp_path, monkeypatch)
+    argv = list(RESUME)
+    for s in sets:
+        argv += ["--set", s]
+    line = _refused(d, capfd, T, argv)
+    assert "global batch 2 (the checkpoint's" in line and "set train_batch_size to change" in line, line
+
+
+@pytest.mark.parametrize(
+    "sets, line",
+    [
+        (["train_micro_batch_size_per_gpu=1"], "gradient_accumulation_steps 1 -> 2"),
+        (["gradient_accumulation_steps=2"], "gradient_accumulation_steps 2 -> 1"),
+    ],
+)
+def test_a_resume_keeps_the_global_batch_and_says_so(world, tmp_path, monkeypatch, capfd, sets, line):
+    """Another micro-batch or accumulation count: the saved global batch is kept (the accumulation is
+    derived, with a line), so step 3 trains on the same samples: the same loss, bit for bit."""
+    d = scratch(world, tmp_path, monkeypatch)
+    rc, text = _resume(capfd)
+    assert rc == 0, text[-2000:]
+    ref = _last_loss(d)
+    (d / "lg").rename(d / "lg0")
+    rc, text = _resume(capfd, *sets)
+    assert rc == 0, text[-2000:]
+    assert f"global batch 2 (the checkpoint's; set train_batch_size to change it)" in text and line in text, text
+    assert "global batch 2 x 16 tokens" in text
+    assert _last_loss(d) == ref
+
+
+@pytest.mark.parametrize(
+    "sets, needle",
+    [
+        (["data_path=data/other"], "other data keys than the checkpoint's (data_path 'data/toy' -> 'data/other')"),
+        (["seed=5"], "other data keys than the checkpoint's (seed 1234 -> 5)"),
+        (["optimizer.params.lr=0.002"], "another learning-rate schedule than the checkpoint's (lr 0.001 -> 0.002)"),
+        (["train_batch_size=4"], "global batch 4 (train_batch_size) differs from the checkpoint's 2"),
+    ],
+)
+def test_a_resume_with_changed_data_schedule_or_batch_says_so(world, tmp_path, monkeypatch, capfd, sets, needle):
+    scratch(world, tmp_path, monkeypatch)
+    rc, text = _resume(capfd, *sets)
+    assert rc == 0, text[-2000:]
+    assert "note: " + needle in text or needle in text, text[-3000:]
+
+
+def test_a_plain_resume_prints_no_change_note(world, tmp_path, monkeypatch, capfd):
+    scratch(world, tmp_path, monkeypatch)
+    rc, text = _resume(capfd)
+    assert rc == 0, text[-2000:]
+    assert "note: resuming" not in text and "the checkpoint's" not in text, text[-3000:]
