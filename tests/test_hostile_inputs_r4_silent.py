@@ -189,6 +189,19 @@ def test_a_fractional_rotary_dim_count_is_noted(world, tmp_path, monkeypatch, ca
     assert "2 dims are rotary" in capfd.readouterr().out
 
 
+def test_a_warmup_fraction_that_is_not_whole_steps_is_noted(world, tmp_path, monkeypatch):
+    """warmup 0.015 of 100 steps is 1.5 steps; 1 warms up (int(), as GPT-NeoX): said in a note."""
+    scratch(world, tmp_path, monkeypatch)
+    from megatron_topo.config.output import note_lines
+    from megatron_topo.training.batches import learning_rate
+
+    cfg = _cfg("warmup=0.015", "train_iters=100")
+    assert learning_rate(cfg, 1) == cfg.train.optimizer.params.lr  # 1 warmup step: full lr at step 1
+    assert "note: warmup 0.015 of train_iters 100 = 1.5 steps: 1 steps warm up" in "\n".join(note_lines(cfg))
+    for sets in (("warmup=0.01", "train_iters=100"), ("warmup_iters=3", "train_iters=7"), ("train_iters=7",)):
+        assert not [x for x in note_lines(_cfg(*sets)) if "warmup" in x], sets
+
+
 # ------------------------------------------------------------------------------ keys that override others
 def test_train_data_paths_over_data_path_is_noted(world, tmp_path, monkeypatch, capfd):
     """GPT-NeoX reads train_data_paths and ignores data_path and split; that is said, not silent."""

@@ -96,6 +96,13 @@ def note_lines(cfg: Config) -> list[str]:
                 f"{dims} dims are rotary (GPT-NeoX and HF round down the same way)"
             )
     lg, t = cfg.logging, cfg.train
+    decay_iters = t.lr_decay_iters or t.train_iters
+    warm = t.warmup * decay_iters
+    if "warmup" in given and warm != int(warm):  # training/batches.learning_rate: int(), as GPT-NeoX
+        out.append(
+            f"note: warmup {t.warmup:g} of {'lr_decay_iters' if t.lr_decay_iters else 'train_iters'} {decay_iters} = "
+            f"{warm:g} steps: {int(warm)} steps warm up (GPT-NeoX rounds down the same way; warmup_iters gives steps)"
+        )
     if 0 < t.train_iters < lg.eval_interval:
         out.append(
             f"note: eval_interval {lg.eval_interval} is above train_iters {t.train_iters}: no step of this run "
