@@ -329,10 +329,10 @@ CASES = [
     (
         "ckpt-resume-other-heads",
         T,
-        LOAD + ["--set", "num_attention_heads=8"],
+        LOAD + ["--set", "num_attention_heads=2"],  # (8 heads: head dim 4 x rotary_pct 0.25 = 1 dim, refused first)
         None,
         2,
-        "the model config differs from the checkpoint's (num_attention_heads 4 -> 8)",
+        "the model config differs from the checkpoint's (num_attention_heads 4 -> 2)",
     ),
     ("ckpt-resume-other-rotary", T, LOAD + ["--set", "rotary_pct=0.5"], None, 2, "(rotary_pct 0.25 -> 0.5)"),
     (
