@@ -175,6 +175,12 @@ def test_a_rotary_pct_giving_odd_or_no_rotary_dims_is_refused(world, tmp_path, m
     assert f"rotary_pct {float(pct):g} of head dim 8 {needle}" in line and "use e.g. rotary_pct 0.25" in line, line
 
 
+def test_a_head_of_one_dim_has_no_rotary_pair(world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    line = _refused(d, capfd, T, ["cfg.yml", "--set", "num_attention_heads=32", "--set", "rotary_pct=1"])
+    assert "rotary_pct 1 of head dim 1 = 1 rotary dims, an odd count" in line and "use fewer num_attention_heads" in line
+
+
 def test_a_fractional_rotary_dim_count_is_noted(world, tmp_path, monkeypatch, capfd):
     """rotary_pct 0.3 of head dim 8 is 2.4 dims: 2 are used, as GPT-NeoX and HF do; said once."""
     scratch(world, tmp_path, monkeypatch)

@@ -3,6 +3,7 @@ that tie several fields together, and DeepSpeed's batch-size rule once the world
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 from .deepspeed import BATCH_KEYS, derive_micro_batch, record_auto_batch
@@ -138,22 +139,28 @@ def _rotary_problem(m: ModelConfig) -> Optional[str]:
     """rotary_pct must give an even, non-zero count of rotary dims per head: an odd count fails in
     GPT-NeoX and HF (their cos/sin tables have an even width) and this model would drop one more
     dim; zero leaves the model without any position information (rotary is its only one)."""
-    if not 0.0 <= float(m.rotary_pct) <= 1.0:
-        return None  # the field's own problem
+    for f in dataclasses.fields(m):
+        if f.name in ("hidden_size", "num_attention_heads", "rotary_pct"):
+            try:
+                _check_declared(f.name, getattr(m, f.name), f.metadata)
+            except ConfigError:
+                return None  # the field's own problem (one line for it, not two)
     head = m.hidden_size // m.num_attention_heads
     exact, dims = rotary_dims(m)
     shown = f"rotary_pct {m.rotary_pct:g} of head dim {head} = {exact:g}" + ("" if exact == dims else f" -> {dims}")
-    evens = [d for d in range(2, head + 1, 2)]
-    near = " or ".join(f"{d / head:g} ({d} dims)" for d in sorted(evens, key=lambda d: abs(d - exact))[:2])
+    lo = max(2, dims - dims % 2)  # the even counts nearest the value (a head of 1e9 dims lists three)
+    evens = [d for d in (lo - 2, lo, lo + 2) if 2 <= d <= head]
+    near = " or ".join(f"{d / head:g} ({d} dims)" for d in sorted(evens, key=lambda d: (abs(d - exact), d))[:2])
+    way = f"use e.g. rotary_pct {near}" if near else "a head needs 2 dims or more: use fewer num_attention_heads"
     if dims == 0:
         return (
             f"{shown} rotary dims: the model would have no position information (rotary is its only position "
-            f"embedding); use e.g. rotary_pct {near or '1.0'}"
+            f"embedding); {way}"
         )
     if dims % 2:
         return (
             f"{shown} rotary dims, an odd count: rotary turns pairs of dims (GPT-NeoX and HF fail on an odd "
-            f"count); use e.g. rotary_pct {near}"
+            f"count); {way}"
         )
     return None
 
