@@ -64,15 +64,7 @@ def test_resume_under_another_plan_is_not_an_error(world, tmp_path, monkeypatch)
     before = snapshot(d / "ck", skip=("cache",))
     assert (
         train_cli.main(
-            LOAD
-            + [
-                "--set",
-                "zero_topo.preset=zero1",
-                "--set",
-                "train_iters=3",
-                "--set",
-                "hidden_dropout=0.1",
-            ]
+            LOAD + ["--set", "zero_topo.preset=zero1", "--set", "train_iters=3", "--set", "hidden_dropout=0.1"]
         )
         == 0
     )

@@ -7,7 +7,6 @@ consolidate_checkpoint, generate, resume, finetune_from); keys whose values are 
 keys that override others; keys whose change across a resume changes the saved state's meaning.
 """
 
-import copy
 import json
 import os
 
@@ -119,7 +118,9 @@ def _refused(d, capfd, entry, argv, out=None):
 
 @pytest.mark.parametrize("reader", sorted(READERS))
 @pytest.mark.parametrize("case", sorted(PARAM_TABLE))
-def test_an_edited_parameter_table_is_refused_by_every_offline_reader(world, tmp_path, monkeypatch, capfd, case, reader):
+def test_an_edited_parameter_table_is_refused_by_every_offline_reader(
+    world, tmp_path, monkeypatch, capfd, case, reader
+):
     """convert_to_hf wrote an HF export without embed_in and with no_such.weight, consolidate wrote
     the bogus name (exit 0); now the table is checked against the model config.yml builds."""
     d = scratch(world, tmp_path, monkeypatch)
@@ -131,7 +132,9 @@ def test_an_edited_parameter_table_is_refused_by_every_offline_reader(world, tmp
 
 @pytest.mark.parametrize("case", ["renamed", "names-swapped", "extra", "duplicated"])
 @pytest.mark.parametrize("how", ["load", "finetune_from"])
-def test_an_edited_parameter_table_is_refused_by_resume_and_finetune_from(world, tmp_path, monkeypatch, capfd, case, how):
+def test_an_edited_parameter_table_is_refused_by_resume_and_finetune_from(
+    world, tmp_path, monkeypatch, capfd, case, how
+):
     d = scratch(world, tmp_path, monkeypatch)
     PARAM_TABLE[case](d)
     line = _refused(d, capfd, T, ["cfg.yml", "--set", f"{how}=ck", "--set", "train_iters=3"])
@@ -178,7 +181,9 @@ def test_a_rotary_pct_giving_odd_or_no_rotary_dims_is_refused(world, tmp_path, m
 def test_a_head_of_one_dim_has_no_rotary_pair(world, tmp_path, monkeypatch, capfd):
     d = scratch(world, tmp_path, monkeypatch)
     line = _refused(d, capfd, T, ["cfg.yml", "--set", "num_attention_heads=32", "--set", "rotary_pct=1"])
-    assert "rotary_pct 1 of head dim 1 = 1 rotary dims, an odd count" in line and "use fewer num_attention_heads" in line
+    assert (
+        "rotary_pct 1 of head dim 1 = 1 rotary dims, an odd count" in line and "use fewer num_attention_heads" in line
+    )
 
 
 def test_a_fractional_rotary_dim_count_is_noted(world, tmp_path, monkeypatch, capfd):
@@ -297,7 +302,7 @@ def test_a_resume_keeps_the_global_batch_and_says_so(world, tmp_path, monkeypatc
     (d / "lg").rename(d / "lg0")
     rc, text = _resume(capfd, *sets)
     assert rc == 0, text[-2000:]
-    assert f"global batch 2 (the checkpoint's; set train_batch_size to change it)" in text and line in text, text
+    assert "global batch 2 (the checkpoint's; set train_batch_size to change it)" in text and line in text, text
     assert "global batch 2 x 16 tokens" in text
     assert _last_loss(d) == ref
 

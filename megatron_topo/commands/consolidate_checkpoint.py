@@ -75,11 +75,10 @@ def consolidate(checkpoint: str, output: str, force: bool = False, unverified: b
     import torch
 
     from megatron_topo.atomic import atomic_path, commit, remove_quietly, temp_name
+    from megatron_topo.config import load_config
     from megatron_topo.model.hf import SafetensorsWriter
     from megatron_topo.safe_outputs import check_output_file
-    from megatron_topo.zero_topo.checkpoint import STATE_KEYS, CheckpointError
-    from megatron_topo.config import load_config
-    from megatron_topo.zero_topo.checkpoint import load_model_config
+    from megatron_topo.zero_topo.checkpoint import STATE_KEYS, CheckpointError, load_model_config
     from megatron_topo.zero_topo.checkpoint.export import (
         check_model_table,
         check_output_parent,

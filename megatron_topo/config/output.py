@@ -78,12 +78,12 @@ def note_lines(cfg: Config) -> list[str]:
             f'note: DeepSpeed "auto" values taken from the rest of the config (as the HF Trainer fills them): {vals}'
         )
     d, given = cfg.data, getattr(cfg, "origin", None) or {}
-    unused = [f"{k} {getattr(d, k)}" for k in ("data_path", "split") if k in given and getattr(d, k) is not None] if d.train_data_paths else []
+    unused = [k for k in ("data_path", "split") if k in given and getattr(d, k) is not None and d.train_data_paths]
     if unused:  # GPT-NeoX reads train/valid/test_data_paths then, and ignores these too
+        shown = " and ".join(f"{k} {getattr(d, k)}" for k in unused)
         out.append(
-            f"note: train_data_paths is set, so {' and '.join(unused)} {'is' if len(unused) == 1 else 'are'} not "
-            f"used (as in GPT-NeoX, train/valid/test_data_paths win); drop {' and '.join(k.split()[0] for k in unused)} "
-            f"to silence this"
+            f"note: train_data_paths is set, so {shown} {'is' if len(unused) == 1 else 'are'} not used (as in "
+            f"GPT-NeoX, train/valid/test_data_paths win); drop {' and '.join(unused)} to silence this"
         )
     m = cfg.model
     if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:
