@@ -226,6 +226,20 @@ def test_train_data_paths_over_data_path_is_noted(world, tmp_path, monkeypatch, 
     assert "data_path data/toy and split 100,0,0 are not used" in capfd.readouterr().out
 
 
+def test_loads_modifiers_without_load_are_noted(world, tmp_path, monkeypatch):
+    """finetune / no_load_optim change what `load` loads; without load they did nothing, silently."""
+    scratch(world, tmp_path, monkeypatch)
+    from megatron_topo.config.output import note_lines
+
+    def notes(*sets):
+        return [x for x in note_lines(_cfg(*sets)) if "load, and" in x]
+
+    assert notes("finetune=true") == ["note: finetune: true only modifies load, and load is not set: no effect"]
+    assert "no_load_optim: true" in notes("no_load_optim=true", "finetune_from=ck")[0]
+    assert "finetune_from already starts from weights alone" in notes("no_load_optim=true", "finetune_from=ck")[0]
+    assert notes("finetune=true", "load=ck") == [] and notes() == []
+
+
 def test_keys_that_replace_others_are_still_refused_together(world, tmp_path, monkeypatch):
     """The pairs already refused stay refused (one line each)."""
     from megatron_topo.config import ConfigError

@@ -85,6 +85,12 @@ def note_lines(cfg: Config) -> list[str]:
             f"note: train_data_paths is set, so {shown} {'is' if len(unused) == 1 else 'are'} not used (as in "
             f"GPT-NeoX, train/valid/test_data_paths win); drop {' and '.join(unused)} to silence this"
         )
+    c = cfg.checkpoint
+    idle = [k for k in ("finetune", "no_load_optim") if getattr(c, k) and not c.load]
+    if idle:  # load's modifiers: without load there is nothing they change (GPT-NeoX ignores them too)
+        why = "finetune_from already starts from weights alone" if c.finetune_from else "load is not set"
+        verb = "modifies" if len(idle) == 1 else "modify"
+        out.append(f"note: {' and '.join(f'{k}: true' for k in idle)} only {verb} load, and {why}: no effect")
     m = cfg.model
     if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:
         from .checks import rotary_dims
