@@ -272,7 +272,9 @@ def _last_loss(d):
     return [r["loss"] for r in recs if r.get("step") == 3 and "loss" in r][-1]
 
 
-@pytest.mark.parametrize("sets", [["seq_length=8"], ["seq_length=8", "max_position_embeddings=8"]])
+@pytest.mark.parametrize(
+    "sets", [["seq_length=8"], ["seq_length=8", "max_position_embeddings=8"], ["seq_length=8", "no_load_optim=true"]]
+)
 def test_a_resume_with_another_seq_length_is_refused(world, tmp_path, monkeypatch, capfd, sets):
     """consumed_samples counted 16-token samples: resuming at 8 reinterpreted the data position."""
     d = scratch(world, tmp_path, monkeypatch)

@@ -94,11 +94,13 @@ def choose_plan(cfg: Config, rt: Runtime, log: Callable[[str], None] = print) ->
         weights_from = None  # an interrupted fine-tuning run resumes from its own save folder
     elif weights_from:
         resume_from = None
-    for line in check_resume_keys(cfg, resume_from):  # seq_length refused; data order, schedule: noted
+    c = cfg.checkpoint  # no_load_optim alone keeps the step and the data position as a resume does
+    kept_from = resume_from or (weights_from if c.no_load_optim and not c.finetune and not c.finetune_from else None)
+    for line in check_resume_keys(cfg, kept_from):  # seq_length refused; data order, schedule: noted
         log(line)
     # DeepSpeed's train_batch_size, now that the world is known
     batch_note = check_batch_size(
-        cfg, rt.world_size, rt.topo.ranks_per_node, *kept_global_batch(cfg, resume_from, rt.world_size)
+        cfg, rt.world_size, rt.topo.ranks_per_node, *kept_global_batch(cfg, kept_from, rt.world_size)
     )
     if batch_note:
         log(batch_note)
