@@ -48,8 +48,11 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 EXPORT_NAMES = re.compile(
     r"config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
     r"model\.safetensors\.index\.json|tokenizer\.json|tokenizer_config\.json|"
-    r"special_tokens_map\.json|vocab\.json|merges\.txt|tokenizer\.model"
+    r"special_tokens_map\.json|vocab\.json|merges\.txt|tokenizer\.model|\.megatron_topo_convert\.json"
 )
+# written first into every folder a conversion creates or moves aside: only a folder that carries it
+# (and holds export files only) is ever removed or moved back by a later conversion
+MARKER = ".megatron_topo_convert.json"
 
 
 def parse_args(argv=None):
@@ -166,6 +169,7 @@ def convert(
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(output))}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    write_marker(tmp)
     writer = None
     try:
         with open(os.path.join(tmp, "config.json"), "w") as f:
@@ -189,6 +193,7 @@ def convert(
         for name in os.listdir(tmp):
             os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
         os.chmod(tmp, 0o777 & ~umask)
+        _remove_marker(tmp)  # the export goes out without it (a crash from here leaves tmp unmarked: named, kept)
         if os.path.isdir(output):
             replace_dir(tmp, output)
         else:
@@ -227,6 +232,10 @@ def replace_dir(new: str, output: str) -> None:
     aside to ``new.old`` first, which :func:`clean_stale_temporaries` puts back after a crash."""
     from megatron_topo.atomic import fsync_dir
 
+    try:
+        write_marker(output)  # the previous export is ours to remove once aside (checked: export files only)
+    except OSError:
+        pass  # a folder we cannot write into: a crash from here on leaves it unmarked (kept, named)
     if _exchange(new, output):
         fsync_dir(os.path.dirname(os.path.abspath(output)))
         shutil.rmtree(new, ignore_errors=True)  # the previous export, now under the temporary name
@@ -238,13 +247,75 @@ def replace_dir(new: str, output: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def write_marker(folder: str) -> None:
+    """Mark ``folder`` as a conversion's own (tool, pid, host, a random token), before anything else
+    is written into it or it is moved aside."""
+    import secrets
+    import socket
+
+    rec = {"tool": "convert_to_hf", "pid": os.getpid(), "host": socket.gethostname(), "token": secrets.token_hex(16)}
+    path = os.path.join(folder, MARKER)
+    if os.path.lexists(path):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(rec, f)
+
+
+def _remove_marker(folder: str) -> None:
+    try:
+        os.unlink(os.path.join(folder, MARKER))
+    except FileNotFoundError:
+        pass
+
+
+def _marked(folder: str) -> "str | None":
+    """Why ``folder`` (a hidden temporary name of a dead conversion) is not a conversion's own, or
+    None: it must carry the marker (a regular file, this tool's record, a host and a token) and hold
+    export files only (regular files, no links or folders)."""
+    import socket
+    import stat
+
+    from megatron_topo.safe_files import read_small_text
+
+    path = os.path.join(folder, MARKER)
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return f"its {MARKER} is not a file"
+        rec = json.loads(read_small_text(path, 4096, OSError))
+    except FileNotFoundError:
+        return f"it has no {MARKER} (not made by a conversion)"
+    except (OSError, ValueError):
+        return f"its {MARKER} cannot be read as a conversion's record"
+    if not (
+        isinstance(rec, dict)
+        and rec.get("tool") == "convert_to_hf"
+        and isinstance(rec.get("token"), str)
+        and re.fullmatch(r"[0-9a-f]{32}", rec["token"])
+    ):
+        return f"its {MARKER} is not a conversion's record"
+    if rec.get("host") != socket.gethostname():
+        return f"it was made on host {str(rec.get('host'))[:64]!r}, where its conversion may still run"
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as e:
+        return f"it cannot be listed ({e.strerror or e})"
+    for e in entries:
+        if not EXPORT_NAMES.fullmatch(e.name) or not e.is_file(follow_symlinks=False):
+            return f"it holds {e.name[:64]!r}, which no conversion writes"
+    return None
+
+
 def clean_stale_temporaries(output: str) -> list:
     """Remove the hidden ``.NAME.tmp.PID`` folders of conversions into ``output`` whose process is
     gone, first putting back a previous export a crash left aside (``.NAME.tmp.PID.old`` while
-    ``output`` is missing); returns what was done, one line each."""
+    ``output`` is missing); returns what was done, one line each. Only a folder a conversion marked
+    as its own (:func:`write_marker`) and that holds export files only is touched; any other folder
+    with such a name is left alone with one line naming it."""
     parent = os.path.dirname(os.path.abspath(output))
     base = os.path.basename(os.path.abspath(output))
-    pat = re.compile(rf"\.{re.escape(base)}\.tmp\.(\d+)(\.old)?")
+    pat = re.compile(rf"\.{re.escape(base)}\.tmp\.(\d{{1,18}})(\.old)?")
     try:
         names = sorted(os.listdir(parent), key=lambda n: not n.endswith(".old"))
     except OSError:
@@ -253,10 +324,18 @@ def clean_stale_temporaries(output: str) -> list:
     for name in names:
         m = pat.fullmatch(name)
         p = os.path.join(parent, name)
-        if not m or pid_alive(int(m.group(1))) or not os.path.isdir(p) or os.path.islink(p):
+        if not m or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
+            continue
+        if not os.path.isdir(p) or os.path.islink(p):
+            done.append(f"left {p} alone: it is not a folder a conversion made")
+            continue
+        why = _marked(p)
+        if why is not None:
+            done.append(f"left {p} alone: {why}; remove it yourself if it is not yours")
             continue
         if m.group(2) and not os.path.lexists(output):
             os.replace(p, output)
+            _remove_marker(output)
             done.append(f"restored {output} from {name} (a conversion was killed while replacing it)")
         else:
             shutil.rmtree(p, ignore_errors=True)
