@@ -148,13 +148,15 @@ def clean_leftovers(root: str, keep: str) -> None:
         p = os.path.join(root, d)
         if p == keep:
             continue
-        if d.startswith(".tmp_global_step") and os.path.isdir(p):
+        # only the exact names a save writes (a user's `.tmp_global_step_x` or `latest.tmp.mine` stays)
+        if re.fullmatch(r"\.tmp_global_step\d+", d) and os.path.isdir(p) and not os.path.islink(p):
             shutil.rmtree(p, ignore_errors=True)
-        elif d.startswith("global_step") and d.endswith(".old") and os.path.isdir(p):
+        elif re.fullmatch(r"global_step\d+\.old", d) and os.path.isdir(p) and not os.path.islink(p):
             live = p[: -len(".old")]
-            if os.path.isfile(os.path.join(live, "meta.json")):  # the new copy is complete
+            # the new copy is complete, and this is the step it replaced (a copy has a meta.json)
+            if os.path.isfile(os.path.join(live, "meta.json")) and os.path.isfile(os.path.join(p, "meta.json")):
                 shutil.rmtree(p, ignore_errors=True)
-        elif d.startswith(f"{LATEST}.tmp."):
+        elif re.fullmatch(rf"{LATEST}\.tmp\.\d+", d) and os.path.isfile(p) and not os.path.islink(p):
             _remove_quietly(p)
 
 
