@@ -193,11 +193,11 @@ def convert(
         for name in os.listdir(tmp):
             os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
         os.chmod(tmp, 0o777 & ~umask)
-        _remove_marker(tmp)  # the export goes out without it (a crash from here leaves tmp unmarked: named, kept)
         if os.path.isdir(output):
             replace_dir(tmp, output)
         else:
             os.replace(tmp, output)
+            _remove_marker(output)  # after the rename: a crash never leaves an unmarked temporary
     finally:
         if writer is not None:
             writer.abort()
@@ -237,12 +237,14 @@ def replace_dir(new: str, output: str) -> None:
     except OSError:
         pass  # a folder we cannot write into: a crash from here on leaves it unmarked (kept, named)
     if _exchange(new, output):
+        _remove_marker(output)
         fsync_dir(os.path.dirname(os.path.abspath(output)))
         shutil.rmtree(new, ignore_errors=True)  # the previous export, now under the temporary name
         return
     old = f"{new}.old"
     os.replace(output, old)
     os.replace(new, output)
+    _remove_marker(output)
     fsync_dir(os.path.dirname(os.path.abspath(output)))
     shutil.rmtree(old, ignore_errors=True)
 
