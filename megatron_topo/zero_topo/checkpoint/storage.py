@@ -153,8 +153,7 @@ def clean_leftovers(root: str, keep: str) -> None:
             shutil.rmtree(p, ignore_errors=True)
         elif re.fullmatch(r"global_step\d+\.old", d) and os.path.isdir(p) and not os.path.islink(p):
             live = p[: -len(".old")]
-            # the new copy is complete, and this is the step it replaced (a copy has a meta.json)
-            if os.path.isfile(os.path.join(live, "meta.json")) and os.path.isfile(os.path.join(p, "meta.json")):
+            if os.path.isfile(os.path.join(live, "meta.json")):  # the new copy is complete
                 shutil.rmtree(p, ignore_errors=True)
         elif re.fullmatch(rf"{LATEST}\.tmp\.\d+", d) and os.path.isfile(p) and not os.path.islink(p):
             _remove_quietly(p)
