@@ -7,6 +7,12 @@
   only when it is the tool's own earlier output or ``--force`` is given, and never (even with
   ``--force``) when it is not a file of the kind the tool writes.
 
+* :func:`artifact_above` finds the folder of another kind of artifact that a path is or lies
+  inside: a checkpoint step, a checkpoint save folder (ours or GPT-NeoX's: ``latest`` or
+  ``global_stepN`` folders), a HuggingFace model folder (``config.json`` + weights);
+  :func:`check_output_folder` refuses an output folder there, or one reached through a symbolic link
+  the run made up itself (``log_dir/tensorboard``).
+
 Errors are raised as ``err`` (the caller's one-line error class).
 """
 
@@ -33,6 +39,73 @@ def checkpoint_step_above(path: str) -> Optional[str]:
         if parent == p:
             return None
         p = parent
+
+
+HF_WEIGHTS = re.compile(r".+\.safetensors|model\.safetensors\.index\.json|pytorch_model.*\.bin")
+LATEST = "latest"
+
+
+def artifact_kind(folder: str) -> Optional[str]:
+    """What kind of artifact the folder ``folder`` is (a phrase), or None for a plain folder."""
+    if STEP_DIR.fullmatch(os.path.basename(folder)) or os.path.isfile(os.path.join(folder, "meta.json")):
+        return "a checkpoint step folder"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return None
+    if LATEST in names and os.path.isfile(os.path.join(folder, LATEST)):
+        return "a checkpoint save folder (it has a latest file)"
+    for n in names:
+        m = re.fullmatch(r"global_step\d+", n)
+        if m and os.path.isdir(os.path.join(folder, n)):
+            return f"a checkpoint save folder (it holds {n})"
+    if "config.json" in names and any(HF_WEIGHTS.fullmatch(n) for n in names):
+        return "a HuggingFace model folder (config.json and weights)"
+    return None
+
+
+def artifact_above(path: str, own: Sequence[str] = ()) -> Optional[tuple]:
+    """(folder, kind) of the nearest artifact folder (:func:`artifact_kind`) that ``path`` is or lies
+    inside, symbolic links resolved; a save folder in ``own`` (the run's own, resolved) is not one."""
+    own_real = {os.path.realpath(o) for o in own if o}
+    p = os.path.realpath(path)
+    while True:
+        kind = artifact_kind(p)
+        if kind is not None and not (p in own_real and kind.startswith("a checkpoint save folder")):
+            return p, kind
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
+def check_output_folder(
+    key: str,
+    path: str,
+    err: Type[Exception],
+    own: Sequence[str] = (),
+    derived: Sequence[str] = (),
+    what: str = "its outputs",
+) -> None:
+    """Refuse the output folder ``path`` (named by the config key ``key``) when it is or lies inside
+    another artifact's folder (:func:`artifact_above`; ``own``: the run's own save folder), or when
+    one of the ``derived`` folders (those the run names itself inside ``path``, as
+    ``log_dir/tensorboard``) is a symbolic link or not a folder: the run would write through it."""
+    found = artifact_above(path, own)
+    if found is not None:
+        folder, kind = found
+        at = "is" if folder == os.path.realpath(path) else "lies inside"
+        raise err(
+            f"{key} {path} {at} {folder}, {kind}; the run would write {what} into it: set {key} to a folder of its own"
+        )
+    for d in derived:
+        if os.path.islink(d):
+            raise err(
+                f"{key} {path}: {d} is a symbolic link (to {os.readlink(d)[:200]!r}); the run would write {what} "
+                f"through it into another folder: remove the link or set {key} elsewhere"
+            )
+        if os.path.lexists(d) and not os.path.isdir(d):
+            raise err(f"{key} {path}: {d} exists and is not a folder; the run writes {what} there: set {key} elsewhere")
 
 
 def check_output_file(

@@ -190,13 +190,15 @@ def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
 
 
 def check_run_outputs(cfg: Config) -> None:
-    """Every folder a run writes besides its checkpoints: log_dir (:func:`check_log_dir`), its
-    metrics.jsonl (appended to: a FIFO would block, a symlink would write into another file),
-    tensorboard_dir and data_cache_dir, none inside a checkpoint's step folder."""
+    """Every folder a run writes: log_dir (:func:`check_log_dir`), its metrics.jsonl (appended to: a
+    FIFO would block, a symlink would write into another file), tensorboard_dir, data_cache_dir and
+    save: none is or lies inside a folder another artifact owns (a checkpoint step or another save
+    folder, a HuggingFace model folder; the run's own save folder is its own), and the folders the run
+    names itself inside them (``log_dir/tensorboard``, ``data_cache_dir/index``) are no symbolic links."""
     import stat
 
     from ..safe_files import _kind
-    from ..safe_outputs import checkpoint_step_above
+    from ..safe_outputs import check_output_folder, checkpoint_step_above
     from .options import ConfigError
 
     lg = cfg.logging
@@ -208,6 +210,18 @@ def check_run_outputs(cfg: Config) -> None:
                 f"{key} {path} lies inside the checkpoint folder {step}; the run would write into the "
                 f"checkpoint: set {key} elsewhere"
             )
+    own = [cfg.checkpoint.save] if cfg.checkpoint.save else []
+    tb = lg.tensorboard_dir or os.path.join(lg.log_dir, "tensorboard")
+    cache = cfg.data.data_cache_dir or "data_cache"  # data/build.py's default
+    outputs = [
+        ("log_dir", lg.log_dir, [] if lg.tensorboard_dir else [tb], "metrics.jsonl, config.yml and its lock"),
+        ("tensorboard_dir" if lg.tensorboard_dir else "log_dir", tb, [], "TensorBoard event files"),
+        ("data_cache_dir", cache, [os.path.join(cache, "index")], "index caches"),
+    ]
+    if cfg.checkpoint.save:
+        outputs.append(("save", cfg.checkpoint.save, [], "checkpoints"))
+    for key, path, derived, what in outputs:
+        check_output_folder(key, path, ConfigError, own=own, derived=derived, what=what)
     metrics = os.path.join(lg.log_dir, "metrics.jsonl")
     if os.path.islink(metrics):
         raise ConfigError(

@@ -36,7 +36,7 @@ import torch
 from .. import atomic
 from ..config import Config, ConfigError
 from ..config.checks import profile_window
-from ..safe_outputs import checkpoint_step_above
+from ..safe_outputs import check_output_folder, checkpoint_step_above
 
 TRACE_SUFFIX = ".pt.trace.json"
 SNAPSHOT_SUFFIX = ".mem_snapshot.pickle"
@@ -75,20 +75,23 @@ def check(cfg: Config, device: torch.device) -> None:
             f"shows every backward op)"
         )
     tb_key = "tensorboard_dir" if lg.tensorboard_dir else "log_dir"  # the key that names the folder
+    own = (cfg.checkpoint.save,) if cfg.checkpoint.save else ()
     if lg.profile:
-        _check_folder(tb_key, trace_dir(cfg), "profile traces")
+        _check_folder(tb_key, trace_dir(cfg), "profile traces", own)
     if lg.memory_profiling:
         _check_folder(
-            "memory_profiling_path" if lg.memory_profiling_path else tb_key, memory_dir(cfg), "memory snapshots"
+            "memory_profiling_path" if lg.memory_profiling_path else tb_key, memory_dir(cfg), "memory snapshots", own,
+            named=bool(lg.memory_profiling_path),
         )
 
 
-def _check_folder(key: str, path: str, what: str) -> None:
+def _check_folder(key: str, path: str, what: str, own: tuple = (), named: bool = False) -> None:
     step = checkpoint_step_above(path)
     if step is not None:
         raise ConfigError(
             f"{key}: the {what} folder {path} lies inside the checkpoint folder {step}; set {key} elsewhere"
         )
+    check_output_folder(key, path, ConfigError, own=own, derived=[] if named else [path], what=what)
     p = os.path.abspath(path)
     while not os.path.lexists(p):
         p = os.path.dirname(p)
