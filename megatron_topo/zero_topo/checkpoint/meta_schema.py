@@ -39,6 +39,81 @@ def _int(v: Any, where: str, lo: int = 0, hi: int = MAX_COUNT) -> int:
     return v
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")  # what a save records (the engine's precision)
+FIELD_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
+TOPOLOGY_KEYS = ("world_size", "gcds_per_gpu", "gpus_per_node")
+PLAN_INTS = {  # plan fields read as integers (absent in older checkpoints: not required)
+    "secondary_degree": (1, 1 << 24),
+    "weight_bits": (1, 64),
+    "secondary_bits": (1, 64),
+    "grad_bits": (1, 64),
+    "combine_bits": (1, 64),
+    "publish_bits": (1, 64),
+    "quant_block_size": (1, MAX_COUNT),
+    "grad_quant_block_size": (1, MAX_COUNT),
+}
+PLAN_BOOLS = ("error_feedback", "prefetch", "deterministic")
+PLAN_NAMES = ("preset", "inter_node_reduce")
+
+
+def _scalar_fields(d: dict, where: str) -> None:
+    """Every key of an informational record (plan, topology): a short field name, and a value that is
+    null, true/false, an integer or a short printable name (no nesting, no long text)."""
+    for k, v in d.items():
+        if not isinstance(k, str) or not FIELD_NAME.fullmatch(k):
+            raise MetaError(f"{where}: {_show(k)} is not a field name (lowercase letters, digits, _; at most 64)")
+        if v is None or isinstance(v, bool):
+            continue
+        if isinstance(v, int):
+            if abs(v) >= 1 << 63:
+                raise MetaError(f"{where}.{k}: {_show(v)} is out of range")
+        elif isinstance(v, str):
+            if len(v) > 64 or not v.isprintable():
+                raise MetaError(f"{where}.{k}: expected a short name (at most 64 printable characters), got {_show(v)}")
+        else:
+            raise MetaError(f"{where}.{k}: expected null, true/false, an integer or a name, got {_show(v)}")
+
+
+def _plan(v: Any, ws: int) -> dict:
+    plan = _dict(v, "plan")
+    for k in ("weight_factor", "grad_factor", "optimizer_factor"):
+        if k not in plan:
+            raise MetaError(f"plan.{k}: missing")
+        _int(plan[k], f"plan.{k}", 1, ws)
+    _scalar_fields(plan, "plan")
+    for k, (lo, hi) in PLAN_INTS.items():
+        if plan.get(k) is not None:
+            _int(plan[k], f"plan.{k}", lo, hi)
+    for k in PLAN_BOOLS:
+        if k in plan and not isinstance(plan[k], bool):
+            raise MetaError(f"plan.{k}: expected true or false, got {_show(plan[k])}")
+    for k in PLAN_NAMES:
+        if plan.get(k) is not None and not isinstance(plan[k], str):
+            raise MetaError(f"plan.{k}: expected a name, got {_show(plan[k])}")
+    return plan
+
+
+def _topology(v: Any, ws: int) -> Optional[dict]:
+    """meta.json's topology: absent/null, or {world_size, gcds_per_gpu, gpus_per_node} of this world."""
+    if v is None:
+        return None
+    topo = _dict(v, "topology")
+    for k in TOPOLOGY_KEYS:
+        if k not in topo:
+            raise MetaError(f"topology.{k}: missing")
+        _int(topo[k], f"topology.{k}", 1, 1 << 24)
+    _scalar_fields(topo, "topology")
+    if topo["world_size"] != ws:
+        raise MetaError(f"topology.world_size: {topo['world_size']:,} differs from world_size {ws:,}")
+    return topo
+
+
+def _precision(v: Any) -> Optional[str]:
+    if v is None or (isinstance(v, str) and v in PRECISIONS):
+        return v
+    raise MetaError(f"precision: expected one of {', '.join(PRECISIONS)} (or null), got {_show(v)}")
+
+
 def _rng_seed(v: Any) -> Any:
     """trainer.python_rng: absent, or a seed random.seed() takes (an integer or a short string)."""
     if v is None or (isinstance(v, int) and not isinstance(v, bool) and abs(v) < 2**256):
@@ -211,11 +286,8 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
             raise MetaError(f"{k}: missing (the file is incomplete)")
     step = _int(meta["step"], "step")
     ws = _int(meta["world_size"], "world_size", 1, 1 << 24)
-    plan = _dict(meta["plan"], "plan")
-    for k in ("weight_factor", "grad_factor", "optimizer_factor"):
-        if k not in plan:
-            raise MetaError(f"plan.{k}: missing")
-        _int(plan[k], f"plan.{k}", 1, ws)
+    plan = _plan(meta["plan"], ws)
+    topology, precision = _topology(meta.get("topology"), ws), _precision(meta.get("precision"))
     holders = meta.get("shard_holders")  # absent or null: every rank holds a shard (0 is not absent)
     if holders is not None:
         holders = _int(holders, "shard_holders", 1, ws)
@@ -254,7 +326,9 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
     config = None
     if meta.get("config") is not None:
         config = _file(meta["config"], "config")
-    topology, precision = meta.get("topology"), meta.get("precision")
+        name = meta["config"].get("file", "config.yml")
+        if name != "config.yml":
+            raise MetaError(f"config.file: expected 'config.yml' (the file a save writes), got {_show(name)}")
     return Meta(
         fmt,
         step,
@@ -265,7 +339,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
         trainer,
         files,
         config,
-        topology if isinstance(topology, dict) else None,
-        precision if isinstance(precision, str) else None,
+        topology,
+        precision,
         meta,
     )
