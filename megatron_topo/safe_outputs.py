@@ -45,6 +45,29 @@ HF_WEIGHTS = re.compile(r".+\.safetensors|model\.safetensors\.index\.json|pytorc
 LATEST = "latest"
 
 
+STEP_FILES = re.compile(r"meta\.json|mp_rank_\d+_model_states\.pt|zero_pp_rank_.*\.pt|layer_\d+-model_.*\.pt")
+
+
+def _latest_file(path: str) -> bool:
+    """A checkpoint's ``latest``: a small regular file that names a global_stepN folder."""
+    try:
+        if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) > 4096:
+            return False
+        with open(path, "rb") as f:
+            return re.fullmatch(rb"\s*global_step\d+\s*", f.read()) is not None
+    except OSError:
+        return False
+
+
+def _step_files(folder: str) -> bool:
+    """Whether ``folder`` holds a checkpoint step's files (ours: meta.json; GPT-NeoX/DeepSpeed's:
+    mp_rank_NN_model_states.pt, zero_pp_rank_*, layer_NN-model_*)."""
+    try:
+        return os.path.isdir(folder) and any(STEP_FILES.fullmatch(n) for n in os.listdir(folder))
+    except OSError:
+        return False
+
+
 def artifact_kind(folder: str) -> Optional[str]:
     """What kind of artifact the folder ``folder`` is (a phrase), or None for a plain folder."""
     if STEP_DIR.fullmatch(os.path.basename(folder)) or os.path.isfile(os.path.join(folder, "meta.json")):
@@ -53,11 +76,10 @@ def artifact_kind(folder: str) -> Optional[str]:
         names = os.listdir(folder)
     except OSError:
         return None
-    if LATEST in names and os.path.isfile(os.path.join(folder, LATEST)):
+    if LATEST in names and _latest_file(os.path.join(folder, LATEST)):
         return "a checkpoint save folder (it has a latest file)"
     for n in names:
-        m = re.fullmatch(r"global_step\d+", n)
-        if m and os.path.isdir(os.path.join(folder, n)):
+        if re.fullmatch(r"global_step\d+", n) and _step_files(os.path.join(folder, n)):
             return f"a checkpoint save folder (it holds {n})"
     if "config.json" in names and any(HF_WEIGHTS.fullmatch(n) for n in names):
         return "a HuggingFace model folder (config.json and weights)"

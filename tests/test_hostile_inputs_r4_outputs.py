@@ -249,3 +249,15 @@ def test_save_cleanup_takes_only_the_names_a_save_writes(world, tmp_path, monkey
     assert _run(["save=sv", "train_iters=1"]) == 0
     assert all((d / "sv" / rel).read_text() == text for rel, text in mine.items())
     assert not (d / "sv" / ".tmp_global_step7").exists() and not (d / "sv" / "latest.tmp.123").exists()
+
+
+def test_folders_that_only_look_like_artifacts_are_not_refused(world, tmp_path, monkeypatch):
+    """A run folder holding a file named latest (not a step name), an empty global_step9 folder, or a
+    config.json without weights is not mistaken for a checkpoint or an export."""
+    d = scratch(world, tmp_path, monkeypatch)
+    (d / "lg").mkdir()
+    (d / "lg" / "latest").write_text("my latest notes\n")
+    (d / "lg" / "global_step9").mkdir()
+    (d / "lg" / "config.json").write_text("{}")
+    assert _run(["log_dir=lg", "tensorboard_dir=lg/tb", "data_cache_dir=lg/cache", "train_iters=1"]) == 0
+    assert (d / "lg" / "latest").read_text() == "my latest notes\n"
