@@ -106,13 +106,13 @@ def check_output_folder(
     path: str,
     err: Type[Exception],
     own: Sequence[str] = (),
-    derived: Sequence[str] = (),
+    derived: Sequence[tuple] = (),
     what: str = "its outputs",
 ) -> None:
     """Refuse the output folder ``path`` (named by the config key ``key``) when it is or lies inside
     another artifact's folder (:func:`artifact_above`; ``own``: the run's own save folder), or when
-    one of the ``derived`` folders (those the run names itself inside ``path``, as
-    ``log_dir/tensorboard``) is a symbolic link or not a folder: the run would write through it."""
+    one of the ``derived`` folders ((folder, what the run writes there): those the run names itself
+    inside ``path``, as ``log_dir/tensorboard``) is a symbolic link or not a folder."""
     found = artifact_above(path, own)
     if found is not None:
         folder, kind = found
@@ -120,14 +120,16 @@ def check_output_folder(
         raise err(
             f"{key} {path} {at} {folder}, {kind}; the run would write {what} into it: set {key} to a folder of its own"
         )
-    for d in derived:
+    for d, inner in derived:
         if os.path.islink(d):
             raise err(
-                f"{key} {path}: {d} is a symbolic link (to {os.readlink(d)[:200]!r}); the run would write {what} "
+                f"{key} {path}: {d} is a symbolic link (to {os.readlink(d)[:200]!r}); the run would write {inner} "
                 f"through it into another folder: remove the link or set {key} elsewhere"
             )
         if os.path.lexists(d) and not os.path.isdir(d):
-            raise err(f"{key} {path}: {d} exists and is not a folder; the run writes {what} there: set {key} elsewhere")
+            raise err(
+                f"{key} {path}: {d} exists and is not a folder; the run writes {inner} there: set {key} elsewhere"
+            )
 
 
 def check_output_file(

@@ -125,11 +125,18 @@ def _neox_checkpoint(d):
         ("tensorboard-symlink-in-log-dir", ["log_dir=lg"], "log_dir", "symbolic link"),
         ("index-symlink-in-cache", ["data_cache_dir=dc"], "data_cache_dir", "symbolic link"),
         ("tensorboard-dir-links-to-hf", ["tensorboard_dir=tblink"], "tensorboard_dir", "HuggingFace model folder"),
-        ("profile-symlink", ["tensorboard_dir=tb", "profile=true", "profile_step_start=0", "profile_step_stop=1"], "tensorboard_dir", "symbolic link"),
+        (
+            "profile-symlink",
+            ["tensorboard_dir=tb", "profile=true", "profile_step_start=0", "profile_step_stop=1"],
+            "tensorboard_dir",
+            "symbolic link",
+        ),
         ("log-dir-is-load-of-another-run", ["log_dir=ck", "load=ck", "train_iters=3"], "log_dir", "save folder"),
     ],
 )
-def test_train_output_folder_inside_another_artifact_is_refused(case, sets, key, words, world, tmp_path, monkeypatch, capfd):
+def test_train_output_folder_inside_another_artifact_is_refused(
+    case, sets, key, words, world, tmp_path, monkeypatch, capfd
+):
     """Before the run writes anything: one line naming the key, the folder and what owns it (was:
     metrics.jsonl, config.yml, the lock, index caches or event files written into it)."""
     d = scratch(world, tmp_path, monkeypatch)

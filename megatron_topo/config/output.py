@@ -214,9 +214,14 @@ def check_run_outputs(cfg: Config) -> None:
     tb = lg.tensorboard_dir or os.path.join(lg.log_dir, "tensorboard")
     cache = cfg.data.data_cache_dir or "data_cache"  # data/build.py's default
     outputs = [
-        ("log_dir", lg.log_dir, [] if lg.tensorboard_dir else [tb], "metrics.jsonl, config.yml and its lock"),
+        (
+            "log_dir",
+            lg.log_dir,
+            [] if lg.tensorboard_dir else [(tb, "TensorBoard event files")],
+            "metrics.jsonl, config.yml and its lock",
+        ),
         ("tensorboard_dir" if lg.tensorboard_dir else "log_dir", tb, [], "TensorBoard event files"),
-        ("data_cache_dir", cache, [os.path.join(cache, "index")], "index caches"),
+        ("data_cache_dir", cache, [(os.path.join(cache, "index"), "index caches")], "index caches"),
     ]
     if cfg.checkpoint.save:
         outputs.append(("save", cfg.checkpoint.save, [], "checkpoints"))

@@ -80,7 +80,10 @@ def check(cfg: Config, device: torch.device) -> None:
         _check_folder(tb_key, trace_dir(cfg), "profile traces", own)
     if lg.memory_profiling:
         _check_folder(
-            "memory_profiling_path" if lg.memory_profiling_path else tb_key, memory_dir(cfg), "memory snapshots", own,
+            "memory_profiling_path" if lg.memory_profiling_path else tb_key,
+            memory_dir(cfg),
+            "memory snapshots",
+            own,
             named=bool(lg.memory_profiling_path),
         )
 
@@ -91,7 +94,7 @@ def _check_folder(key: str, path: str, what: str, own: tuple = (), named: bool =
         raise ConfigError(
             f"{key}: the {what} folder {path} lies inside the checkpoint folder {step}; set {key} elsewhere"
         )
-    check_output_folder(key, path, ConfigError, own=own, derived=[] if named else [path], what=what)
+    check_output_folder(key, path, ConfigError, own=own, derived=[] if named else [(path, what)], what=what)
     p = os.path.abspath(path)
     while not os.path.lexists(p):
         p = os.path.dirname(p)

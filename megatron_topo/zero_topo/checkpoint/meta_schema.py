@@ -329,17 +329,4 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
         name = meta["config"].get("file", "config.yml")
         if name != "config.yml":
             raise MetaError(f"config.file: expected 'config.yml' (the file a save writes), got {_show(name)}")
-    return Meta(
-        fmt,
-        step,
-        ws,
-        plan,
-        holders,
-        units,
-        trainer,
-        files,
-        config,
-        topology,
-        precision,
-        meta,
-    )
+    return Meta(fmt, step, ws, plan, holders, units, trainer, files, config, topology, precision, meta)
