@@ -268,3 +268,17 @@ def test_folders_that_only_look_like_artifacts_are_not_refused(world, tmp_path, 
     (d / "lg" / "config.json").write_text("{}")
     assert _run(["log_dir=lg", "tensorboard_dir=lg/tb", "data_cache_dir=lg/cache", "train_iters=1"]) == 0
     assert (d / "lg" / "latest").read_text() == "my latest notes\n"
+
+
+def test_convert_never_clears_a_folder_under_its_own_temporary_name(world, tmp_path, monkeypatch, capfd):
+    """The temporary name of this very process (``.hf2.tmp.<our pid>``) taken by a user's folder is
+    refused in one line (was: removed before the export was written)."""
+    d = scratch(world, tmp_path, monkeypatch)
+    t = d / f".hf2.tmp.{os.getpid()}"
+    t.mkdir()
+    (t / "notes.txt").write_text("mine\n")
+    capfd.readouterr()
+    assert call(H.main, ["--checkpoint", "ck", "--output", "hf2"]) == 2
+    line = one_error_line(capfd)
+    assert t.name in line and "not removed" in line, line
+    assert (t / "notes.txt").read_text() == "mine\n" and not (d / "hf2").exists()

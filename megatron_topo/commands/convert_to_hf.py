@@ -149,6 +149,7 @@ def convert(
                 f"conversion writes; it is not replaced, even with --force: write it elsewhere"
             )
     check_output_parent(output)
+    _check_own_temporary(temporary_name(output))  # before anything is read or said
     sp, meta, config_yaml = open_checkpoint(
         checkpoint, unverified, "pass --load-unverified"
     )  # fails before anything is written
@@ -165,9 +166,9 @@ def convert(
         raise CheckpointError(f"tokenizer: {why}")
     if why and warn is not None:
         warn(f"no tokenizer written ({why}); pass --tokenizer-type/--vocab-file/--merge-file to add one")
-    parent = os.path.dirname(os.path.abspath(output))
-    tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(output))}.tmp.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temporary_name(output)
+    _check_own_temporary(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)  # (only a folder a conversion marked and holding export files)
     os.makedirs(tmp)
     write_marker(tmp)
     writer = None
@@ -203,6 +204,27 @@ def convert(
             writer.abort()
         shutil.rmtree(tmp, ignore_errors=True)
     return output
+
+
+def temporary_name(output: str) -> str:
+    """The hidden folder this conversion writes ``output`` into: ``.NAME.tmp.PID`` beside it."""
+    parent = os.path.dirname(os.path.abspath(output))
+    return os.path.join(parent, f".{os.path.basename(os.path.abspath(output))}.tmp.{os.getpid()}")
+
+
+def _check_own_temporary(tmp: str) -> None:
+    """This process's temporary name may hold only what a conversion marked (an earlier one that
+    had the same pid); anything else there is a folder or file of someone else: refused, kept."""
+    from megatron_topo.zero_topo.checkpoint import CheckpointError
+
+    if not os.path.lexists(tmp):
+        return
+    why = _marked(tmp) if os.path.isdir(tmp) and not os.path.islink(tmp) else "it is not a folder"
+    if why is not None:
+        raise CheckpointError(
+            f"{tmp}, the temporary folder name of this conversion, is taken and {why}; it is not removed: "
+            f"move it away and run again"
+        )
 
 
 def _exchange(a: str, b: str) -> bool:
