@@ -131,6 +131,7 @@ def _neox_checkpoint(d):
             "tensorboard_dir",
             "symbolic link",
         ),
+        ("superseded-symlink", ["log_dir=lg2", "load=ck", "train_iters=3"], "log_dir", "metrics.jsonl.superseded"),
         ("log-dir-is-load-of-another-run", ["log_dir=ck", "load=ck", "train_iters=3"], "log_dir", "save folder"),
     ],
 )
@@ -150,6 +151,9 @@ def test_train_output_folder_inside_another_artifact_is_refused(
     os.symlink(d / "hf", d / "tblink")
     (d / "tb").mkdir()
     os.symlink(d / "mine", d / "tb" / "profile")
+    (d / "lg2").mkdir()  # records past the resumed step 2 are moved to metrics.jsonl.superseded
+    (d / "lg2" / "metrics.jsonl").write_text("".join(f'{{"step": {i}, "loss": 1.0}}\n' for i in range(1, 6)))
+    os.symlink(d / "mine" / "notes.txt", d / "lg2" / "metrics.jsonl.superseded")
     before = snapshot(d)
     capfd.readouterr()
     argv = ["cfg.yml"] + [a for s in sets for a in ("--set", s)] + ["--set", "train_iters=1"] * ("load=ck" not in sets)

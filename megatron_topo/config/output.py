@@ -227,18 +227,19 @@ def check_run_outputs(cfg: Config) -> None:
         outputs.append(("save", cfg.checkpoint.save, [], "checkpoints"))
     for key, path, derived, what in outputs:
         check_output_folder(key, path, ConfigError, own=own, derived=derived, what=what)
-    metrics = os.path.join(lg.log_dir, "metrics.jsonl")
-    if os.path.islink(metrics):
-        raise ConfigError(
-            f"log_dir {lg.log_dir}: metrics.jsonl is a symbolic link; the run appends its records to "
-            f"metrics.jsonl and would write into what it points to: remove the link or set log_dir "
-            f"elsewhere"
-        )
-    if os.path.exists(metrics) and not stat.S_ISREG(os.stat(metrics).st_mode):
-        raise ConfigError(
-            f"log_dir {lg.log_dir}: metrics.jsonl is {_kind(os.stat(metrics).st_mode)}, not a file; "
-            f"the run appends its records there: remove it or set log_dir elsewhere"
-        )
+    for name in ("metrics.jsonl", "metrics.jsonl.superseded"):  # appended to (a resume moves records aside)
+        metrics = os.path.join(lg.log_dir, name)
+        if os.path.islink(metrics):
+            raise ConfigError(
+                f"log_dir {lg.log_dir}: {name} is a symbolic link; the run appends its records to "
+                f"{name} and would write into what it points to: remove the link or set log_dir "
+                f"elsewhere"
+            )
+        if os.path.exists(metrics) and not stat.S_ISREG(os.stat(metrics).st_mode):
+            raise ConfigError(
+                f"log_dir {lg.log_dir}: {name} is {_kind(os.stat(metrics).st_mode)}, not a file; "
+                f"the run appends its records there: remove it or set log_dir elsewhere"
+            )
 
 
 def write_effective_config(cfg: Config, directory: str, name: str = "config.yml") -> str:
