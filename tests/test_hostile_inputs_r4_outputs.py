@@ -286,3 +286,22 @@ def test_convert_never_clears_a_folder_under_its_own_temporary_name(world, tmp_p
     line = one_error_line(capfd)
     assert t.name in line and "not removed" in line, line
     assert (t / "notes.txt").read_text() == "mine\n" and not (d / "hf2").exists()
+
+
+@pytest.mark.parametrize(
+    "cache,words", [("ck", "checkpoint save folder"), ("hf/c", "HuggingFace model folder"), ("dc", "symbolic link")]
+)
+def test_prepare_data_cache_dir_inside_another_artifact_is_refused(cache, words, world, tmp_path, monkeypatch, capfd):
+    """prepare_data.py writes the same index caches as train.py: the same refusal (was: written)."""
+    from megatron_topo.commands import prepare_data
+
+    d = scratch(world, tmp_path, monkeypatch)
+    (d / "mine").mkdir()
+    (d / "dc").mkdir()
+    os.symlink(d / "mine", d / "dc" / "index")
+    before = snapshot(d)
+    capfd.readouterr()
+    assert call(prepare_data.main, ["cfg.yml", "--world-size", "1", "--set", f"data_cache_dir={cache}"]) == 2
+    line = one_error_line(capfd)
+    assert "data_cache_dir" in line and words in line, line
+    assert snapshot(d) == before

@@ -37,11 +37,13 @@ def main(argv=None) -> int:
         return 2
 
     from megatron_topo.config import ConfigError, load_config
+    from megatron_topo.config.output import check_cache_dir
     from megatron_topo.data import DataError, build_datasets
     from megatron_topo.training import dataset_num_samples
 
     try:
         cfg = load_config(args.configs, args.overrides)
+        check_cache_dir(cfg)  # not inside a checkpoint or an HF export, no symlinked index/
         n = dataset_num_samples(cfg, args.world_size)
         t0 = time.perf_counter()
         splits = build_datasets(

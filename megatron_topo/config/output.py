@@ -189,6 +189,18 @@ def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
         )
 
 
+def check_cache_dir(cfg: Config) -> None:
+    """data_cache_dir (default ``data_cache``) is no other artifact's folder and its ``index/`` no
+    symbolic link (train.py and prepare_data.py write the index caches there)."""
+    from ..safe_outputs import check_output_folder
+    from .options import ConfigError
+
+    cache = cfg.data.data_cache_dir or "data_cache"  # data/build.py's default
+    own = [cfg.checkpoint.save] if cfg.checkpoint.save else []
+    derived = [(os.path.join(cache, "index"), "index caches")]
+    check_output_folder("data_cache_dir", cache, ConfigError, own=own, derived=derived, what="index caches")
+
+
 def check_run_outputs(cfg: Config) -> None:
     """Every folder a run writes: log_dir (:func:`check_log_dir`), its metrics.jsonl (appended to: a
     FIFO would block, a symlink would write into another file), tensorboard_dir, data_cache_dir and
@@ -212,7 +224,6 @@ def check_run_outputs(cfg: Config) -> None:
             )
     own = [cfg.checkpoint.save] if cfg.checkpoint.save else []
     tb = lg.tensorboard_dir or os.path.join(lg.log_dir, "tensorboard")
-    cache = cfg.data.data_cache_dir or "data_cache"  # data/build.py's default
     outputs = [
         (
             "log_dir",
@@ -221,12 +232,12 @@ def check_run_outputs(cfg: Config) -> None:
             "metrics.jsonl, config.yml and its lock",
         ),
         ("tensorboard_dir" if lg.tensorboard_dir else "log_dir", tb, [], "TensorBoard event files"),
-        ("data_cache_dir", cache, [(os.path.join(cache, "index"), "index caches")], "index caches"),
     ]
     if cfg.checkpoint.save:
         outputs.append(("save", cfg.checkpoint.save, [], "checkpoints"))
     for key, path, derived, what in outputs:
         check_output_folder(key, path, ConfigError, own=own, derived=derived, what=what)
+    check_cache_dir(cfg)
     for name in ("metrics.jsonl", "metrics.jsonl.superseded"):  # appended to (a resume moves records aside)
         metrics = os.path.join(lg.log_dir, name)
         if os.path.islink(metrics):
