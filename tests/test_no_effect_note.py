@@ -40,5 +40,7 @@ def test_non_default_accepted_values_are_listed(tmp_path):
     notes = [x for x in out.stdout.splitlines() if x.startswith("note:")]
     assert notes == [
         "note: set but without effect in megatron_topo (docs/neox_compat.md): bias_gelu_fusion=True, "
-        "num_workers=2, zero_optimization.reduce_bucket_size=200000000"
+        "num_workers=2, zero_optimization.reduce_bucket_size=200000000",
+        "note: warmup 0.05 of train_iters 150 = 7.5 steps: 7 steps warm up (GPT-NeoX rounds down the same way; "
+        "warmup_iters gives steps)",
     ]
