@@ -1,13 +1,14 @@
 """Walltime safety for the training loop.
 
-``StopSignals`` turns SIGTERM, SIGUSR1, SIGUSR2 and SIGINT into a request to stop: the handler only
+``StopSignals`` turns SIGTERM, SIGUSR1, SIGUSR2, SIGINT and SIGHUP into a request to stop: the handler only
 records the signal, the loop stops at the next micro-batch (the partial step is discarded) or
 after the current step, every rank agrees (one MAX all-reduce), the trainer saves and
 ``train.py`` exits 0 with one line. ``train.py`` installs the handlers when it starts, so a signal
 that arrives while the run starts up (data, plan, engine, loading a checkpoint) is kept: the run
 then stops before its first step with one line (nothing new to save). Slurm sends SIGUSR1 ahead of the time limit
 (``#SBATCH --signal=B:USR1@...`` in slurm/, forwarded to the ranks) and SIGTERM when it cancels or
-preempts a job; Ctrl-C is SIGINT.
+preempts a job; Ctrl-C is SIGINT; SIGHUP (the terminal or ssh session closed) is treated like
+SIGTERM, except that a process started with SIGHUP ignored (``nohup``) keeps ignoring it.
 
 ``Lifecycle.poll`` is the per-step agreement: ``[signal number, time-based save due]`` reduced
 with MAX over all ranks through a tensor on the runtime device (a GPU tensor under NCCL/RCCL; the
@@ -22,7 +23,10 @@ import threading
 import time
 from typing import Callable, Optional
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP)
+# an ignored SIGHUP stays ignored (nohup asked for it); SIGUSR1/SIGUSR2 are ignored on purpose by
+# slurm/srun_task.sh until train.py takes them over, so those are installed whatever their disposition
+KEEP_IGNORED = (signal.SIGHUP,)
 
 
 def signal_name(signum: int) -> str:
@@ -55,6 +59,8 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return self
         for s in self.signals:
+            if s in KEEP_IGNORED and signal.getsignal(s) == signal.SIG_IGN:
+                continue
             self._previous[s] = signal.signal(s, self._handle)
         return self
 

@@ -211,7 +211,7 @@ forward_signal() {
     echo "slurm: got SIG$1 at $(date +%T); forwarding it to the ranks" >&2
     if [ -n "$LAUNCH_PID" ]; then
         kill -s "$1" "$LAUNCH_PID" 2>/dev/null || true
-        if [ "$1" != TERM ] && [ -z "$REFORWARD_PID" ]; then
+        if [ "$1" != TERM ] && [ "$1" != HUP ] && [ -z "$REFORWARD_PID" ]; then
             (while sleep 10; do kill -s "$1" "$LAUNCH_PID" 2>/dev/null || exit 0; done) &
             REFORWARD_PID=$!
         fi
@@ -220,6 +220,7 @@ forward_signal() {
 trap 'forward_signal USR1' USR1
 trap 'forward_signal USR2' USR2
 trap 'forward_signal TERM' TERM
+trap 'forward_signal HUP' HUP    # a hang-up stops the ranks as SIGTERM does (train.py: save, exit 0)
 srun_per_gcd() {
     srun --nodes="$NODES" --ntasks="$NTASKS" --ntasks-per-node="$RANKS_PER_NODE" "${SRUN_SITE_OPTS[@]}" \
          --distribution=block --kill-on-bad-exit=1 \

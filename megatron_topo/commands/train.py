@@ -107,6 +107,7 @@ def _train(args, signals) -> int:
     from megatron_topo.training import Trainer, TrainingError, choose_plan, setup_runtime
     from megatron_topo.training.fault_injection import active as active_faults
     from megatron_topo.training.heartbeat import describe_failure
+    from megatron_topo.training.rendezvous import PeerRefused, RendezvousStopped
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     rt = None
@@ -114,11 +115,16 @@ def _train(args, signals) -> int:
     try:
         cfg = load_config(args.configs, args.overrides)
         active_faults()  # a malformed MEGATRON_TOPO_FAULT fails here, not mid-run
-        rt = setup_runtime(cfg)
+        rt = setup_runtime(cfg, stop=lambda: signals.signum)
         take_run_folders(cfg, rt, lock)  # one owner per run folder, before anything is written
         log = print if rt.rank == 0 else (lambda *a, **k: None)
         trainer = Trainer(cfg, rt, start=choose_plan(cfg, rt, log))  # the plan (preset auto: its trials) first
         last = trainer.train(signals=signals)
+    except PeerRefused:  # rank 0 refused the job at the rendezvous and printed the one line
+        return 2
+    except RendezvousStopped as e:  # a stop signal while the ranks joined: the job never formed
+        print(f"error: {e}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:  # a third Ctrl-C (the first stops at the next micro-batch and saves)
         print("error: interrupted; nothing saved since the last checkpoint", file=sys.stderr)
         return 130
@@ -164,7 +170,7 @@ def _train(args, signals) -> int:
             f"no step trained; {where}",
             flush=True,
         )
-    elif rt.rank == 0 and last.get("stopped_by"):  # SIGTERM/SIGUSR1/SIGUSR2/SIGINT: saved, exit 0
+    elif rt.rank == 0 and last.get("stopped_by"):  # SIGTERM/SIGUSR1/SIGUSR2/SIGINT/SIGHUP: saved, exit 0
         where = (
             f"checkpoint {last['checkpoint']}" if last.get("checkpoint") else "no checkpoint (checkpoint.save is unset)"
         )

@@ -30,7 +30,10 @@ class Runtime:
     strict: bool = False  # Comm checks that every collective's tensors live on ``device``
 
 
-def setup_runtime(cfg: Config) -> Runtime:
+def setup_runtime(cfg: Config, stop=None) -> Runtime:
+    """The process's place in the job; distributed, after a rendezvous where the ranks agree on
+    their inputs (training.rendezvous). ``stop()``: a stop signal's number once one came (it ends
+    the rendezvous wait), else None."""
     try:
         env = launcher_env()
     except ConfigError:
@@ -72,23 +75,20 @@ def setup_runtime(cfg: Config) -> Runtime:
                 f"MASTER_ADDR={os.environ['MASTER_ADDR'][:80]!r} cannot be resolved ({e}); set it to "
                 f"the host name or address of rank 0's node"
             ) from None
-        try:
-            dist.init_process_group(
-                backend,
-                rank=rank,
-                world_size=world,
-                timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
-                device_id=device if use_cuda else None,
-            )
-        except Exception as e:  # the rendezvous port is taken: one line, not torch's traceback
-            text = str(e)
-            if "EADDRINUSE" in text or "address already in use" in text.lower():
-                raise ConfigError(
-                    f"MASTER_PORT {port} on {os.environ['MASTER_ADDR']} is already in use (another job or run on "
-                    f"this node?); pick another port (export MASTER_PORT=N; the Slurm scripts derive it from "
-                    f"the job id)"
-                ) from None
-            raise
+        from . import rendezvous
+
+        store = rendezvous.connect(rank, os.environ["MASTER_ADDR"], int(port), dcfg.rendezvous_timeout_s)
+        # before any collective: the ranks agree on the world, the config and the code, or stop with one line
+        rendezvous.agree(store, cfg, rank, world, env["local_world_size"], dcfg.rendezvous_timeout_s, stop)
+        store.set_timeout(datetime.timedelta(seconds=dcfg.collective_timeout_s))
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
+            device_id=device if use_cuda else None,
+        )
     topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     heartbeat = Heartbeat.start(rank, world) if distributed else None
     return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)

@@ -197,7 +197,7 @@ class Trainer:
     def train(self, until: Optional[int] = None, signals: Optional[lifecycle.StopSignals] = None) -> dict:
         """Train to ``train_iters`` (or stop early after step ``until``, saving as at the end).
 
-        SIGTERM, SIGUSR1, SIGUSR2 and SIGINT stop it at the next micro-batch (the partial step is
+        SIGTERM, SIGUSR1, SIGUSR2, SIGINT and SIGHUP stop it at the next micro-batch (the partial step is
         discarded) or after the current step on every rank, saving as at the end; the returned
         record then has ``stopped_by`` (the signal's name). ``signals``: handlers installed when
         the process started (train.py), so a signal during start-up stops the run before its first
