@@ -13,6 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 from .config.options import ConfigError
 from .config.schema import TopologyConfig
+from .safe_files import excerpt
 
 LEVELS = ("intra_gpu", "intra_node", "inter_node")
 
@@ -82,7 +83,10 @@ def launcher_env(env: Optional[Mapping[str, str]] = None) -> dict:
     def first(*names, default=None):
         for n in names:
             if env.get(n) not in (None, ""):
-                return int(str(env[n]).split("(")[0].split(",")[0])
+                text = str(env[n]).split("(")[0].split(",")[0]
+                if not (text.strip().lstrip("+-").isdigit() and len(text) <= 24):
+                    raise ValueError(f"{n}={excerpt(env[n], 24)} is not an integer of at most 24 digits")
+                return int(text)
         return default
 
     world = first("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", default=1)
@@ -95,11 +99,29 @@ def launcher_env(env: Optional[Mapping[str, str]] = None) -> dict:
     return {"world_size": world, "rank": rank, "local_rank": local_rank, "local_world_size": local_world}
 
 
+def show_int(n: int) -> str:
+    """An integer for an error line: in full up to 24 digits, else a short excerpt."""
+    s = str(n)
+    return s if len(s) <= 24 else excerpt(s, 24)
+
+
+MAX_WORLD_SIZE = 1 << 20  # more ranks than any machine has (predict_perf's --gcds stops at 1,000,000)
+
+
 def _check_launcher_env(env: Mapping[str, str], world: int, local_rank: int, local_world: Optional[int]) -> None:
     """What the launcher variables must say together (ConfigError, one line): a world of several
     ranks names this process's rank (else every process would be rank 0 and wait for the others
     forever), and the local rank lies within the ranks of this node."""
     has = lambda *names: any(env.get(n) not in (None, "") for n in names)  # noqa: E731
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        raise ConfigError(
+            f"launcher environment: WORLD_SIZE={show_int(world)} must lie in 1..{MAX_WORLD_SIZE:,} (2**20)"
+        )
+    if local_world is not None and local_world > world:
+        raise ConfigError(
+            f"launcher environment: LOCAL_WORLD_SIZE={show_int(local_world)} is more than "
+            f"WORLD_SIZE={world}; valid: 1..{world} (the ranks on this node)"
+        )
     if world > 1 and not has("RANK", "SLURM_PROCID"):
         raise ConfigError(
             f"launcher environment: WORLD_SIZE={world} but RANK is not set; each of the {world} "

@@ -43,7 +43,10 @@ def main(argv=None) -> int:
         "group (no data, no GPU): prints the config, plan, traffic and memory; last line JSON",
     )
     ap.add_argument(
-        "--world-size", type=int, default=None, help="with --dry-run: the world to emulate (default: the launcher's)"
+        "--world-size",
+        type=int,
+        default=None,
+        help="with --dry-run: the world to emulate, 1..131,072 (default: the launcher's)",
     )
     ap.add_argument("--rank", type=int, default=None, help="with --dry-run: the rank to be (default: the launcher's)")
     args = ap.parse_args(argv)
@@ -193,22 +196,28 @@ def dry_run(args) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from megatron_topo import dryrun
     from megatron_topo.config import ConfigError, load_config
-    from megatron_topo.topology import launcher_env
+    from megatron_topo.topology import launcher_env, show_int
 
     try:
         cfg = load_config(args.configs, args.overrides)
         env = launcher_env()
         world = args.world_size if args.world_size is not None else env["world_size"]
         rank = args.rank if args.rank is not None else (env["rank"] if args.world_size is None else 0)
-        if world < 1:
-            raise ConfigError(f"--world-size must be >= 1, got {world}")
+        if not 1 <= world <= DRY_RUN_MAX_WORLD:
+            raise ConfigError(
+                f"--world-size {show_int(world)} must lie in 1..{DRY_RUN_MAX_WORLD:,} (2**17, more ranks "
+                f"than any machine has; the dry run builds every process group, so its time grows with the world)"
+            )
         if not 0 <= rank < world:
-            raise ConfigError(f"--rank {rank} is outside the world of {world} ranks; valid 0..{world - 1}")
+            raise ConfigError(f"--rank {show_int(rank)} is outside the world of {world} ranks; valid 0..{world - 1}")
         local = env["local_world_size"] if args.world_size is None else None
         return dryrun.main(cfg, world, rank, local, sys.stdout)
     except (ConfigError, ValueError) as e:
         print_errors(e)
         return 2
+
+
+DRY_RUN_MAX_WORLD = 1 << 17  # Frontier has 75,264 GCDs; 2**17 ranks of the 20B model: ~20 s on a CPU
 
 
 class OtherRankFailed(Exception):

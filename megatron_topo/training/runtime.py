@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config, ConfigError
-from ..topology import Topology, launcher_env, topology_from_config
+from ..topology import Topology, launcher_env, show_int, topology_from_config
 from .heartbeat import Heartbeat
 
 
@@ -43,7 +43,7 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
     world, rank = env["world_size"], env["rank"]
     if world < 1 or not 0 <= rank < world:
         raise ConfigError(
-            f"launcher environment: RANK={rank} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}"
+            f"launcher environment: RANK={show_int(rank)} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}"
         )
     dcfg = cfg.distributed
     use_cuda = dcfg.device == "cuda" or (dcfg.device == "auto" and torch.cuda.is_available())

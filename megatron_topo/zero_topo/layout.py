@@ -135,6 +135,10 @@ def post_gather_slots(group: Sequence[int], w: int, g: int, os: int) -> list[int
 def permute_chunks_(rows: torch.Tensor, slots: Sequence[int]) -> None:
     """In place: row ``i`` of ``rows`` moves to row ``slots[i]`` (a permutation), following
     its cycles with one row of scratch."""
+    if rows.is_meta:  # no data to move (the dry run): the same scratch row, not one copy per row
+        if any(i != j for i, j in enumerate(slots)):
+            rows[0].clone()
+        return
     inv = [0] * len(slots)
     for i, j in enumerate(slots):
         inv[j] = i
