@@ -42,7 +42,7 @@ def parse_args(argv=None):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the config's tokenizer)")
     src.add_argument("--prompt-ids", metavar="I,J,K", help="prompt as comma-separated token ids")
-    p.add_argument("--max-new-tokens", type=int, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, metavar="N", help="new tokens, at most 64 x the model's seq_length")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
     p.add_argument("--temperature", type=float, help="divide the logits by it (default 1.0)")
     p.add_argument("--top-k", type=int, help="sample from the k most likely tokens (default 0: all)")
@@ -79,6 +79,18 @@ def parse_args(argv=None):
 
 
 MAX_NEW_TOKENS = 1 << 20  # one forward pass each: a bound that makes the run's length sane
+CONTEXTS_PER_RUN = 64  # and at most 64 contexts' worth: the window slides past seq_length, each token a full pass
+
+
+def check_max_new(n: int, seq_length: int) -> None:
+    """The flag interface slides its window past ``seq_length`` (every new token one forward pass
+    over a full context): at most ``CONTEXTS_PER_RUN`` contexts' worth of new tokens."""
+    cap = min(MAX_NEW_TOKENS, CONTEXTS_PER_RUN * seq_length)
+    if n > cap:
+        raise GenerateError(
+            f"--max-new-tokens {n:,} is more than this model generates in one run: at most {cap:,} "
+            f"({CONTEXTS_PER_RUN} x seq_length {seq_length:,}; every token is one forward pass over the context)"
+        )
 
 
 def parse_ids(text: str, vocab: int) -> list[int]:
@@ -136,6 +148,7 @@ def main(argv=None) -> int:
     try:
         check_args(args)
         model, cfg = load_model(args.checkpoint, args.device, args.load_unverified)
+        check_max_new(args.max_new_tokens, cfg.model.seq_length)
         tok, why = build_tokenizer_or_none(cfg)
         if args.prompt is not None:
             if tok is None:

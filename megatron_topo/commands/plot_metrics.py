@@ -51,7 +51,7 @@ def parse_args(argv=None):
         metavar="KEY",
         help="plot these metrics.jsonl keys instead of loss / TFLOPS / tokens/s",
     )
-    p.add_argument("--title", default=None, help="figure title")
+    p.add_argument("--title", default=None, help="figure title (at most 200 characters; plain text, not TeX)")
     p.add_argument("--force", action="store_true", help="replace an existing --out that plot_metrics did not write")
     return p.parse_args(argv)
 
@@ -82,16 +82,20 @@ def _say_skipped(label: str, what: str, steps: list, vals: list) -> None:
 
 
 def smooth(values: list[float], n: int) -> list[float]:
-    """Trailing mean over the last ``n`` finite values (non-finite points stay gaps)."""
+    """Trailing mean over the last ``n`` finite values (non-finite points stay gaps); a running
+    sum, so the time does not grow with ``n``."""
+    import collections
+
     if n <= 1:
         return list(values)
-    out, window = [], []
+    out, window, total = [], collections.deque(), 0.0
     for v in values:
         if math.isfinite(v):
             window.append(v)
+            total += v
             if len(window) > n:
-                window.pop(0)
-            out.append(sum(window) / len(window))
+                total -= window.popleft()
+            out.append(total / len(window))
         else:
             out.append(math.nan)
     return out
@@ -163,7 +167,27 @@ def _check_out(out: str, run_dirs, force: bool) -> None:
     )
 
 
+MAX_TEXT = 200  # --title, each --labels and --metrics name: longer ones only slow the layout down (200k: minutes)
+MAX_METRICS = 16  # one panel each, side by side
+
+
+def _check_texts(labels, metrics, title) -> None:
+    from megatron_topo.safe_files import excerpt
+
+    for flag, texts in (
+        ("--title", [title] if title is not None else []),
+        ("--labels", labels or []),
+        ("--metrics", metrics or []),
+    ):
+        for t in texts:
+            if len(t) > MAX_TEXT:
+                raise PlotError(f"{flag} {excerpt(t, 40)} is too long: at most {MAX_TEXT} characters")
+    if metrics and len(metrics) > MAX_METRICS:
+        raise PlotError(f"--metrics: {len(metrics)} keys; at most {MAX_METRICS} (one panel each)")
+
+
 def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None, force: bool = False) -> str:
+    _check_texts(labels, metrics, title)
     if labels is not None and len(labels) != len(run_dirs):
         raise PlotError(f"--labels: got {len(labels)} labels for {len(run_dirs)} run directories; give one per run")
     if smooth_n < 1:
@@ -223,15 +247,16 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None, force
                         markersize=3,
                         label=f"{label} (eval)",
                     )
-        ax.set_title(ttl)
+        ax.set_title(ttl, parse_math=False)  # a metric's name is text, not TeX
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
         if drew:
-            ax.legend(fontsize="small")
+            for t in ax.legend(fontsize="small").get_texts():
+                t.set_parse_math(False)  # a label or run folder "$x^$" is text, not TeX
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, parse_math=False)
     fig.tight_layout()
     d = os.path.dirname(os.path.abspath(out))
     try:
