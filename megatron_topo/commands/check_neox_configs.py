@@ -54,6 +54,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--world-size", type=int, default=8, help="ranks of the dry run (default 8)")
     args = ap.parse_args(argv)
+    from megatron_topo.commands.train import DRY_RUN_MAX_WORLD
+
+    if not 1 <= args.world_size <= DRY_RUN_MAX_WORLD:  # the dry run's time grows with the world
+        ap.error(f"--world-size {args.world_size}: must lie in 1..{DRY_RUN_MAX_WORLD:,} (2**17), as train.py --dry-run")
+    if not 1 <= args.vocab_size <= 1 << 31:
+        ap.error(f"--vocab-size {args.vocab_size}: must lie in 1..2**31")
     if not os.path.isdir(args.folder):
         print(clean(f"error: {args.folder}: not a folder"), file=sys.stderr)
         return 2

@@ -60,7 +60,21 @@ def parse_args(argv=None):
     p.add_argument("--max-delay-ms", type=float, default=20.0, help="random delay before each collective")
     p.add_argument("--spawn", type=int, default=0, metavar="N", help="start N local ranks (CPU, gloo)")
     p.add_argument("--no-dry-run", action="store_true", help="skip the dry run's projection (memory row)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    import math
+
+    if not 0 <= args.spawn <= MAX_SPAWN:
+        p.error(f"--spawn {args.spawn}: must lie in 0..{MAX_SPAWN} (local CPU ranks; 0: the launcher's ranks)")
+    if not 1 <= args.layers <= 4096:
+        p.error(f"--layers {args.layers}: must lie in 1..4096 (num_layers' bound)")
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= 86400):
+        p.error(f"--timeout {args.timeout}: must lie in (0, 86400] seconds")
+    if not (math.isfinite(args.max_delay_ms) and 0 <= args.max_delay_ms <= 60_000):
+        p.error(f"--max-delay-ms {args.max_delay_ms}: must lie in [0, 60000]")
+    return args
+
+
+MAX_SPAWN = 64  # processes started on this machine
 
 
 def _free_port() -> int:

@@ -16,6 +16,7 @@ measured step cost to tools/predict_perf.py (docs/frontier.md §4). It writes
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -62,8 +63,12 @@ def check(args) -> tuple[list[float], list[str]]:
     bad = [o for o in ops if o not in OPS]
     if bad or not ops:
         raise ConfigError(f"--ops: '{','.join(bad) or args.ops}' is not valid; use {', '.join(OPS)}")
-    if args.iters < 1 or args.warmup < 0:
-        raise ConfigError(f"--iters {args.iters} / --warmup {args.warmup}: need iters >= 1 and warmup >= 0")
+    if not (1 <= args.iters <= 100_000 and 0 <= args.warmup <= 10_000):
+        raise ConfigError(
+            f"--iters {args.iters} / --warmup {args.warmup}: need iters in 1..100,000 and warmup in 0..10,000"
+        )
+    if max(sizes) > 1 << 20 or not all(math.isfinite(x) for x in sizes):
+        raise ConfigError(f"--sizes-mb '{args.sizes_mb}': sizes must be finite and at most 1,048,576 MB")
     return sizes, ops
 
 

@@ -32,8 +32,13 @@ def main(argv=None) -> int:
     ap.add_argument("--world-size", type=int, required=True, help="ranks of the run the caches are for")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
-    if args.world_size < 1:
-        print(f"error: --world-size {args.world_size}: expected the run's number of ranks (>= 1)", file=sys.stderr)
+    from megatron_topo.topology import MAX_WORLD_SIZE
+
+    if not 1 <= args.world_size <= MAX_WORLD_SIZE:
+        print(
+            f"error: --world-size {args.world_size}: expected the run's number of ranks, 1..{MAX_WORLD_SIZE:,} (2**20)",
+            file=sys.stderr,
+        )
         return 2
 
     from megatron_topo.config import ConfigError, load_config
