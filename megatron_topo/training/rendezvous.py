@@ -36,6 +36,16 @@ class RendezvousError(ConfigError):
     """The job's ranks disagree or did not all come: one line, printed by the rank that found it."""
 
 
+class RendezvousStopped(RendezvousError):
+    """A stop signal came while the ranks were joining: the job never formed (exit 128 + signal)."""
+
+    def __init__(self, signum: int, where: str):
+        from ..lifecycle import signal_name
+
+        self.signum = signum
+        super().__init__(f"stopped by {signal_name(signum)} {where}; no step trained, nothing saved")
+
+
 class PeerRefused(ConfigError):
     """Rank 0 refused the job (its line says why): train.py stops this rank without a line of its
     own (a tool that does not know it prints the verdict as its own error line)."""
@@ -117,12 +127,37 @@ def _agent_store() -> bool:
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "") == "True"
 
 
-def connect(rank: int, host: str, port: int, timeout_s: float):
+def _wait_listening(rank: int, host: str, port: int, timeout_s: float, stop: Callable) -> None:
+    """Wait until the store's port accepts connections: torch's client would retry as long, but
+    log a C++ stack for a store that never came."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            pass
+        if stop():
+            raise RendezvousStopped(stop(), f"on rank {rank} while waiting for rank 0's rendezvous")
+        if time.monotonic() > deadline:
+            raise RendezvousError(
+                f"rank {rank}: rank 0's rendezvous store at {host}:{port} did not answer within {timeout_s:g} s "
+                f"(distributed.rendezvous_timeout_s); is rank 0 running, and do MASTER_ADDR/MASTER_PORT name "
+                f"its node and port?"
+            )
+        time.sleep(0.2)
+
+
+def connect(rank: int, host: str, port: int, timeout_s: float, stop: Optional[Callable] = None):
     """The rendezvous store: rank 0 serves it (unless torchrun's agent does), the others connect,
-    retrying for at most ``timeout_s``."""
+    waiting for at most ``timeout_s``."""
     import torch.distributed as dist
 
     serve = rank == 0 and not _agent_store()
+    if not serve:
+        _wait_listening(rank, host, port, timeout_s, stop or (lambda: None))
     try:
         return dist.TCPStore(
             host,
@@ -148,16 +183,6 @@ def connect(rank: int, host: str, port: int, timeout_s: float):
             f"(distributed.rendezvous_timeout_s); is rank 0 running, and do MASTER_ADDR/MASTER_PORT name "
             f"its node and port?"
         ) from None
-
-
-class RendezvousStopped(RendezvousError):
-    """A stop signal came while the ranks were joining: the job never formed (exit 128 + signal)."""
-
-    def __init__(self, signum: int, where: str):
-        from ..lifecycle import signal_name
-
-        self.signum = signum
-        super().__init__(f"stopped by {signal_name(signum)} {where}; no step trained, nothing saved")
 
 
 def _digest(rec: dict) -> str:

@@ -77,7 +77,7 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
             ) from None
         from . import rendezvous
 
-        store = rendezvous.connect(rank, os.environ["MASTER_ADDR"], int(port), dcfg.rendezvous_timeout_s)
+        store = rendezvous.connect(rank, os.environ["MASTER_ADDR"], int(port), dcfg.rendezvous_timeout_s, stop)
         # before any collective: the ranks agree on the world, the config and the code, or stop with one line
         rendezvous.agree(store, cfg, rank, world, env["local_world_size"], dcfg.rendezvous_timeout_s, stop)
         store.set_timeout(datetime.timedelta(seconds=dcfg.collective_timeout_s))
