@@ -511,7 +511,7 @@ ENV_CASES = [  # launcher variables that contradict each other: one line, before
     ),
     (
         "env-local-rank-beyond-the-node",
-        {"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "1"},
+        {"LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "WORLD_SIZE": "2"},
         "LOCAL_RANK=5 is not a rank on this node; valid: 0..1",
     ),
     (
