@@ -134,7 +134,7 @@ def _abandoned(path: str, min_age_s: float) -> bool:
     except BlockingIOError:
         return False  # a live writer (on any host) holds it
     except OSError:  # no flock here
-        return time.time() - st.st_mtime >= min_age_s
+        return _abandoned_by_age(path, min_age_s)
     finally:
         os.close(fd)
 
@@ -185,6 +185,7 @@ def sweep_leftovers(prefix: str, min_age_s: float = 30.0) -> list[str]:
 
 
 def _abandoned_by_age(path: str, min_age_s: float) -> bool:
+    """The fallback where no lock can be asked: a regular file unchanged for ``min_age_s``."""
     try:
         st = os.lstat(path)
     except OSError:
