@@ -10,32 +10,80 @@ from typing import Iterator, Optional
 from .errors import DataError
 
 ZST_SUFFIX = ".zst"
+# One document (a JSON line, a plain-text file) is held whole in memory by the readers and the
+# tokenizers; the Pile's longest is a few MiB. A longer one is refused, not read until memory ends.
+MAX_DOCUMENT_BYTES = 256 << 20
 
 
-def _zst_lines(path: str, read_size: int = 1 << 20) -> Iterator[bytes]:
-    """Lines of a zstd file (one or several frames); a frame cut short is an error, not EOF."""
+def _too_long(path: str, line_no: int) -> DataError:
+    return DataError(
+        f"{path}: line {line_no} is longer than {_size(MAX_DOCUMENT_BYTES)}, the most one document may "
+        f"hold (MAX_DOCUMENT_BYTES); split it into several documents"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def _capped_lines(f, path: str) -> Iterator[bytes]:
+    """Lines of a binary file object, each read with a cap: one endless line is an error, not a
+    whole-file read into memory."""
+    cap, line_no = MAX_DOCUMENT_BYTES, 0
+    while True:
+        line = f.readline(cap + 1)
+        if not line:
+            return
+        line_no += 1
+        if len(line) > cap:
+            raise _too_long(path, line_no)
+        yield line
+
+
+def _zst_lines(path: str, read_size: int = 1 << 20, feed_size: int = 1 << 12) -> Iterator[bytes]:
+    """Lines of a zstd file (one or several frames); a frame cut short is an error, not EOF.
+    Compressed input is fed ``feed_size`` bytes at a time so one call's output stays bounded
+    (a zstd block of 128 KiB of one byte value is 4 bytes: 4 KiB in is at most 128 MiB out)."""
     import zstandard
 
+    cap, line_no = MAX_DOCUMENT_BYTES, 0
     dctx = zstandard.ZstdDecompressor()
-    dobj, in_frame, pending = dctx.decompressobj(), False, b""
+    dobj, in_frame, pending = dctx.decompressobj(), False, bytearray()
     with open(path, "rb") as raw:
         while True:
-            data = raw.read(read_size)
-            if not data:
+            block = raw.read(read_size)
+            if not block:
                 break
-            while data:
-                out = dobj.decompress(data)
-                in_frame, data = True, b""
-                if dobj.eof:  # frame complete; the rest of the input (if any) is the next frame
-                    data, dobj, in_frame = dobj.unused_data, dctx.decompressobj(), False
-                if out:
-                    *lines, pending = (pending + out).split(b"\n")
-                    for line in lines:
-                        yield line + b"\n"
+            view = memoryview(block)
+            for at in range(0, len(view), feed_size):
+                data = view[at : at + feed_size]
+                while data:
+                    out = dobj.decompress(data)
+                    in_frame, data = True, b""
+                    if dobj.eof:  # frame complete; the rest of the input (if any) is the next frame
+                        data, dobj, in_frame = dobj.unused_data, dctx.decompressobj(), False
+                    start = 0
+                    while True:
+                        end = out.find(b"\n", start) + 1
+                        if not end:
+                            break
+                        line_no += 1
+                        if len(pending) + end - start > cap:
+                            raise _too_long(path, line_no)
+                        if pending:
+                            pending += out[start:end]
+                            yield bytes(pending)
+                            pending.clear()
+                        else:
+                            yield out[start:end]
+                        start = end
+                    pending += out[start:]
+                    if len(pending) > cap:
+                        raise _too_long(path, line_no + 1)
     if in_frame:
         raise DataError(f"{path}: truncated zstd stream (the last frame is incomplete); is the file complete?")
     if pending:
-        yield pending
+        yield bytes(pending)
 
 
 def iter_lines(path: str) -> Iterator[bytes]:
@@ -45,7 +93,7 @@ def iter_lines(path: str) -> Iterator[bytes]:
             yield from _zst_lines(path)
         else:
             with open(path, "rb") as f:
-                yield from f
+                yield from _capped_lines(f, path)
     except DataError:
         raise
     except Exception as e:  # zstandard.ZstdError on a damaged frame
@@ -83,8 +131,14 @@ def row_values(obj, keys: tuple[str, ...]) -> list[str]:
 
 
 def read_text_file(path: str) -> str:
+    """One plain-text file as one document, at most MAX_DOCUMENT_BYTES (ValueError beyond)."""
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read(MAX_DOCUMENT_BYTES + 1)
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise ValueError(
+            f"longer than {_size(MAX_DOCUMENT_BYTES)}, the most one document may hold (MAX_DOCUMENT_BYTES); "
+            f"split it into several files"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -99,7 +153,7 @@ def _compressed_lines(path: str) -> Iterator[bytes]:
     opener, what = (gzip.open, "gzip") if path.endswith(".gz") else (lzma.open, "xz")
     try:
         with opener(path, "rb") as f:
-            yield from f
+            yield from _capped_lines(f, path)
     except EOFError:
         raise DataError(
             f"{path}: truncated {what} stream (it ends before its end marker); is the file complete?"
