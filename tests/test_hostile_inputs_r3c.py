@@ -332,3 +332,26 @@ def test_a_dataset_journal_that_is_a_symlink_is_not_followed(tmp_path, target):
         MMapIndexedDataset(str(d / "toy"))
     assert len(str(e.value).splitlines()) == 1
     assert os.path.islink(d / "toy.replacing") and outside.read_text().startswith("{")
+
+
+def test_sweep_survives_a_leftover_that_vanishes_meanwhile(tmp_path, monkeypatch):
+    """Two runs sweeping one prefix at once: a temporary the other run removed between the check and
+    the removal is skipped (and not named as removed by this run), not an ``OSError`` traceback."""
+    import subprocess
+    import sys
+
+    from megatron_topo.data import pair_commit
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = [f"x.bin.tmp.{dead.pid}", f"x.idx.tmp.{dead.pid}"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"partial")
+
+    def abandoned_then_other_sweep_removes_bin(path, min_age_s):
+        os.remove(path)  # the other run won the race for the .bin
+        return True
+
+    monkeypatch.setattr(pair_commit, "_abandoned", abandoned_then_other_sweep_removes_bin)
+    assert pair_commit.sweep_leftovers(str(tmp_path / "x")) == [names[1]]
+    assert os.listdir(tmp_path) == []

@@ -177,7 +177,11 @@ def sweep_leftovers(prefix: str, min_age_s: float = 30.0) -> list[str]:
             continue
         for name in group:
             path = os.path.join(folder, name)
-            if stat.S_ISREG(os.lstat(path).st_mode):
+            try:
+                regular = stat.S_ISREG(os.lstat(path).st_mode)
+            except OSError:  # gone meanwhile (another run's sweep got there first): not ours to name
+                continue
+            if regular:
                 remove_quietly(path)
                 if not os.path.lexists(path):
                     removed.append(name)
