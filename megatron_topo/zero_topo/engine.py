@@ -26,7 +26,7 @@ so it overlaps the next forward.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -38,6 +38,8 @@ from .optimizer import ShardedAdamW
 from .scaler import LossScaler
 from .sharding import Plan
 from .unit import ShardedUnit, UnitGroups
+from .unit_params import assign_parameters, tie_borrowed
+from .unit_params import tensors as output_tensors
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MAX_COMBINES_IN_FLIGHT = 4  # zero_topo.max_combines_in_flight's default (0: unbounded)
@@ -91,28 +93,7 @@ class ZeroTopoEngine:
         kernel_backend = None if kernel_backend in (None, "auto") else kernel_backend
         groups = self._make_groups()
         align = L.alignment(self.topo.world_size, memory.block_sizes(plan))
-        seen: dict[int, tuple[int, str]] = {}  # parameter -> (unit position, name in that unit)
-        unit_params: list[list[tuple[str, nn.Parameter]]] = []
-        tied: list[
-            tuple[int, str, int, str]
-        ] = []  # (borrowing unit position, name there, owning unit position, name there)
-        for i, mod in enumerate(units):
-            params = []
-            for n, p in mod.named_parameters(remove_duplicate=False):
-                if not p.requires_grad:
-                    continue
-                if id(p) in seen:  # tied weights: sharded once, by the first unit that has them
-                    owner, owner_name = seen[id(p)]
-                    if owner == i:
-                        raise ValueError(f"parameter '{n}' appears twice in one unit")
-                    tied.append((i, n, owner, owner_name))
-                    continue
-                seen[id(p)] = (i, n)
-                params.append((n, p))
-            unit_params.append(params)
-        leftovers = [n for n, p in model.named_parameters() if id(p) not in seen and p.requires_grad]
-        if leftovers:
-            raise ValueError(f"parameters outside every unit: {', '.join(leftovers[:5])}")
+        unit_params, tied = assign_parameters(model, units)
         first = next((p for ps in unit_params for _, p in ps), None)
         self.device = (
             torch.device(device) if device is not None else (first.device if first is not None else torch.device("cpu"))
@@ -140,14 +121,7 @@ class ZeroTopoEngine:
                 init if meta else None,
             )
             self.units.append(by_pos[i])
-        for i, n, owner, owner_name in tied:
-            # the borrowing unit sees the owner's parameter (which sharded init may have replaced)
-            # and gathers the owner whenever it computes
-            spec = next(s for s in by_pos[owner].specs if s.name == owner_name)
-            where, _, leaf = n.rpartition(".")
-            (units[i].get_submodule(where) if where else units[i])._parameters[leaf] = spec.param
-            if i in by_pos and by_pos[owner] not in by_pos[i].borrows:
-                by_pos[i].borrows.append(by_pos[owner])
+        tie_borrowed(units, by_pos, tied)
         self.groups = groups
         self.optimizer = ShardedAdamW(
             [u.master_init for u in self.units],
@@ -229,7 +203,7 @@ class ZeroTopoEngine:
         return hook
 
     def _arm_backward(self, u: ShardedUnit, prev: Optional[ShardedUnit], output: Any) -> None:
-        tensors = [t for t in _tensors(output) if t.requires_grad]
+        tensors = [t for t in output_tensors(output) if t.requires_grad]
         fired = {"done": False}
 
         def pre_backward(grad: torch.Tensor) -> torch.Tensor:
@@ -475,14 +449,3 @@ class ZeroTopoEngine:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-
-
-def _tensors(x: Any) -> Iterator[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors(y)
-    elif isinstance(x, dict):
-        for y in x.values():
-            yield from _tensors(y)
