@@ -298,6 +298,24 @@ def drop_superseded(records: list[dict]) -> tuple[list[dict], int]:
 
 
 # ----------------------------------------------------------------------------------- reader
+MAX_RECORD_CHARS = 1 << 20  # one of our records is a few hundred characters
+SKIPS_NAMED = 5  # skipped lines named one by one; the rest are counted in one warning
+
+
+def _capped_lines(f):
+    """Lines of a text file read with a cap: a longer line is consumed in pieces and yields None."""
+    while True:
+        line = f.readline(MAX_RECORD_CHARS + 1)
+        if not line:
+            return
+        if len(line) > MAX_RECORD_CHARS and not line.endswith("\n"):
+            while line and not line.endswith("\n"):
+                line = f.readline(MAX_RECORD_CHARS)
+            yield None
+            continue
+        yield line
+
+
 def metrics_path(path_or_run_dir: str) -> str:
     """``RUN_DIR/metrics.jsonl`` for a directory, the path itself otherwise."""
     if os.path.isdir(path_or_run_dir):
@@ -309,10 +327,12 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
     """Records of a run's ``metrics.jsonl`` (a run directory or the file itself), in file order,
     with ``"NaN"``/``"Infinity"``/``"-Infinity"`` turned back into floats.
 
-    A line that is not valid JSON (a crash mid-write) is skipped with a warning naming the file
-    and line. ``last_per_step=True`` returns one record per step, sorted by step, merging the
-    records of a step in file order so later values win (an eval record may share a step with the
-    training record), after dropping the records a resume superseded (:func:`drop_superseded`: a
+    A line that is not valid JSON (a crash mid-write), not a record, or longer than
+    MAX_RECORD_CHARS (read with that cap, never whole) is skipped with a warning naming the file
+    and line; past SKIPS_NAMED such lines, one more warning counts the rest.
+    ``last_per_step=True`` returns one record per step, sorted by step, merging the records of a
+    step in file order so later values win (an eval record may share a step with the training
+    record), after dropping the records a resume superseded (:func:`drop_superseded`: a
     file written before resumes moved them aside repeats the steps after a checkpoint).
     Raises ``FileNotFoundError`` when there is no metrics file.
     """
@@ -320,21 +340,28 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
     if not os.path.isfile(path):
         why = why_not_a_file(path)
         raise FileNotFoundError(f"{path}: no such metrics file" if why == "file not found" else f"{path} {why}")
-    out = []
+    out, skipped = [], []  # skipped: (line number, why)
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+        for lineno, line in enumerate(_capped_lines(f), 1):
+            if line is None:
+                skipped.append((lineno, f"a line longer than {MAX_RECORD_CHARS:,} characters, not a record"))
+                continue
             line = line.strip()
             if not line:
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                warnings.warn(f"{path}:{lineno}: skipping a line that is not valid JSON ({e.msg})", stacklevel=2)
+                skipped.append((lineno, f"a line that is not valid JSON ({e.msg})"))
                 continue
             if not isinstance(rec, dict) or "step" not in rec:
-                warnings.warn(f"{path}:{lineno}: skipping a record without a 'step' key", stacklevel=2)
+                skipped.append((lineno, "a record without a 'step' key"))
                 continue
             out.append(_restore(rec))
+    for lineno, why in skipped[:SKIPS_NAMED]:
+        warnings.warn(f"{path}:{lineno}: skipping {why}", stacklevel=2)
+    if len(skipped) > SKIPS_NAMED:
+        warnings.warn(f"{path}: skipping {len(skipped) - SKIPS_NAMED:,} more lines of these kinds", stacklevel=2)
     if last_per_step:
         out = drop_superseded(out)[0]
         by_step: dict = {}

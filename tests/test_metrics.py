@@ -237,3 +237,26 @@ def test_bench_model_smoke(tmp_path):
     assert res["final_loss"]["ours"] == pytest.approx(res["final_loss"]["plain"], rel=1e-4)
     assert res["ratio_ours_over_plain"] > 0 and set(res["tokens_per_s"]) == {"ours", "plain"}
     assert "ours/plain" in r.stdout
+
+
+def test_read_metrics_caps_a_line_and_counts_many_skips(tmp_path, monkeypatch):
+    """A line far longer than any record is skipped without being read whole (monkeypatched cap:
+    64 characters; the real one is 1 MiB), and a file of many bad lines gives SKIPS_NAMED named
+    warnings plus one that counts the rest, not one warning per line."""
+    import warnings
+
+    from megatron_topo import metrics as M
+
+    monkeypatch.setattr(M, "MAX_RECORD_CHARS", 64)
+    p = tmp_path / "metrics.jsonl"
+    bad = "".join("{broken\n" for _ in range(1000))
+    p.write_text('{"step": 1, "loss": 2.0}\n' + '{"step": 2, "x": "' + "z" * 5000 + '"}\n' + bad + '{"step": 3}\n')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recs = M.read_metrics(str(p))
+    assert [r["step"] for r in recs] == [1, 3]
+    msgs = [str(w.message) for w in caught]
+    assert len(msgs) == M.SKIPS_NAMED + 1, msgs
+    assert msgs[0] == f"{p}:2: skipping a line longer than 64 characters, not a record"
+    assert msgs[1].startswith(f"{p}:3: skipping a line that is not valid JSON")
+    assert msgs[-1] == f"{p}: skipping 996 more lines of these kinds"
