@@ -6,7 +6,7 @@ does the same IEEE fp32 operations in the same order but block by block, so a bl
 memory once for its absmax and once (from cache) to quantize it, and nothing else is materialised.
 See the C file for how each step keeps bit-exactness.
 
-Build: on first use the C file is compiled with the system C compiler (``$CC``, else ``cc`` /
+Build (:mod:`._cpu_build`): on first use the C file is compiled with the system C compiler (``$CC``, else ``cc`` /
 ``gcc`` / ``clang``) into a shared library cached under ``$MEGATRON_TOPO_KERNEL_CACHE`` (default
 ``~/.cache/megatron_topo/kernels``), keyed by the source, the compiler, the flags and the CPU, and
 loaded with ctypes (no Python headers, no torch headers: it compiles in about a second); an
@@ -28,19 +28,12 @@ Threads: calls release the GIL, and a call with enough blocks is split between
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 
 import torch
 
-from ...error_lines import clean
-from . import _cache
+from . import _cpu_build
 from ._common import (
     check_dequantize_args,
     check_dequantize_sum_args,
@@ -50,6 +43,7 @@ from ._common import (
     payload_dtype,
     payload_nbytes,
 )
+from ._cpu_build import CACHE_ENV, CFLAGS_ENV  # noqa: F401  (re-exported: tests and docs name cpu_fast.CACHE_ENV)
 
 __all__ = [
     "quantize",
@@ -62,12 +56,7 @@ __all__ = [
     "library_path",
 ]
 
-CACHE_ENV = "MEGATRON_TOPO_KERNEL_CACHE"
-CFLAGS_ENV = "MEGATRON_TOPO_KERNEL_CFLAGS"  # extra compiler flags (tests use -DMT_NO_F16C ...)
-_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cpu_fast.c")
 _DT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing"]
-_FLAG_SETS = (["-march=native"], [])
 MIN_ELEMS_PER_THREAD = 1 << 18  # below ~1 MiB of fp32 per thread the pool costs more than it saves
 
 _lock = threading.RLock()  # re-entered by the self-check during the build
@@ -84,127 +73,23 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
-# ------------------------------------------------------------------------------------ build
-def _compilers():
-    seen = []
-    for c in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if c and c not in seen and shutil.which(c.split()[0]):
-            seen.append(c)
-    return seen
-
-
-def _cpu_signature() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
-    except OSError:
-        pass
-    return platform.machine() + platform.processor()
-
-
-def _compiler_id(cc: str) -> str:
-    try:
-        r = subprocess.run(cc.split() + ["--version"], capture_output=True, text=True, timeout=30)
-        return r.stdout.splitlines()[0] if r.stdout else cc
-    except Exception:
-        return cc
-
-
-def _cache_dirs() -> list[str]:
-    """$MEGATRON_TOPO_KERNEL_CACHE, else the user cache, then the temp dir (read-only homes)."""
-    if os.environ.get(CACHE_ENV):
-        return [os.environ[CACHE_ENV]]
-    home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return [
-        os.path.join(home, "megatron_topo", "kernels"),
-        os.path.join(tempfile.gettempdir(), f"megatron_topo_kernels_{uid}"),
-    ]
-
-
-_warned: set = set()
-
-
-def _warn(line: str) -> None:
-    """One stderr line per distinct problem and process (a refused cache, a rebuilt library)."""
-    if line not in _warned:
-        _warned.add(line)
-        print(clean(f"warning: {line}"), file=sys.stderr, flush=True)
-
-
-def _private_cache() -> tuple[str | None, list[str]]:
-    """The first candidate cache folder that is private to this user (see _cache.py)."""
-    refused = []
-    for d in _cache_dirs():
-        why = _cache.private_dir(d)
-        if why is None:
-            return d, refused
-        refused.append(f"{d} {why}")
-        if os.path.lexists(d):  # someone else's folder (or one others can write): say so, once
-            _warn(f"kernel cache {d} {why}; not used (nothing is loaded from it)")
-    return None, refused
-
-
+# ------------------------------------------------------------------------------------ build (_cpu_build)
 def _build() -> tuple[ctypes.CDLL, str]:
-    with open(_SRC, "rb") as f:
-        src = f.read()
-    errors = []
-    cache, refused = _private_cache()
-    if cache is None:
-        raise RuntimeError(
-            "no private kernel cache folder (" + "; ".join(refused) + "); set "
-            f"{CACHE_ENV} to a folder of your own, mode 0700"
-        )
-    for cc in _compilers():
-        cid = _compiler_id(cc)
-        for extra in _FLAG_SETS:
-            flags = _BASE_FLAGS + extra + os.environ.get(CFLAGS_ENV, "").split()
-            key = hashlib.sha256(
-                b"\0".join(
-                    [src, cid.encode(), " ".join(flags).encode(), _cpu_signature().encode(), sys.platform.encode()]
-                )
-            ).hexdigest()[:20]
-            path = os.path.join(cache, f"mt_cpu_fast_{key}.so")
-            ok, why = _cache.verified(path)
+    errors: list[str] = []
+    for path in _cpu_build.compiled_libraries(errors):
+        try:
+            lib = ctypes.CDLL(path)
+            _declare(lib)
+            if lib.mt_abi_version() != 1:
+                raise RuntimeError("ABI version mismatch")
+            _state["lib"] = lib  # provisional, for the self-check
+            why = _self_check()
             if why:
-                _warn(f"cached kernel library {path} {why}; rebuilding it")
-            if not ok:
-                try:
-                    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-                    os.close(fd)
-                    r = subprocess.run(
-                        cc.split() + flags + ["-o", tmp, _SRC], capture_output=True, text=True, timeout=120
-                    )
-                    if r.returncode:
-                        os.unlink(tmp)
-                        errors.append(
-                            f"{cc} {' '.join(extra) or '(portable)'}: {(r.stderr or r.stdout).strip()[-400:]}"
-                        )
-                        continue
-                    _cache.write_record(path, _cache.file_sha256(tmp))  # the record first: a reader
-                    os.replace(tmp, path)  # never sees a new library with no record (atomic renames)
-                except Exception as e:  # unwritable cache, compiler crash, timeout
-                    errors.append(f"{cc}: {e!r}")
-                    continue
-                ok, why = _cache.verified(path)
-                if not ok:  # replaced under us (only this user can write here)
-                    errors.append(f"{path}: {why or 'vanished after the build'}")
-                    continue
-            try:
-                lib = ctypes.CDLL(path)
-                _declare(lib)
-                if lib.mt_abi_version() != 1:
-                    raise RuntimeError("ABI version mismatch")
-                _state["lib"] = lib  # provisional, for the self-check
-                why = _self_check()
-                if why:
-                    raise RuntimeError(f"self-check against the reference failed: {why}")
-                return lib, path
-            except Exception as e:
-                _state.pop("lib", None)
-                errors.append(f"{path}: {e}")
+                raise RuntimeError(f"self-check against the reference failed: {why}")
+            return lib, path
+        except Exception as e:
+            _state.pop("lib", None)
+            errors.append(f"{path}: {e}")
     if not errors:
         errors.append("no C compiler found (set CC, or install cc/gcc/clang)")
     raise RuntimeError("; ".join(errors))
