@@ -354,6 +354,9 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
             except json.JSONDecodeError as e:
                 skipped.append((lineno, f"a line that is not valid JSON ({e.msg})"))
                 continue
+            except RecursionError:
+                skipped.append((lineno, "a line nested too deeply to be a record"))
+                continue
             if not isinstance(rec, dict) or "step" not in rec:
                 skipped.append((lineno, "a record without a 'step' key"))
                 continue

@@ -260,3 +260,19 @@ def test_read_metrics_caps_a_line_and_counts_many_skips(tmp_path, monkeypatch):
     assert msgs[0] == f"{p}:2: skipping a line longer than 64 characters, not a record"
     assert msgs[1].startswith(f"{p}:3: skipping a line that is not valid JSON")
     assert msgs[-1] == f"{p}: skipping 996 more lines of these kinds"
+
+
+def test_read_metrics_skips_a_deeply_nested_line(tmp_path):
+    """A JSON line nested 100,000 levels deep (probe 5, metrics-deep-nesting-plot) is skipped with a
+    warning like any other bad line, not a RecursionError traceback in plot_metrics."""
+    import warnings
+
+    from megatron_topo.metrics import read_metrics
+
+    p = tmp_path / "metrics.jsonl"
+    p.write_text('{"step": 1, "loss": 2.0}\n' + "[" * 100000 + "]" * 100000 + "\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recs = read_metrics(str(p))
+    assert [r["step"] for r in recs] == [1]
+    assert [str(w.message) for w in caught] == [f"{p}:2: skipping a line nested too deeply to be a record"]
