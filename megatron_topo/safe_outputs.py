@@ -18,6 +18,7 @@ Errors are raised as ``err`` (the caller's one-line error class).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -140,16 +141,25 @@ def check_output_file(
     ours: Optional[Callable[[str], bool]] = None,
     kind: Optional[Callable[[str], Optional[str]]] = None,
     inputs: Sequence[str] = (),
+    artifacts: bool = False,
 ) -> None:
     """Refuse to write the file ``path`` (given as ``flag``) over anything the run did not create.
 
     ``ours(path)``: the existing file is this tool's own earlier output (replaced without --force);
     ``kind(path)``: why the existing file is not a file this tool writes (then it is not replaced,
-    even with --force); ``inputs``: the paths the run reads (never an output)."""
+    even with --force); ``inputs``: the paths the run reads (never an output); ``artifacts``: refuse
+    a path inside any other artifact's folder too (:func:`artifact_above`: a checkpoint save folder,
+    a HuggingFace model folder), not only inside a checkpoint step."""
     step = checkpoint_step_above(os.path.dirname(os.path.abspath(path)) or ".")
     if step is not None:
         raise err(
             f"{flag} {path} lies inside the checkpoint folder {step}; only a save writes there: write it elsewhere"
+        )
+    found = artifact_above(os.path.dirname(os.path.abspath(path)) or ".") if artifacts else None
+    if found is not None:
+        raise err(
+            f"{flag} {path} lies inside {found[0]}, {found[1]}; its files belong to it and this tool adds "
+            f"nothing there, even with --force: write it elsewhere"
         )
     real = os.path.realpath(path)
     for i in inputs:
@@ -179,3 +189,22 @@ def head(path: str, n: int) -> bytes:
             return f.read(n)
     except OSError:
         return b""
+
+
+def safetensors_source(path: str) -> Optional[str]:
+    """The ``source`` of a safetensors file's header metadata (``megatron_topo`` in every file
+    convert_to_hf writes), or None: not a regular file, unreadable, no such field."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= min(1 << 26, st.st_size - 8):
+                return None
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, RecursionError):
+        return None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    src = meta.get("source") if isinstance(meta, dict) else None
+    return src if isinstance(src, str) else None

@@ -60,7 +60,12 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
     p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")
-    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing output directory that is an earlier export of this tool (config.json + "
+        "weights it wrote); any other folder is never replaced",
+    )
     p.add_argument(
         "--load-unverified",
         action="store_true",
@@ -140,14 +145,10 @@ def convert(
         raise CheckpointError(f"--output {output} lies inside the checkpoint folder {step}; write it elsewhere")
     if os.path.isdir(output) and os.listdir(output) and not force:
         raise CheckpointError(f"--output {output} exists and is not empty; pass --force to replace it")
-    if os.path.isdir(output):
-        foreign = sorted(n for n in os.listdir(output) if not EXPORT_NAMES.fullmatch(n))
-        if foreign:
-            raise CheckpointError(
-                f"--output {output} holds {foreign[0]!r}"
-                f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}, which no "
-                f"conversion writes; it is not replaced, even with --force: write it elsewhere"
-            )
+    if os.path.isdir(output) and os.listdir(output):
+        why = not_an_export(output)
+        if why:
+            raise CheckpointError(f"--output {output} {why}; it is not replaced, even with --force: write it elsewhere")
     check_output_parent(output)
     _check_own_temporary(temporary_name(output))  # before anything is read or said
     sp, meta, config_yaml = open_checkpoint(
@@ -329,6 +330,61 @@ def _marked(folder: str) -> "str | None":
         if not EXPORT_NAMES.fullmatch(e.name) or not e.is_file(follow_symlinks=False):
             return f"it holds {e.name[:64]!r}, which no conversion writes"
     return None
+
+
+def not_an_export(folder: str) -> "str | None":
+    """Why the non-empty folder ``folder`` is not an export of this tool (None when it is, and
+    --force may replace it). An export holds export files only (regular files, no links) and either
+    carries the conversion's marker (a crash while it was being replaced) or holds config.json and
+    model weights whose safetensors metadata says ``source: megatron_topo`` (every export this tool
+    ever wrote). So a user's folder of tokenizer files or a config.json alone, and a HuggingFace
+    model folder from elsewhere (e.g. downloaded from the Hub), are never replaced."""
+    from megatron_topo.safe_outputs import safetensors_source
+
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError as e:
+        return f"cannot be listed ({e.strerror or e})"
+    foreign = [e.name for e in entries if not EXPORT_NAMES.fullmatch(e.name)]
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        return f"holds {foreign[0][:64]!r}{more}, which no conversion writes"
+    for e in entries:
+        if not e.is_file(follow_symlinks=False):
+            return f"holds {e.name!r}, which is not a regular file (a link, folder or device)"
+    names = {e.name for e in entries}
+    if MARKER in names and _marker_record(os.path.join(folder, MARKER)):
+        return None  # a conversion was replacing it when it stopped
+    weights = sorted(n for n in names if n.endswith(".safetensors"))
+    if "config.json" not in names or not weights:
+        listed = ", ".join(sorted(names)[:4]) + (" ..." if len(names) > 4 else "")
+        return (
+            f"holds {listed} but not config.json and model weights, so it is no export of convert_to_hf "
+            f"(a folder of your own files?)"
+        )
+    other = [n for n in weights if safetensors_source(os.path.join(folder, n)) != "megatron_topo"]
+    if other:
+        return (
+            f"is a HuggingFace model folder that convert_to_hf did not write ({other[0]} carries no "
+            f"source=megatron_topo metadata; e.g. one downloaded from the Hub)"
+        )
+    return None
+
+
+def _marker_record(path: str) -> bool:
+    """Whether ``path`` is a conversion's marker: a small regular file holding this tool's record."""
+    from megatron_topo.safe_files import read_small_text
+
+    try:
+        rec = json.loads(read_small_text(path, 4096, OSError))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return (
+        isinstance(rec, dict)
+        and rec.get("tool") == "convert_to_hf"
+        and isinstance(rec.get("token"), str)
+        and re.fullmatch(r"[0-9a-f]{32}", rec["token"]) is not None
+    )
 
 
 def clean_stale_temporaries(output: str) -> list:

@@ -1,0 +1,140 @@
+"""Issue 29, probe 5, outputs: a tool replaces only its own kind of output and writes nothing into
+another artifact's folder; what it reports is what it built; a prompt the tokenizer cannot encode
+and a plot of one run twice are one ``error:`` line; sampling settings without effect get a note.
+
+* D1: ``convert_to_hf --force`` replaces only an earlier export of its own (config.json + weights
+  whose safetensors metadata says ``source: megatron_topo``, or a folder carrying the conversion's
+  marker): a user's tokenizer folder, a lone config.json or merges.txt, a Hub download are kept.
+* D2: ``train_tokenizer --force`` replaces only a tokenizer of its kind (a tokenizers JSON with a
+  ``model`` object; a sentencepiece model), and never writes into a checkpoint or an HF export.
+* D3: ``distributed.trace_collectives`` is refused in a save folder, an HF export or another run's
+  log folder, as log_dir and tensorboard_dir are.
+* F2: train_tokenizer prints the vocabulary it built, with a warning when it is below the request.
+* T5: generate with a prompt the tokenizer cannot encode (config and flag interfaces).
+* generate's sample_output_file inside an HF export; plot_metrics of one run twice; --greedy with
+  --temperature/--top-k/--top-p and temperature 0 with top_k (config mode): one note line.
+
+Every refusal is one ``error:`` line, a non-zero exit, no traceback, and the files already there
+are unchanged."""
+
+import io
+import json
+import os
+import shutil
+
+import pytest
+
+from megatron_topo.commands import convert_to_hf as H
+from megatron_topo.commands import generate as G
+from megatron_topo.commands import plot_metrics as PM
+from megatron_topo.commands import train as train_cli
+from megatron_topo.commands import train_tokenizer as TT
+
+from .cli_cases import build_hostile_world, call, one_error_line, scratch, snapshot
+
+TEXT = [f"document {i}: the quick brown fox jumps over the lazy dog {i % 7}" for i in range(40)]
+TTA = ["--input", "text/in.jsonl", "--model-type", "bpe", "--vocab-size", "300", "--output"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = build_hostile_world(tmp_path_factory.mktemp("r5outputs"))
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        assert H.main(["--checkpoint", "ck", "--output", "hf"]) == 0
+        (d / "text").mkdir()
+        (d / "text" / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT))
+        (d / "tok").mkdir()
+        assert TT.main(TTA + ["tok/tokenizer.json"]) == 0
+        (d / "mr").mkdir()
+        (d / "mr" / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s, "loss": 4.0 - s / 10}) + "\n" for s in range(1, 6))
+        )
+    finally:
+        os.chdir(cwd)
+    return d
+
+
+def _refused(capfd, rc, before, root, *words):
+    assert rc not in (0, None), rc
+    line = one_error_line(capfd)
+    for w in words:
+        assert w in line, line
+    assert snapshot(root) == before
+    return line
+
+
+# ------------------------------------------------------------------------- D1 convert_to_hf --force
+def _hub_folder(p):
+    """config.json + model.safetensors with no source metadata (as a Hub download holds)."""
+    import torch
+    from safetensors.torch import save_file
+
+    p.mkdir()
+    (p / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
+    save_file({"w": torch.zeros(2)}, str(p / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("tok", ["no export", "not replaced"]),  # the probe's case: tok/ holds only tokenizer.json
+        ("config-only", ["no export"]),
+        ("merges-only", ["no export"]),
+        ("tokenizer-set", ["no export"]),  # tokenizer.json + tokenizer_config.json + vocab.json + merges.txt
+        ("hub", ["did not write", "Hub"]),
+        ("export-with-linked-weights", ["not a regular file"]),
+    ],
+)
+def test_convert_force_replaces_only_its_own_exports(case, words, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    out = d / "out"
+    if case == "tok":
+        out = d / "tok"
+    elif case == "config-only":
+        out.mkdir()
+        (out / "config.json").write_text('{"mine": true}\n')
+    elif case == "merges-only":
+        out.mkdir()
+        (out / "merges.txt").write_text("#version: 0.2\na b\n")
+    elif case == "tokenizer-set":
+        shutil.copytree(d / "hf", out)
+        for n in ("config.json", "model.safetensors", "generation_config.json"):
+            (out / n).unlink(missing_ok=True)
+        (out / "tokenizer.json").write_text((d / "tok" / "tokenizer.json").read_text())
+    elif case == "hub":
+        _hub_folder(out)
+    else:
+        shutil.copytree(d / "hf", out)
+        os.replace(out / "model.safetensors", d / "elsewhere.safetensors")
+        os.symlink(d / "elsewhere.safetensors", out / "model.safetensors")
+    before = snapshot(d)
+    capfd.readouterr()
+    rc = call(H.main, ["--checkpoint", "ck", "--output", os.path.basename(out), "--force"])
+    line = _refused(capfd, rc, before, d, *words)
+    assert "even with --force" in line
+
+
+@pytest.mark.parametrize("case", ["earlier-export", "marked-by-a-stopped-replace"])
+def test_convert_force_still_replaces_its_own_export(case, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    out = d / "hf2"
+    shutil.copytree(d / "hf", out)
+    if case == "marked-by-a-stopped-replace":  # replace_dir marks the old export before the exchange
+        (out / "model.safetensors").unlink()
+        H.write_marker(str(out))
+    (out / "config.json").write_text('{"old": true}\n')
+    assert call(H.main, ["--checkpoint", "ck", "--output", "hf2", "--force"]) == 0
+    assert json.loads((out / "config.json").read_text()) == json.loads((d / "hf" / "config.json").read_text())
+    assert (out / "model.safetensors").read_bytes() == (d / "hf" / "model.safetensors").read_bytes()
+    assert "error" not in capfd.readouterr().err
+
+
+def test_convert_export_weights_carry_the_source_the_force_check_reads(world):
+    from megatron_topo.safe_outputs import safetensors_source
+
+    assert safetensors_source(str(world / "hf" / "model.safetensors")) == "megatron_topo"
+    assert safetensors_source(str(world / "hf" / "config.json")) is None
+    assert H.not_an_export(str(world / "hf")) is None
+    assert "no export" in H.not_an_export(str(world / "tok"))
