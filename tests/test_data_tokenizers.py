@@ -2,6 +2,7 @@
 tools/train_tokenizer.py), GPT-NeoX conventions, errors, and preprocessing with each."""
 
 import os
+import shutil
 
 import pytest
 from hypothesis import given, settings
@@ -123,7 +124,9 @@ def test_preprocess_with_each_tokenizer_round_trips(trained, ttype, tmp_path):
 
 def test_train_tokenizer_errors_keep_existing_output(trained, tmp_path):
     out = tmp_path / "tok.json"
-    out.write_text('{"previous": true}')  # a tokenizer file that --force may replace; a failed run keeps it
+    out.write_text('{"previous": true, "model": {}}')  # a tokenizer --force may replace; a failed run keeps it
+    spm_out = tmp_path / "tok.model"  # and a sentencepiece model (--force replaces only a tokenizer of its kind)
+    shutil.copyfile(trained["SPMTokenizer"], spm_out)
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     line = error_line(
@@ -143,10 +146,11 @@ def test_train_tokenizer_errors_keep_existing_output(trained, tmp_path):
             "--vocab-size",
             300,
             "--output",
-            out,
+            spm_out,
             "--force",
         )
     )
     assert "bad.jsonl:2: invalid JSON" in line
-    assert out.read_text() == '{"previous": true}'
-    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "empty.jsonl", "tok.json"]
+    assert out.read_text() == '{"previous": true, "model": {}}'
+    assert spm_out.read_bytes() == open(trained["SPMTokenizer"], "rb").read()
+    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "empty.jsonl", "tok.json", "tok.model"]

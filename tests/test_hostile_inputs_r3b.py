@@ -223,7 +223,7 @@ CASES = [
         "tokenizer-out-exists",
         TT,
         TOK + ["--output", "t.json"],
-        _both(TEXT, _write("t.json", "{}")),
+        _both(TEXT, _write("t.json", '{"model": {}}')),  # a tokenizers JSON: --force may replace it
         1,
         "--output t.json already exists; pass --force to replace it",
     ),

@@ -138,3 +138,75 @@ def test_convert_export_weights_carry_the_source_the_force_check_reads(world):
     assert safetensors_source(str(world / "hf" / "config.json")) is None
     assert H.not_an_export(str(world / "hf")) is None
     assert "no export" in H.not_an_export(str(world / "tok"))
+
+
+# --------------------------------------------------------------------- D2 train_tokenizer --output
+@pytest.mark.parametrize(
+    "output, content, extra, words",
+    [
+        ("cfg.json", '{"user": 1}\n', [], ["not a tokenizers JSON"]),  # the probe's case
+        ("cfg2.json", '{"model": "mine"}\n', [], ["not a tokenizers JSON"]),
+        ("list.json", "[1, 2, 3]\n", [], ["not a tokenizers JSON"]),
+        ("hf/config.json", None, [], ["HuggingFace model folder"]),  # the probe's case
+        ("hf/tokenizer.json", None, [], ["HuggingFace model folder"]),
+        ("hf/new_tokenizer.json", None, [], ["HuggingFace model folder"]),
+        ("ck/tokenizer.json", None, [], ["checkpoint save folder"]),
+        ("notes.model", "my notes\n", ["spm"], ["not a sentencepiece model"]),
+        ("tok/tokenizer.json", None, ["spm"], ["not a sentencepiece model"]),  # a bpe JSON is no spm model
+    ],
+)
+def test_train_tokenizer_force_replaces_only_a_tokenizer(
+    output, content, extra, words, world, tmp_path, monkeypatch, capfd
+):
+    d = scratch(world, tmp_path, monkeypatch)
+    if content is not None:
+        (d / output).write_text(content)
+    argv = TTA + [output, "--force"]
+    if extra == ["spm"]:
+        argv = [
+            "--input",
+            "text/in.jsonl",
+            "--model-type",
+            "sentencepiece",
+            "--vocab-size",
+            "300",
+            "--output",
+            output,
+            "--force",
+        ]
+    before = snapshot(d)
+    capfd.readouterr()
+    rc = call(TT.main, argv)
+    _refused(capfd, rc, before, d, *words)
+
+
+def test_train_tokenizer_force_replaces_its_earlier_tokenizer(world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    assert call(TT.main, TTA + ["tok/tokenizer.json", "--vocab-size", "270", "--force"]) == 0
+    assert json.loads((d / "tok" / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+
+
+# ------------------------------------------------------------------ F2 the vocabulary it built
+@pytest.mark.parametrize("extra", [["--min-frequency", "4611686018427387904"], ["--vocab-size", "5000"]])
+def test_train_tokenizer_reports_the_vocabulary_it_built(extra, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    capfd.readouterr()
+    assert call(TT.main, TTA + ["t2.json"] + extra) == 0
+    built = json.loads((d / "t2.json").read_text())
+    n = len(built["model"]["vocab"]) + len(
+        [t for t in built["added_tokens"] if t["content"] not in built["model"]["vocab"]]
+    )
+    asked = 5000 if "5000" in extra else 300
+    assert n < asked
+    out, err = capfd.readouterr()
+    assert f"vocab {n:,} of {asked:,} asked" in out, out
+    warns = [x for x in err.splitlines() if x.strip()]
+    assert len(warns) == 1 and warns[0].startswith("warning: ") and f"{n:,} ids" in warns[0], err
+
+
+def test_train_tokenizer_reaching_the_request_says_nothing_more(world, tmp_path, monkeypatch, capfd):
+    scratch(world, tmp_path, monkeypatch)
+    capfd.readouterr()
+    assert call(TT.main, TTA[:-2] + ["270", "--output", "t3.json"]) == 0
+    out, err = capfd.readouterr()
+    assert "(bpe, vocab 270, 40 documents)" in out and not err.strip(), (out, err)

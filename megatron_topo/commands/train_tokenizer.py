@@ -32,7 +32,9 @@ SPECIAL = ["<|endoftext|>", "<|padding|>"]
 SPM_PIECE_CHARS = 2048  # documents are cut at line ends into pieces below sentencepiece's limit
 
 
-def train_bpe(texts, vocab_size: int, output: str, min_frequency: int = 2) -> None:
+def train_bpe(texts, vocab_size: int, output: str, min_frequency: int = 2) -> int:
+    """Train and save a byte-level BPE tokenizer; returns the number of ids it has (below
+    ``vocab_size`` when the corpus has too few pairs of at least ``min_frequency`` occurrences)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -48,6 +50,7 @@ def train_bpe(texts, vocab_size: int, output: str, min_frequency: int = 2) -> No
     )
     tok.train_from_iterator(texts, trainer)
     tok.save(output)
+    return tok.get_vocab_size(with_added_tokens=True)
 
 
 def _spm_pieces(texts):
@@ -62,7 +65,8 @@ def _spm_pieces(texts):
             yield piece
 
 
-def train_sentencepiece(texts, vocab_size: int, output: str, model_type: str = "unigram") -> None:
+def train_sentencepiece(texts, vocab_size: int, output: str, model_type: str = "unigram") -> int:
+    """Train and save a sentencepiece model; returns its number of pieces."""
     import sentencepiece as spm
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,6 +94,42 @@ def train_sentencepiece(texts, vocab_size: int, output: str, model_type: str = "
         except (RuntimeError, OSError) as e:
             raise DataError(f"sentencepiece training failed: {str(e).splitlines()[0] if str(e) else e}") from None
         shutil.copyfile(prefix + ".model", output)
+        return spm.SentencePieceProcessor(model_file=prefix + ".model").get_piece_size()
+
+
+TOKENIZER_CAP = 1 << 30  # an existing --output larger than 1 GiB is no tokenizer file this tool wrote
+
+
+def not_a_tokenizer(path: str, model_type: str):
+    """Why the existing file ``path`` is not a tokenizer of ``model_type``'s kind (None when it is,
+    and --force may replace it): bpe, a tokenizers JSON (an object with a ``model`` object);
+    sentencepiece, a model sentencepiece loads. An empty file (a killed earlier write) is replaced."""
+    import json
+
+    from megatron_topo.safe_files import read_small
+
+    if not head(path, 1):
+        return None
+    try:
+        raw = read_small(path, TOKENIZER_CAP, OSError)
+    except OSError as e:
+        return f"cannot be checked ({str(e)[:200]})"
+    if model_type == "bpe":
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            return "is not a tokenizers JSON file"
+        if not (isinstance(doc, dict) and isinstance(doc.get("model"), dict)):
+            return 'is not a tokenizers JSON file (no "model" object)'
+        return None
+    import sentencepiece as spm
+
+    try:
+        if spm.SentencePieceProcessor(model_proto=raw).get_piece_size() > 0:
+            return None
+    except (RuntimeError, OSError, ValueError, TypeError):
+        pass
+    return "is not a sentencepiece model"
 
 
 def parse_args(argv=None):
@@ -107,7 +147,13 @@ def parse_args(argv=None):
     p.add_argument("--min-frequency", type=int, default=2, help="bpe: minimum pair frequency")
     p.add_argument("--jsonl-keys", nargs=1, default=["text"], help="JSON key holding the text")
     p.add_argument("--skip-bad-lines", action="store_true")
-    p.add_argument("--force", action="store_true", help="replace an existing --output tokenizer")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing --output that is a tokenizer of the same kind (a tokenizers JSON with a "
+        "model, or a sentencepiece model); any other file, and anything inside a checkpoint or a "
+        "HuggingFace model folder, is never replaced",
+    )
     return p.parse_args(argv)
 
 
@@ -129,11 +175,8 @@ def main(argv=None) -> int:
             DataError,
             args.force,
             inputs=[s.path for s in files],
-            kind=lambda p: (
-                None
-                if args.model_type != "bpe" or head(p, 64).lstrip()[:1] in (b"{", b"")
-                else "is not a tokenizers JSON file"
-            ),
+            kind=lambda p: not_a_tokenizer(p, args.model_type),
+            artifacts=True,  # never into a checkpoint or an HF export (their tokenizer.json/config.json)
         )
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
         warn = lambda msg: print(clean(f"warning: {msg}"), file=sys.stderr)  # noqa: E731
@@ -148,12 +191,12 @@ def main(argv=None) -> int:
                 failure.append(e)
 
         with atomic_path(args.output) as tmp:  # fsynced and renamed; removed on any error
-            trained = None
+            trained, built = None, None
             try:
                 if args.model_type == "bpe":
-                    train_bpe(texts(), args.vocab_size, tmp, args.min_frequency)
+                    built = train_bpe(texts(), args.vocab_size, tmp, args.min_frequency)
                 else:
-                    train_sentencepiece(texts(), args.vocab_size, tmp, args.spm_model_type)
+                    built = train_sentencepiece(texts(), args.vocab_size, tmp, args.spm_model_type)
             except DataError as e:
                 trained = e
             if failure:  # the input's fault comes first, then an empty corpus, then training errors
@@ -165,7 +208,14 @@ def main(argv=None) -> int:
     except (DataError, OSError) as e:
         print(clean(f"error: {error_line(e)}"), file=sys.stderr)
         return 1
-    print(f"wrote {args.output} ({args.model_type}, vocab {args.vocab_size}, {count[0]} documents)")
+    if built < args.vocab_size:
+        why = f" with --min-frequency {args.min_frequency}" if args.model_type == "bpe" else ""
+        warn(
+            f"the tokenizer has {built:,} ids, fewer than --vocab-size {args.vocab_size:,}: the corpus "
+            f"({count[0]} documents) has no more tokens to learn{why}; train on more text for a larger vocabulary"
+        )
+    size = f"vocab {built:,}" + (f" of {args.vocab_size:,} asked" if built != args.vocab_size else "")
+    print(f"wrote {args.output} ({args.model_type}, {size}, {count[0]} documents)")
     return 0
 
 
