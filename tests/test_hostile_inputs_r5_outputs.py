@@ -210,3 +210,36 @@ def test_train_tokenizer_reaching_the_request_says_nothing_more(world, tmp_path,
     assert call(TT.main, TTA[:-2] + ["270", "--output", "t3.json"]) == 0
     out, err = capfd.readouterr()
     assert "(bpe, vocab 270, 40 documents)" in out and not err.strip(), (out, err)
+
+
+# ----------------------------------------------------------------------- D3 trace_collectives
+def _train(*sets):
+    return call(train_cli.main, ["cfg.yml", "--set", "train_iters=1"] + [a for s in sets for a in ("--set", s)])
+
+
+@pytest.mark.parametrize(
+    "trace, words",
+    [
+        ("ck", ["checkpoint save folder"]),  # the probe's cases
+        ("hf", ["HuggingFace model folder"]),
+        ("mr", ["another run's log folder"]),
+        ("ck/global_step2", ["checkpoint step folder"]),
+        ("hf/trace", ["HuggingFace model folder"]),
+        ("mr/trace", ["another run's log folder"]),
+    ],
+)
+def test_trace_collectives_into_another_artifact_is_refused(trace, words, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snapshot(d)
+    capfd.readouterr()
+    rc = _train(f"distributed.trace_collectives={trace}")
+    _refused(capfd, rc, before, d, "distributed.trace_collectives", *words)
+
+
+def test_trace_collectives_in_the_runs_own_folders_still_traces(world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    assert _train("distributed.trace_collectives=log") == 0  # the run's own log_dir
+    assert (d / "log" / "rank_0.jsonl").is_file()  # (one rank: no collective, an empty trace)
+    assert _train("save=ck2", "distributed.trace_collectives=ck2/trace") == 0  # inside its own save folder
+    assert (d / "ck2" / "trace" / "rank_0.jsonl").is_file()
+    assert "error" not in capfd.readouterr().err

@@ -76,6 +76,10 @@ def check(cfg: Config, device: torch.device) -> None:
         )
     tb_key = "tensorboard_dir" if lg.tensorboard_dir else "log_dir"  # the key that names the folder
     own = (cfg.checkpoint.save,) if cfg.checkpoint.save else ()
+    if cfg.distributed.trace_collectives:  # the collective trace: a folder of its own, as log_dir
+        from ..zero_topo.trace import check_folder_owner
+
+        check_folder_owner(cfg.distributed.trace_collectives, cfg.checkpoint.save, lg.log_dir, ConfigError)
     if lg.profile:
         _check_folder(tb_key, trace_dir(cfg), "profile traces", own)
     if lg.memory_profiling:

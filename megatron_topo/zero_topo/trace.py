@@ -47,6 +47,31 @@ def check_dir(path: str, key: str = "distributed.trace_collectives") -> Optional
     return None
 
 
+def check_folder_owner(
+    path: str, own_save: Optional[str], log_dir: Optional[str], err, key: str = "distributed.trace_collectives"
+) -> None:
+    """Raise ``err`` when the trace folder ``path`` is or lies inside a folder that another artifact
+    owns (a checkpoint step or save folder other than the run's own ``own_save``, a HuggingFace model
+    folder: as log_dir and tensorboard_dir are checked), or inside another run's log folder (one
+    holding a metrics.jsonl that is not this run's ``log_dir``)."""
+    from ..safe_outputs import check_output_folder
+
+    check_output_folder(key, path, err, own=[own_save] if own_save else [], what="rank_N.jsonl trace files")
+    mine = os.path.realpath(log_dir) if log_dir else None
+    p = os.path.realpath(path)
+    while True:
+        if p != mine and os.path.isfile(os.path.join(p, "metrics.jsonl")):
+            at = "is" if p == os.path.realpath(path) else "lies inside"
+            raise err(
+                f"{key} {path} {at} {p}, another run's log folder (it holds metrics.jsonl); the run would "
+                f"write its rank_N.jsonl trace files into it: set {key} to a folder of its own"
+            )
+        parent = os.path.dirname(p)
+        if parent == p:
+            return
+        p = parent
+
+
 class CollectiveTrace:
     """Appends this rank's collectives to ``DIR/rank_{rank}.jsonl`` (a fresh file per process)."""
 
