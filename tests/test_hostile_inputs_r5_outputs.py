@@ -243,3 +243,97 @@ def test_trace_collectives_in_the_runs_own_folders_still_traces(world, tmp_path,
     assert _train("save=ck2", "distributed.trace_collectives=ck2/trace") == 0  # inside its own save folder
     assert (d / "ck2" / "trace" / "rank_0.jsonl").is_file()
     assert "error" not in capfd.readouterr().err
+
+
+# ----------------------------------------------------------------- T5 and generate's outputs
+def _gencfg(d, **kw):
+    base = {
+        "load": "ck",
+        "text_gen_type": "input-file",
+        "sample_input_file": "p.txt",
+        "maximum_tokens": 2,
+        "sample_output_file": "s.txt",
+        "tokenizer_type": "CharLevelTokenizer",
+    }
+    base.update(kw)
+    if base["text_gen_type"] == "interactive":  # keys interactive mode does not read (they get a note)
+        base.pop("sample_input_file"), base.pop("sample_output_file")
+    (d / "gen.yml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in base.items()))
+
+
+@pytest.mark.parametrize("mode", ["input-file", "input-file-second-prompt", "interactive"])
+def test_generate_prompt_outside_the_tokenizer_is_one_line(mode, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    (d / "p.txt").write_text("12\nzzz\n" if mode == "input-file-second-prompt" else "zzz\n")
+    _gencfg(d, text_gen_type="interactive" if mode == "interactive" else "input-file")
+    if mode == "interactive":
+        monkeypatch.setattr("sys.stdin", io.StringIO("zzz\n"))
+    before = snapshot(d)
+    capfd.readouterr()
+    rc = call(G.main, ["cfg.yml", "gen.yml"])
+    line = _refused(capfd, rc, before, d, "zzz", "outside its 64 ids")
+    assert "Traceback" not in line
+
+
+def test_generate_interactive_goes_on_after_a_prompt_it_cannot_encode(world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    _gencfg(d, text_gen_type="interactive")
+    monkeypatch.setattr("sys.stdin", io.StringIO("zzz\n12\n"))
+    capfd.readouterr()
+    assert call(G.main, ["cfg.yml", "gen.yml"]) == 1
+    out, err = capfd.readouterr()
+    assert out.count("Generated Text: ") == 1, out
+    assert [x for x in err.splitlines() if x.strip()] == [x for x in err.splitlines() if x.startswith("error: ")]
+    assert err.count("error: ") == 1 and "zzz" in err
+
+
+def test_generate_flag_prompt_outside_the_tokenizer_is_one_line(world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    assert _train("save=ckc", "tokenizer_type=CharLevelTokenizer") == 0  # its tokenizer: CharLevel, 64 ids
+    before = snapshot(d)
+    capfd.readouterr()
+    rc = call(G.main, ["--checkpoint", "ckc", "--prompt", "zzz", "--max-new-tokens", "2", "--greedy"])
+    _refused(capfd, rc, before, d, "--prompt", "outside its 64 ids")
+
+
+@pytest.mark.parametrize("where", ["hf/samples.txt", "ck/samples.txt"])
+def test_generate_sample_file_inside_another_artifact_is_refused(where, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    (d / "p.txt").write_text("12\n")
+    _gencfg(d, sample_output_file=where)
+    before = snapshot(d)
+    capfd.readouterr()
+    rc = call(G.main, ["cfg.yml", "gen.yml"])
+    _refused(capfd, rc, before, d, "sample_output_file", "lies inside")
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--temperature", "0.5"], ["--temperature has no effect with --greedy"]),
+        (["--top-k", "3"], ["--top-k has no effect with --greedy"]),
+        (["--top-p", "0.9", "--top-k", "3"], ["--top-k, --top-p have no effect"]),
+    ],
+)
+def test_generate_greedy_notes_sampling_flags_without_effect(flags, words, world, tmp_path, monkeypatch, capfd):
+    scratch(world, tmp_path, monkeypatch)
+    capfd.readouterr()
+    assert call(G.main, ["--checkpoint", "ck", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--greedy"] + flags) == 0
+    out, err = capfd.readouterr()
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("note: ") and all(w in lines[0] for w in words), err
+    assert out.startswith("ids: ")
+
+
+def test_generate_config_temperature_zero_with_top_k_is_noted(world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    (d / "p.txt").write_text("12\n")
+    _gencfg(d, temperature=0, top_k=5)
+    capfd.readouterr()
+    assert call(G.main, ["cfg.yml", "gen.yml"]) == 0
+    err = capfd.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("note: temperature 0 with top_k 5") and "greedy" in lines[0], err
+    _gencfg(d, temperature=0)  # all three 0: greedy, nothing to say
+    assert call(G.main, ["cfg.yml", "gen.yml", "--force"]) == 0
+    assert not capfd.readouterr().err.strip()

@@ -71,6 +71,12 @@ def parse_args(argv=None):
         for flag in ("set", "force"):
             if getattr(args, flag):
                 p.error(f"--{flag} goes with CONFIG.yml files (GPT-NeoX's text-generation keys)")
+        given = [
+            f
+            for f, v in (("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p))
+            if v is not None
+        ]
+        args.no_effect = given if args.greedy else []  # argmax decoding reads none of them
         args.temperature = 1.0 if args.temperature is None else args.temperature
         args.top_k = 0 if args.top_k is None else args.top_k
         args.top_p = 0.0 if args.top_p is None else args.top_p
@@ -143,10 +149,18 @@ def main(argv=None) -> int:
         from megatron_topo.commands import generate_neox
 
         return generate_neox.main(args, GenerateError)
+    from megatron_topo.data import DataError
     from megatron_topo.zero_topo.checkpoint import CheckpointError
 
     try:
         check_args(args)
+        if args.no_effect:
+            verb = "has" if len(args.no_effect) == 1 else "have"
+            print(
+                f"note: {', '.join(args.no_effect)} {verb} no effect with --greedy (argmax decoding): "
+                f"drop {'it' if len(args.no_effect) == 1 else 'them'}, or drop --greedy to sample",
+                file=sys.stderr,
+            )
         model, cfg = load_model(args.checkpoint, args.device, args.load_unverified)
         check_max_new(args.max_new_tokens, cfg.model.seq_length)
         tok, why = build_tokenizer_or_none(cfg)
@@ -155,7 +169,10 @@ def main(argv=None) -> int:
                 raise GenerateError(
                     f"--prompt needs the checkpoint's tokenizer, which cannot be built ({why}); use --prompt-ids"
                 )
-            ids = tok.tokenize(args.prompt)
+            try:
+                ids = tok.tokenize(args.prompt)
+            except DataError as e:  # a text the tokenizer cannot encode (e.g. CharLevel's ids below 256)
+                raise GenerateError(f"--prompt: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
             if not ids:
                 raise GenerateError("--prompt is empty after tokenization")
             bad = [i for i in ids if not 0 <= i < cfg.model.vocab_size]

@@ -102,10 +102,14 @@ class Sampler:
         self.greedy = g.temperature == 0 and g.top_k == 0 and g.top_p == 0  # GPT-NeoX's rule
 
     def sample(self, raw: str) -> dict:
+        from megatron_topo.data import DataError
         from megatron_topo.model.sampling import generate_tokens
 
         start = time.time()
-        ids = self.tok.tokenize(raw) if raw else []
+        try:
+            ids = self.tok.tokenize(raw) if raw else []
+        except DataError as e:  # a text the tokenizer cannot encode (e.g. CharLevel's ids below 256)
+            raise self.err(f"prompt {raw[:40]!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         ids = ids or [self.tok.eod]  # an empty context is the end-of-document token (GPT-NeoX)
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:
@@ -127,6 +131,29 @@ class Sampler:
         return dict(
             context=raw, text=text, length=len(new), finished=ended, message=msg, duration_seconds=time.time() - start
         )
+
+
+def no_effect_notes(cfg) -> list[str]:
+    """One ``note:`` line per text-generation key the files set that changes nothing (or not what
+    its value suggests) for this text_gen_type, as the trainer notes keys without effect."""
+    g, given = cfg.generation, getattr(cfg, "origin", None) or {}
+    out = []
+    if g.temperature == 0 and (g.top_k or g.top_p):
+        knobs = " and ".join(f"{k} {getattr(g, k)}" for k in ("top_k", "top_p") if getattr(g, k))
+        out.append(
+            f"note: temperature 0 with {knobs} samples (temperature 0 leaves the logits undivided, as 1 would; "
+            f"decoding is greedy only when temperature, top_k and top_p are all 0, as in GPT-NeoX)"
+        )
+    used = {
+        "num_samples": g.text_gen_type == "unconditional",
+        "sample_input_file": g.text_gen_type == "input-file",
+        "sample_output_file": g.text_gen_type != "interactive",
+        "prompt_end": g.text_gen_type != "unconditional",
+    }
+    idle = [k for k, u in used.items() if not u and k in given]
+    if idle:
+        out.append(f"note: text_gen_type {g.text_gen_type} does not use {', '.join(idle)}: no effect")
+    return out
 
 
 def _check_model(cfg, ck, checkpoint: str, err) -> None:
@@ -182,7 +209,7 @@ def main(args, err) -> int:
             prompts, out = [""] * g.num_samples, g.sample_output_file
         if out is not None:
             inputs = [*args.configs, g.sample_input_file or ""]
-            check_output_file(out, "sample_output_file", err, args.force, ours=_ours, inputs=inputs)
+            check_output_file(out, "sample_output_file", err, args.force, ours=_ours, inputs=inputs, artifacts=True)
         model, ck = load_model(checkpoint, args.device, args.load_unverified)
         _check_model(cfg, ck, checkpoint, err)
         # the tokenizer the files name (as GPT-NeoX), else the checkpoint's
@@ -193,16 +220,24 @@ def main(args, err) -> int:
             raise err(f"text generation needs the tokenizer, which cannot be built ({e})") from None
         seed = args.seed if args.seed is not None else cfg.train.seed
         sampler = Sampler(model, tok, g, ck.model, seed, err)
+        for line in no_effect_notes(cfg):
+            print(clean(line), file=sys.stderr)
         if prompts is None:  # interactive: until EOF (Ctrl-D); Ctrl-C ends it quietly too
+            refused = 0
             try:
                 for raw in stdin_prompts(g.prompt_end):
-                    rec = sampler.sample(raw)
+                    try:
+                        rec = sampler.sample(raw)
+                    except err as e:  # a prompt the tokenizer or the model cannot take: said, next one
+                        print(clean(f"error: {e}"), file=sys.stderr, flush=True)
+                        refused += 1
+                        continue
                     print("Generated Text: " + (rec["text"] or ""), flush=True)
                     if rec["message"]:
                         print(clean(f"note: {rec['message']}"), file=sys.stderr, flush=True)
             except KeyboardInterrupt:
                 return 130
-            return 0
+            return 1 if refused else 0
         lines = "".join(json.dumps(sampler.sample(p)) + "\n" for p in prompts)
         if out is not None:
             from megatron_topo import atomic
