@@ -337,3 +337,15 @@ def test_generate_config_temperature_zero_with_top_k_is_noted(world, tmp_path, m
     _gencfg(d, temperature=0)  # all three 0: greedy, nothing to say
     assert call(G.main, ["cfg.yml", "gen.yml", "--force"]) == 0
     assert not capfd.readouterr().err.strip()
+
+
+# ------------------------------------------------------------------------ plot_metrics one run twice
+@pytest.mark.parametrize("second", ["mr", "mr2", "mr/metrics.jsonl", "./mr/"])
+def test_plot_same_run_twice_is_refused(second, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    os.symlink("mr", d / "mr2")
+    before = snapshot(d)
+    capfd.readouterr()
+    rc = call(PM.main, ["mr", second, "--out", "o.png"])
+    _refused(capfd, rc, before, d, "same run")
+    assert not (d / "o.png").exists()

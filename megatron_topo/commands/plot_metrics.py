@@ -167,6 +167,17 @@ def _check_out(out: str, run_dirs, force: bool) -> None:
     )
 
 
+def _check_distinct(run_dirs) -> None:
+    """Each run is drawn once: two arguments naming one metrics.jsonl (the same folder twice, a
+    symbolic link to it, a folder and its file) are refused."""
+    seen = {}
+    for d in run_dirs:
+        real = os.path.realpath(metrics_path(d))
+        if real in seen:
+            raise PlotError(f"{d} and {seen[real]} are the same run ({real}); each run is drawn once: drop one of them")
+        seen[real] = d
+
+
 MAX_TEXT = 200  # --title, each --labels and --metrics name: longer ones only slow the layout down (200k: minutes)
 MAX_METRICS = 16  # one panel each, side by side
 
@@ -195,6 +206,7 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None, force
     if not out.lower().endswith(".png"):
         raise PlotError(f"--out {out}: the output must be a .png file")
     _check_out(out, run_dirs, force)
+    _check_distinct(run_dirs)
     runs = load_runs(run_dirs)
     if metrics:
         absent = [k for k in metrics if not any(series(r, (k,))[2] for r in runs)]
