@@ -349,3 +349,28 @@ def test_plot_same_run_twice_is_refused(second, world, tmp_path, monkeypatch, ca
     rc = call(PM.main, ["mr", second, "--out", "o.png"])
     _refused(capfd, rc, before, d, "same run")
     assert not (d / "o.png").exists()
+
+
+# ------------------------------------------------------------- MEGATRON_TOPO_KERNEL_TIMES folder
+@pytest.mark.parametrize("where, words", [("hf", "HuggingFace model folder"), ("ck/kt", "checkpoint save folder")])
+def test_kernel_times_folder_inside_another_artifact_is_not_written(where, words, world, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snapshot(d)
+    env = dict(os.environ, MEGATRON_TOPO_KERNEL_TIMES=where, RANK="0")
+    r = subprocess.run(
+        [sys.executable, "-c", "import megatron_topo.zero_topo.kernels"], env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and words in lines[0], r.stderr
+    assert snapshot(d) == before
+    r = subprocess.run(
+        [sys.executable, "-c", "import megatron_topo.zero_topo.kernels"],
+        env=dict(env, MEGATRON_TOPO_KERNEL_TIMES="kt"),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and not r.stderr.strip() and len(os.listdir(d / "kt")) == 1, r.stderr

@@ -106,7 +106,24 @@ def _init_timer_from_env() -> None:
         return
     timer.enable()
     if v != "1":
-        atexit.register(lambda: timer.write(v))
+        atexit.register(_write_times_at_exit, v)
+
+
+def _write_times_at_exit(directory: str) -> None:
+    """The totals into ``directory`` at exit, unless it is or lies inside another artifact's folder
+    (a checkpoint, an HF export: one warning line, from rank 0) or cannot be written (one line)."""
+    import sys
+
+    from ...safe_outputs import artifact_above
+
+    found = artifact_above(directory)
+    try:
+        if found is not None:
+            raise OSError(f"{directory} lies inside {found[0]}, {found[1]}; nothing is written there")
+        timer.write(directory)
+    except OSError as e:
+        if os.environ.get("RANK", "0") in ("0", ""):
+            print(f"warning: {TIMES_ENV}: kernel times not written: {str(e)[:300]}", file=sys.stderr)
 
 
 _init_timer_from_env()
