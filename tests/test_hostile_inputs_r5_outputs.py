@@ -374,3 +374,12 @@ def test_kernel_times_folder_inside_another_artifact_is_not_written(where, words
         text=True,
     )
     assert r.returncode == 0 and not r.stderr.strip() and len(os.listdir(d / "kt")) == 1, r.stderr
+
+
+@pytest.mark.parametrize("out", ["hf/loss.png", "ck/loss.png"])
+def test_plot_out_inside_another_artifact_is_refused(out, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snapshot(d)
+    capfd.readouterr()
+    rc = call(PM.main, ["mr", "--out", out])
+    _refused(capfd, rc, before, d, "--out", "lies inside")

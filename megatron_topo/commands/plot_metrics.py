@@ -164,6 +164,7 @@ def _check_out(out: str, run_dirs, force: bool) -> None:
         inputs=[metrics_path(d) for d in run_dirs],
         ours=lambda p: SOFTWARE.encode() in head(p, 1 << 12),
         kind=lambda p: None if head(p, 8) == b"\x89PNG\r\n\x1a\n" else "is not a PNG image",
+        artifacts=True,  # not into a checkpoint save folder or an HF export, as generate's samples
     )
 
 
