@@ -24,9 +24,12 @@ as it is. A config tokenizer that cannot be built or has more ids than the model
 with a warning; an override that fails is an error.
 
 The directory is written under a temporary name and renamed; an existing non-empty output is
-never touched without ``--force``, and with it the new folder takes the old one's place in one
-atomic exchange (Linux ``renameat2``; elsewhere the old one is moved aside first and a crash in
-between is undone by the next conversion into that output, which also removes the hidden
+never touched without ``--force``, and ``--force`` replaces only an earlier export of this tool
+(export files only: config.json and weights whose safetensors metadata says ``source:
+megatron_topo``, as every export carries; a user's tokenizer folder, a lone config.json, a
+HuggingFace folder from elsewhere are refused, see :func:`not_an_export`); the new folder takes
+the old one's place in one atomic exchange (Linux ``renameat2``; elsewhere the old one is moved
+aside first and a crash in between is undone by the next conversion into that output, which also removes the hidden
 temporary folders of killed conversions). Bad input prints one line on stderr and exits 2.
 """
 

@@ -134,9 +134,10 @@ class Sampler:
 
 
 def no_effect_notes(cfg) -> list[str]:
-    """One ``note:`` line per text-generation key the files set that changes nothing (or not what
-    its value suggests) for this text_gen_type, as the trainer notes keys without effect."""
-    g, given = cfg.generation, getattr(cfg, "origin", None) or {}
+    """A ``note:`` line for sampling settings that do not do what their values suggest (as the
+    trainer notes keys without effect). Keys a text_gen_type does not read (num_samples,
+    sample_input_file...) get none: GPT-NeoX's stock text_generation.yml sets them all."""
+    g = cfg.generation
     out = []
     if g.temperature == 0 and (g.top_k or g.top_p):
         knobs = " and ".join(f"{k} {getattr(g, k)}" for k in ("top_k", "top_p") if getattr(g, k))
@@ -144,15 +145,6 @@ def no_effect_notes(cfg) -> list[str]:
             f"note: temperature 0 with {knobs} samples (temperature 0 leaves the logits undivided, as 1 would; "
             f"decoding is greedy only when temperature, top_k and top_p are all 0, as in GPT-NeoX)"
         )
-    used = {
-        "num_samples": g.text_gen_type == "unconditional",
-        "sample_input_file": g.text_gen_type == "input-file",
-        "sample_output_file": g.text_gen_type != "interactive",
-        "prompt_end": g.text_gen_type != "unconditional",
-    }
-    idle = [k for k, u in used.items() if not u and k in given]
-    if idle:
-        out.append(f"note: text_gen_type {g.text_gen_type} does not use {', '.join(idle)}: no effect")
     return out
 
 

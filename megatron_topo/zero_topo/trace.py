@@ -7,7 +7,9 @@ per collective to ``DIR/rank_{r}.jsonl`` as the collective is issued, before it 
 ``bytes`` is the whole buffer the collective moves (S in docs/design.md §4.8: an all-gather's
 output, a reduce-scatter's input, an all-to-all's or all-reduce's buffer); ``dtype`` is its element
 type. Each line is flushed to the operating system as it is written, so after a hang (or a kill)
-the files show the last collective every rank issued, like NCCL's flight recorder.
+the files show the last collective every rank issued, like NCCL's flight recorder. ``DIR`` is a
+folder of its own or the run's log_dir: one that is or lies inside a checkpoint, an HF export or
+another run's log folder is refused (:func:`check_folder_owner`), as log_dir is.
 
 NCCL and RCCL require that ranks sharing communicators issue their collectives in one consistent
 order; the engine issues the same sequence on every rank by construction (docs/design.md §4.7).
