@@ -340,10 +340,12 @@ def test_generate_config_temperature_zero_with_top_k_is_noted(world, tmp_path, m
 
 
 # ------------------------------------------------------------------------ plot_metrics one run twice
-@pytest.mark.parametrize("second", ["mr", "mr2", "mr/metrics.jsonl", "./mr/"])
+@pytest.mark.parametrize("second", ["mr", "mr2", "mr/metrics.jsonl", "./mr/", "mr3"])
 def test_plot_same_run_twice_is_refused(second, world, tmp_path, monkeypatch, capfd):
     d = scratch(world, tmp_path, monkeypatch)
     os.symlink("mr", d / "mr2")
+    (d / "mr3").mkdir()
+    os.link(d / "mr" / "metrics.jsonl", d / "mr3" / "metrics.jsonl")  # a hard link
     before = snapshot(d)
     capfd.readouterr()
     rc = call(PM.main, ["mr", second, "--out", "o.png"])

@@ -170,13 +170,18 @@ def _check_out(out: str, run_dirs, force: bool) -> None:
 
 def _check_distinct(run_dirs) -> None:
     """Each run is drawn once: two arguments naming one metrics.jsonl (the same folder twice, a
-    symbolic link to it, a folder and its file) are refused."""
+    symbolic link to it, a folder and its file, a hard link) are refused."""
     seen = {}
     for d in run_dirs:
         real = os.path.realpath(metrics_path(d))
-        if real in seen:
-            raise PlotError(f"{d} and {seen[real]} are the same run ({real}); each run is drawn once: drop one of them")
-        seen[real] = d
+        try:
+            st = os.stat(real)
+            key = (st.st_dev, st.st_ino)  # a hard link too
+        except OSError:
+            key = real  # (load_runs names what is wrong with it)
+        if key in seen:
+            raise PlotError(f"{d} and {seen[key]} are the same run ({real}); each run is drawn once: drop one of them")
+        seen[key] = d
 
 
 MAX_TEXT = 200  # --title, each --labels and --metrics name: longer ones only slow the layout down (200k: minutes)
