@@ -64,13 +64,7 @@ def inside(folder: str, name, what: str, err: Type[Exception], also: Sequence[st
     if ".." in name.replace("\\", "/").split("/"):
         raise err(f"{what}: names {excerpt(name)}, which leads out of {folder} ('..'); only files inside it are read")
     path = os.path.join(folder, name)
-    real = os.path.realpath(path)
-    roots = [os.path.realpath(r) for r in (folder, *also)]
-    if not any(real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
-        raise err(
-            f"{what}: {excerpt(name)} is a symbolic link out of {folder} (to {excerpt(real, 80)}); "
-            f"only files inside it are read"
-        )
+    not_linked_out(folder, name, what, err, also)
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -80,6 +74,18 @@ def inside(folder: str, name, what: str, err: Type[Exception], also: Sequence[st
     if not stat.S_ISREG(st.st_mode):
         raise err(f"{what}: {excerpt(name)} is {_kind(st.st_mode)}, not a file; refusing to read it")
     return path
+
+
+def not_linked_out(folder: str, name: str, what: str, err: Type[Exception], also: Sequence[str] = ()) -> None:
+    """Refuse ``folder/name`` (one line) when it resolves outside ``folder`` and the folders in
+    ``also``: a symbolic link out of its folder. A link within the folder is fine."""
+    real = os.path.realpath(os.path.join(folder, name))
+    roots = [os.path.realpath(r) for r in (folder, *also)]
+    if not any(real.startswith(r.rstrip(os.sep) + os.sep) for r in roots):
+        raise err(
+            f"{what}: {excerpt(name)} is a symbolic link out of {folder} (to {excerpt(real, 80)}); "
+            f"only files inside it are read"
+        )
 
 
 def read_small(path: str, cap: int, err: Type[Exception], what: str = "") -> bytes:
