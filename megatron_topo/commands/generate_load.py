@@ -27,6 +27,7 @@ def load_model(checkpoint: str, device: str = "cpu", unverified: bool = False):
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.model.spec import spec_for
     from megatron_topo.zero_topo.checkpoint import CheckpointError, read_full_state
+    from megatron_topo.zero_topo.checkpoint.offline import check_saved_config
     from megatron_topo.zero_topo.checkpoint.param_table import check_param_table, module_unit_table
 
     st = read_full_state(checkpoint, unverified=unverified, ask="pass --load-unverified")
@@ -37,6 +38,7 @@ def load_model(checkpoint: str, device: str = "cpu", unverified: bool = False):
         cfg = load_config([path])
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
+    check_saved_config(st["step_dir"], st["meta"], cfg)  # meta.json's precision is the saved run's
     with torch.device(device):  # the architecture the config names (its spec's module)
         model = spec_for(cfg.model).module_class(cfg.model)(cfg.model)  # rotary buffers built here
     check_param_table(st["step_dir"], st["meta"], module_unit_table(model), "the model config.yml builds")

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from ..config.options import ConfigError
-from ..safe_files import excerpt, read_small_text
+from ..safe_files import excerpt, not_linked_out, read_small_text
 
 MAX_LATEST_BYTES = 4096  # GPT-NeoX's latest holds a step folder's name
 
@@ -85,9 +85,24 @@ def is_neox_checkpoint(path: Optional[str]) -> bool:
     return step_folder(path) is not None
 
 
+def _linked_out(path: str, d: str) -> Optional[str]:
+    """A line when the step folder ``d`` that ``path``'s ``latest`` names is a symbolic link out of
+    ``path`` (as our checkpoints' reader refuses one); None when it lies inside."""
+    if os.path.realpath(d) == os.path.realpath(path):
+        return None
+    try:
+        not_linked_out(path, os.path.basename(d), os.path.join(path, "latest"), ConfigError)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def check(path: str, key: str, finetune: bool) -> list:
     """Problem lines for a GPT-NeoX checkpoint given as ``key`` (load / finetune_from)."""
     d = step_folder(path)
+    out_of = _linked_out(path, d)
+    if out_of:
+        return [f"{key} {path}: {out_of}"]
     files = _model_files(d)
     ranks = {int(m.group(2)) for m in map(LAYER_FILE.match, files) if m} | {
         int(m.group(1)) for m in map(MP_FILE.match, files) if m
@@ -116,6 +131,9 @@ class NeoxWeights:
         self.dir = step_folder(path)
         if self.dir is None:
             raise ConfigError(f"{path}: not a GPT-NeoX checkpoint (no layer_XX-model_00 or mp_rank_00 model files)")
+        out_of = _linked_out(path, self.dir)
+        if out_of:
+            raise ConfigError(out_of)
         self.num_layers = num_layers
         self._where: dict = {}  # HF name -> (file, key in that file)
         self._cache: tuple = (None, None)
@@ -161,9 +179,13 @@ class NeoxWeights:
     def _load(self, name: str) -> dict:
         if self._cache[0] != name:
             p = os.path.join(self.dir, name)
-            st = os.lstat(p)  # listed by _model_files: a FIFO or device would block torch.load for good
+            not_linked_out(self.dir, name, p, ConfigError)  # a link within the folder is read, as HF's reader does
+            try:
+                st = os.stat(p)  # listed by _model_files: a FIFO or device would block torch.load for good
+            except OSError as e:
+                raise ConfigError(f"{p}: cannot be read ({e.strerror or e}); {CONVERT}") from None
             if not stat.S_ISREG(st.st_mode):
-                raise ConfigError(f"{p}: not a regular file (a FIFO, device or link); refusing to read it; {CONVERT}")
+                raise ConfigError(f"{p}: not a regular file (a FIFO, device or folder); refusing to read it; {CONVERT}")
             try:
                 obj = torch.load(p, map_location="cpu", mmap=True, weights_only=True)
             except Exception as e:  # a damaged file, or pickled objects beyond tensors: one line

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Callable, Optional
@@ -14,9 +15,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from ...atomic import fsync_dir
+from ...safe_files import excerpt, read_small_text
 from . import storage
 from .meta_schema import FileRecord, Meta, TrainerState, UnitRecord
-from .offline import read_config_yaml, unit_state_range
+from .offline import saved_config, unit_state_range
 from .param_table import check_param_table
 from .storage import FORMAT_VERSION, LATEST, CheckpointError
 
@@ -116,11 +118,14 @@ def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list[int], 
     """Every rank calls it after a failed write: rank 0 removes the partial step; all raise."""
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        with open(os.path.join(root, LATEST)) as f:
-            prev = f"the previous checkpoint ({f.read().strip()}) is intact"
-    except OSError:
-        prev = "there is no previous checkpoint"
+    prev = "there is no previous checkpoint"
+    if os.path.lexists(os.path.join(root, LATEST)):  # read as a reader would: capped, not through a link out
+        try:
+            name = read_small_text(storage.folder_file(root, LATEST), storage.LATEST_CAP, CheckpointError).strip()
+            shown = name if re.fullmatch(r"global_step\d{1,18}", name) else excerpt(name)
+            prev = f"the previous checkpoint ({shown}) is intact"
+        except CheckpointError:
+            prev = f"'{LATEST}' is left as it was"
     who = f"rank {failed[0]}" + (f" and {len(failed) - 1} more" if len(failed) > 1 else "")
     why = failure or "another rank could not write its file"
     raise CheckpointError(
@@ -188,15 +193,7 @@ def check_compatible(sp: str, meta: Meta, mine: list[dict]) -> None:
 def _saved_config(sp: str, meta: Meta, read_config: Callable[[str], Config]) -> Optional[Config]:
     """The Config the checkpoint was saved with, or None when it has no config.yml. The package
     parses no config: ``read_config(path)`` does (the caller's ``config.load_config`` on one file)."""
-    from ...config.options import ConfigError
-
-    text = read_config_yaml(sp, meta)
-    if text is None:
-        return None
-    try:
-        return read_config(os.path.join(sp, "config.yml"))
-    except ConfigError as e:
-        raise CheckpointError(f"{os.path.join(sp, 'config.yml')}: {e}") from None
+    return saved_config(sp, meta, read_config)
 
 
 def architecture_diff(sp: str, meta: Meta, cfg: Config, read_config: Callable[[str], Config]) -> list[str]:

@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
+from .. import plan_space
+
 SHA256 = re.compile(r"[0-9a-f]{64}")
 RANK_FILE = re.compile(r"rank_\d{5}\.pt")
 REQUIRED = ("step", "world_size", "plan", "units", "trainer")
@@ -54,6 +56,10 @@ PLAN_INTS = {  # plan fields read as integers (absent in older checkpoints: not 
 }
 PLAN_BOOLS = ("error_feedback", "prefetch", "deterministic")
 PLAN_NAMES = ("preset", "inter_node_reduce")
+# the legal values of the plan's choices (zero_topo/plan_space.py, what a config may choose)
+PLAN_CHOICES = {**plan_space.BITS, "preset": plan_space.PRESETS, "inter_node_reduce": plan_space.INTER_NODE_REDUCES}
+PLAN_BLOCKS = ("quant_block_size", "grad_quant_block_size")
+FACTORS = ("weight_factor", "grad_factor", "optimizer_factor")
 
 
 def _scalar_fields(d: dict, where: str) -> None:
@@ -90,7 +96,29 @@ def _plan(v: Any, ws: int) -> dict:
     for k in PLAN_NAMES:
         if plan.get(k) is not None and not isinstance(plan[k], str):
             raise MetaError(f"plan.{k}: expected a name, got {_show(plan[k])}")
+    _plan_values(plan, ws)
     return plan
+
+
+def _plan_values(plan: dict, ws: int) -> None:
+    """The plan's fields hold values a plan can have (types checked before): its bit widths, block
+    sizes, cross-replica reduction and preset from :mod:`..plan_space`, factors (and the secondary
+    degree) that divide the world size and nest (weights within gradients within optimizer states)."""
+    for k, legal in PLAN_CHOICES.items():
+        if plan.get(k) is not None and plan[k] not in legal:
+            raise MetaError(f"plan.{k}: expected one of {', '.join(map(str, legal))}, got {_show(plan[k])}")
+    for k in PLAN_BLOCKS:
+        if plan.get(k) is not None and not plan_space.is_block_size(plan[k]):
+            raise MetaError(f"plan.{k}: expected {plan_space.BLOCK_SIZE_RULE}, got {_show(plan[k])}")
+    for k in (*FACTORS, "secondary_degree"):
+        if plan.get(k) is not None and ws % plan[k]:
+            raise MetaError(f"plan.{k}: {plan[k]:,} does not divide world_size {ws:,}")
+    for inner, outer in zip(FACTORS, FACTORS[1:]):
+        if plan[outer] % plan[inner]:
+            raise MetaError(
+                f"plan.{outer}: {plan[outer]:,} is not a multiple of plan.{inner} {plan[inner]:,} (a plan's "
+                f"shards nest: weights within gradients within optimizer states)"
+            )
 
 
 def _topology(v: Any, ws: int) -> Optional[dict]:
@@ -105,6 +133,11 @@ def _topology(v: Any, ws: int) -> Optional[dict]:
     _scalar_fields(topo, "topology")
     if topo["world_size"] != ws:
         raise MetaError(f"topology.world_size: {topo['world_size']:,} differs from world_size {ws:,}")
+    per_node = topo["gcds_per_gpu"] * topo["gpus_per_node"]
+    if ws % per_node:
+        raise MetaError(
+            f"topology: world_size {ws:,} is not a multiple of gpus_per_node x gcds_per_gpu = {per_node:,} (ranks per node)"
+        )
     return topo
 
 
@@ -244,13 +277,23 @@ def _param(v: Any, where: str, unit_numel: int) -> ParamRecord:
     return ParamRecord(name, off, numel, dims)
 
 
-def _unit(v: Any, where: str) -> UnitRecord:
+def _unit(v: Any, where: str, ws: int, plan: dict) -> UnitRecord:
     u = _dict(v, where)
     for k in ("numel", "padded", "params"):
         if k not in u:
             raise MetaError(f"{where}.{k}: missing")
     numel = _int(u["numel"], f"{where}.numel")
     padded = _int(u["padded"], f"{where}.padded", numel)
+    most = ws * plan_space.MAX_BLOCK_SIZE  # padding: to a multiple of world size x the largest block
+    if padded - numel > most:
+        raise MetaError(
+            f"{where}.padded: {padded:,} pads numel {numel:,} by more than a plan on {ws:,} ranks does (at most {most:,})"
+        )
+    if padded % plan["optimizer_factor"]:
+        raise MetaError(
+            f"{where}.padded: {padded:,} is not a multiple of plan.optimizer_factor {plan['optimizer_factor']:,} "
+            f"(each optimizer shard is an equal slice of it)"
+        )
     params = [_param(p, f"{where}.params[{j}]", numel) for j, p in enumerate(_list(u["params"], f"{where}.params"))]
     end = 0
     for j, p in sorted(enumerate(params), key=lambda t: t[1].offset):
@@ -291,7 +334,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
     holders = meta.get("shard_holders")  # absent or null: every rank holds a shard (0 is not absent)
     if holders is not None:
         holders = _int(holders, "shard_holders", 1, ws)
-    units = [_unit(u, f"units[{i}]") for i, u in enumerate(_list(meta["units"], "units"))]
+    units = [_unit(u, f"units[{i}]", ws, plan) for i, u in enumerate(_list(meta["units"], "units"))]
     tr = _dict(meta["trainer"], "trainer")
     if "step" not in tr:
         raise MetaError("trainer.step: missing")

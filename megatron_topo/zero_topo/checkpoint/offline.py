@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
-from ...safe_files import why_not_a_file
+from ...safe_files import MIB, read_small, why_not_a_file
 from ..layout import UnitLayout
 from . import meta_schema, storage
 from .meta_schema import Meta
@@ -18,6 +18,8 @@ from .storage import STATE_KEYS, CheckpointError
 
 if TYPE_CHECKING:
     from ...config import Config, ModelConfig
+
+CONFIG_CAP = 16 * MIB  # a step's config.yml: a few KB of YAML
 
 
 # ------------------------------------------------------------------------------- units
@@ -109,18 +111,14 @@ def full_unit_state(
 # ------------------------------------------------------------------------------- config
 def read_config_yaml(sp: str, meta: Meta) -> Optional[str]:
     """The step's config.yml text, checked against the digest meta.json records (None if absent)."""
-    path = os.path.join(sp, "config.yml")
+    path = storage.folder_file(sp, "config.yml")  # a symbolic link out of the step folder is refused
     if os.path.lexists(path) and not os.path.isfile(path):
         raise CheckpointError(f"{path} {why_not_a_file(path)}")
     if not os.path.isfile(path):
         if meta.config:
             raise CheckpointError(f"{path} is missing; meta.json records one")
         return None
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise CheckpointError(f"{path} is unreadable: {e.strerror or e}") from None
+    raw = read_small(path, CONFIG_CAP, CheckpointError)  # non-blocking, size-capped
     rec = meta.config
     if rec and (len(raw) != rec.bytes or hashlib.sha256(raw).hexdigest() != rec.sha256):
         raise CheckpointError(
@@ -131,6 +129,34 @@ def read_config_yaml(sp: str, meta: Meta) -> Optional[str]:
         return raw.decode()
     except UnicodeDecodeError:
         raise CheckpointError(f"{path} is not UTF-8 text") from None
+
+
+def saved_config(sp: str, meta: Meta, read_config: Callable[[str], Config]) -> Optional[Config]:
+    """The Config the checkpoint was saved with (its config.yml, verified against meta.json and parsed
+    by ``read_config``: the caller's ``config.load_config`` on one file), checked against meta.json
+    (:func:`check_saved_config`); None when the checkpoint has no config.yml."""
+    from ...config.options import ConfigError
+
+    if read_config_yaml(sp, meta) is None:
+        return None
+    path = os.path.join(sp, "config.yml")
+    try:
+        cfg = read_config(path)
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    check_saved_config(sp, meta, cfg)
+    return cfg
+
+
+def check_saved_config(sp: str, meta: Meta, cfg: Config) -> None:
+    """meta.json's fields that restate the saved config must agree with it (the check every reader
+    that parses the step's config.yml applies): ``precision`` is the saved run's."""
+    if meta.precision is not None and meta.precision != cfg.precision:
+        raise CheckpointError(
+            f"{os.path.join(sp, 'meta.json')}: precision: {meta.precision!r} differs from the saved "
+            f"config.yml's precision {cfg.precision!r} (the run that saved it): meta.json does not describe "
+            f"this checkpoint"
+        )
 
 
 # ------------------------------------------------------------------------------- full states
@@ -175,7 +201,8 @@ def read_full_state(
 
 def load_model_config(state: dict, read_config: Callable[[str], Config]) -> ModelConfig:
     """The ModelConfig a checkpoint was saved with: its config.yml parsed by ``read_config`` (the
-    caller's ``config.load_config`` on one file, the safe loader; the package parses no config)."""
+    caller's ``config.load_config`` on one file, the safe loader; the package parses no config),
+    checked against meta.json (:func:`check_saved_config`)."""
     from ...config.options import ConfigError
 
     sp = state["step_dir"]
@@ -183,6 +210,8 @@ def load_model_config(state: dict, read_config: Callable[[str], Config]) -> Mode
     if state.get("config_yaml") is None:
         raise CheckpointError(f"{sp} has no config.yml; cannot tell the model's shape")
     try:
-        return read_config(path).model
+        cfg = read_config(path)
     except ConfigError as e:
         raise CheckpointError(f"{path}: {e}") from None
+    check_saved_config(sp, state["meta"], cfg)
+    return cfg.model

@@ -22,8 +22,11 @@ previous checkpoint and ``latest`` untouched. ``keep_last`` prunes old steps aft
 the one ``latest`` names. Leftovers of an interrupted save are removed by the next save.
 
 Loading never runs code from a file: rank files load with ``torch.load(weights_only=True)``,
-``meta.json`` is JSON and ``config.yml`` goes through the safe YAML loader. Any problem with a
-checkpoint raises :class:`CheckpointError` whose message is one line naming the file.
+``meta.json`` is JSON and ``config.yml`` goes through the safe YAML loader. Every file a reader
+opens lies inside its folder (``latest`` and the step it names in the checkpoint folder, the rest in
+the step folder): a symbolic link out of it is refused, one within it is read, as the HF reader
+does (:func:`folder_file`). Any problem with a checkpoint raises :class:`CheckpointError` whose
+message is one line naming the file.
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message is one line for the user."""
 
 
+def excerpt_value(v: object) -> str:
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else safe_files.excerpt(repr(v))
+
+
 def _one_line(text: object) -> str:
     lines = [s.strip() for s in str(text).splitlines() if s.strip()]
     return lines[0] if lines else ""
@@ -81,6 +88,17 @@ def step_dir(root: str, step: int) -> str:
 
 def rank_file(step_path: str, rank: int) -> str:
     return os.path.join(step_path, f"rank_{rank:05d}.pt")
+
+
+def folder_file(folder: str, name: str) -> str:
+    """``folder/name`` for a reader of a checkpoint folder's file (meta.json, a rank file,
+    config.yml, latest): refused with one line when it is a symbolic link that resolves outside
+    ``folder`` (a link within the folder is read), as the HF reader refuses one
+    (:func:`safe_files.not_linked_out`). Whether it exists and is a regular file is the caller's."""
+    path = os.path.join(folder, name)
+    if os.path.lexists(path):
+        safe_files.not_linked_out(folder, name, path, CheckpointError)
+    return path
 
 
 # ------------------------------------------------------------------------------- writing
@@ -196,6 +214,11 @@ def resolve(path: str) -> str:
             return d
         old = d + ".old"  # a crash while re-saving the same step left the complete old copy here
         if not os.path.exists(d) and os.path.isfile(os.path.join(old, "meta.json")):
+            if not _inside(os.path.realpath(old), os.path.realpath(path)):
+                raise CheckpointError(
+                    f"{old} (the copy {name} was being replaced with) is a symbolic link out of {path}; "
+                    f"only folders inside it are read"
+                )
             return old
         raise CheckpointError(f"{latest} points to {name}, which is missing or incomplete (no {name}/meta.json)")
     steps = [d for d in os.listdir(path) if d.startswith("global_step") and d[len("global_step") :].isdigit()]
@@ -265,7 +288,7 @@ def read_meta(step_path: str, unverified: bool = False, ask: str = meta_schema.A
     """meta.json of a step folder, typed and checked against :mod:`.meta_schema` (one line naming
     the field that is wrong). Rank files without a size and SHA-256 record are refused unless
     ``unverified`` (the line says ``ask``: how the reading tool asks for that)."""
-    path = os.path.join(step_path, "meta.json")
+    path = folder_file(step_path, "meta.json")
     text = safe_files.read_small_text(path, META_CAP, CheckpointError)
     try:
         meta = json.loads(text)
@@ -297,7 +320,7 @@ def load_rank_file(step_path: str, rank: int, meta: Optional[meta_schema.Meta] =
     ``mmap`` (the default) the tensors are views of the mapped file: only the bytes a caller touches
     are read (a reader of one unit's master weights never pages in the moments or other units);
     callers copy what they keep, so the mapping goes away with the returned dict."""
-    path = rank_file(step_path, rank)
+    path = folder_file(step_path, os.path.basename(rank_file(step_path, rank)))
     if not os.path.isfile(path):
         why = safe_files.why_not_a_file(path)
         raise CheckpointError(f"missing shard file {path}" if why == "file not found" else f"shard file {path} {why}")
@@ -320,7 +343,29 @@ def load_rank_file(step_path: str, rank: int, meta: Optional[meta_schema.Meta] =
         raise CheckpointError(f"{path} is not a zero_topo rank file (no 'shards' list)")
     if meta is not None and len(data["shards"]) != len(meta.units):
         raise CheckpointError(f"{path} has {len(data['shards'])} unit shards, meta.json lists {len(meta.units)} units")
+    if meta is not None:
+        _check_unit_sizes(path, data["shards"], meta)
     return data
+
+
+def _check_unit_sizes(path: str, shards: list, meta: meta_schema.Meta) -> None:
+    """Each unit's element count and padded size as the rank file records them must be meta.json's:
+    every reader (a resume under the same plan, which takes its ranges from the rank file, and the
+    readers that compute them from meta.json) then sees the same layout."""
+    for i, (sh, u) in enumerate(zip(shards, meta.units)):
+        if not isinstance(sh, dict):
+            raise CheckpointError(f"{path}: unit {i}'s shard is {type(sh).__name__}, not a record")
+        for k in ("numel", "padded"):
+            v = sh.get(k)
+            if v is None:
+                continue  # not recorded: the ranges are checked where they are used
+            if torch.is_tensor(v) and v.numel() == 1 and not v.is_floating_point():
+                v = int(v)
+            if isinstance(v, bool) or not isinstance(v, int) or v != getattr(u, k):
+                raise CheckpointError(
+                    f"{path}: unit {i} {k} is {excerpt_value(v)} in the rank file, meta.json's units[{i}].{k} "
+                    f"is {getattr(u, k):,}: meta.json does not describe this rank file"
+                )
 
 
 def _shard_tensors(path: str, sh: dict, unit: int, keys: Sequence[str] = STATE_KEYS) -> dict:
