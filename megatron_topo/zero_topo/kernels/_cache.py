@@ -10,7 +10,9 @@ can write (issue 29).
   the folders they lead to (and every folder above those) are checked the same way, and a link
   owned by another user is refused.
 * A library is loaded only when its SHA-256 equals the one recorded next to it when it was built
-  (``NAME.so.sha256``, in the same private folder); a missing or different record means rebuild.
+  (``NAME.so.sha256``, in the same private folder); a missing or different record means rebuild. A
+  record that is not a small regular file (a FIFO, a device, a link) counts as missing: it is read
+  non-blocking with a size cap, never waited on.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import stat
 from typing import Optional
 
 RECORD_SUFFIX = ".sha256"
+RECORD_CAP = 4096  # a record is 64 hex digits and a newline
 
 
 def _uid() -> int:
@@ -180,6 +183,33 @@ def write_record(lib_path: str, digest: str) -> None:
     os.replace(tmp, rec)
 
 
+def read_record(lib_path: str) -> tuple[Optional[str], str]:
+    """(the SHA-256 recorded for ``lib_path``, "") or (None, why there is no usable record): it is
+    missing, or anything but a small regular file (a FIFO, a device, a folder, a symbolic link, a
+    large file), which counts as missing. Opened non-blocking and without following a link, so
+    nothing at that name can block the reader."""
+    rec = lib_path + RECORD_SUFFIX
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(rec, flags)
+    except FileNotFoundError:
+        return None, "has no recorded SHA-256"
+    except OSError as e:  # a symbolic link (ELOOP), unreadable
+        kind = "is a symbolic link" if os.path.islink(rec) else f"cannot be read ({e.strerror or e})"
+        return None, f"has no usable SHA-256 record ({os.path.basename(rec)} {kind})"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"has no usable SHA-256 record ({os.path.basename(rec)} is not a regular file)"
+        if st.st_size > RECORD_CAP:
+            return None, f"has no usable SHA-256 record ({os.path.basename(rec)} is {st.st_size:,} bytes)"
+        return os.read(fd, RECORD_CAP).decode("ascii", "replace").strip(), ""
+    except OSError as e:
+        return None, f"has no usable SHA-256 record ({os.path.basename(rec)} cannot be read: {e.strerror or e})"
+    finally:
+        os.close(fd)
+
+
 def verified(lib_path: str) -> tuple[bool, Optional[str]]:
     """(True, None): the library matches its record; (False, None): there is nothing to verify
     (not built yet, or built without a record); (False, why): it is there but must not be loaded."""
@@ -189,12 +219,11 @@ def verified(lib_path: str) -> tuple[bool, Optional[str]]:
         st = os.lstat(lib_path)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != _uid() or st.st_mode & 0o022:
             return False, "is not a regular file of this user that only this user can write"
-        with open(lib_path + RECORD_SUFFIX) as f:
-            want = f.read(100).strip()
-    except FileNotFoundError:
-        return False, "has no recorded SHA-256"
     except OSError as e:
         return False, f"cannot be checked ({e.strerror or e})"
+    want, why = read_record(lib_path)
+    if want is None:  # missing, or not a small regular file: as good as missing (rebuilt, recorded anew)
+        return False, why
     try:
         got = file_sha256(lib_path)
     except OSError as e:
