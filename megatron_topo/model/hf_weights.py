@@ -8,6 +8,7 @@ import os
 import torch
 
 from ..config.options import ConfigError
+from ..safe_files import excerpt
 from . import hf_schema
 
 
@@ -20,8 +21,9 @@ class HFWeights:
         self._open: dict = {}
         for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
             p = os.path.join(path, index)
-            if os.path.isfile(p):
+            if os.path.lexists(p):  # a FIFO, folder or link out there is one line, not skipped
                 self._where = hf_schema.read_weight_map(path, index)  # files inside `path` only
+                self._check_index(p)
                 break
         else:
             for name in ("model.safetensors", "pytorch_model.bin"):
@@ -31,6 +33,22 @@ class HFWeights:
                     for k in self._keys(name):
                         self._where[k] = name
                     break
+
+    def _check_index(self, index_path: str) -> None:
+        """Every tensor the index maps to a file is in that file (only the files' headers are read:
+        safetensors lazily, pytorch_model.bin memory-mapped)."""
+        by_file: dict = {}
+        for name, f in self._where.items():
+            by_file.setdefault(f, []).append(name)
+        for f, names in by_file.items():
+            have = set(self._keys(f))
+            lacking = [n for n in names if n not in have]
+            if lacking:
+                more = f" and {len(lacking) - 1} more" if len(lacking) > 1 else ""
+                raise ConfigError(
+                    f"{index_path}: weight_map puts {excerpt(lacking[0])}{more} in {excerpt(f)}, which holds "
+                    f"no such tensor; the index does not describe the weight files"
+                )
 
     def _file(self, name: str):
         if name not in self._open:
