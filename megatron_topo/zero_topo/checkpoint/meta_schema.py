@@ -136,7 +136,8 @@ def _topology(v: Any, ws: int) -> Optional[dict]:
     per_node = topo["gcds_per_gpu"] * topo["gpus_per_node"]
     if ws % per_node:
         raise MetaError(
-            f"topology: world_size {ws:,} is not a multiple of gpus_per_node x gcds_per_gpu = {per_node:,} (ranks per node)"
+            f"topology: world_size {ws:,} is not a multiple of gpus_per_node x gcds_per_gpu = {per_node:,} "
+            f"(ranks per node)"
         )
     return topo
 
@@ -287,7 +288,8 @@ def _unit(v: Any, where: str, ws: int, plan: dict) -> UnitRecord:
     most = ws * plan_space.MAX_BLOCK_SIZE  # padding: to a multiple of world size x the largest block
     if padded - numel > most:
         raise MetaError(
-            f"{where}.padded: {padded:,} pads numel {numel:,} by more than a plan on {ws:,} ranks does (at most {most:,})"
+            f"{where}.padded: {padded:,} pads numel {numel:,} by more than a plan on {ws:,} ranks does "
+            f"(at most {most:,})"
         )
     if padded % plan["optimizer_factor"]:
         raise MetaError(
