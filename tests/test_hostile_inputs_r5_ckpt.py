@@ -339,13 +339,20 @@ def test_every_reader_gives_the_same_line_for_a_field_they_must_agree_on(world, 
 GOOD = {
     "format": 2,
     "step": 3,
-    "world_size": 4,
-    "topology": {"world_size": 4, "gcds_per_gpu": 1, "gpus_per_node": 4},
-    "plan": {"weight_factor": 2, "grad_factor": 4, "optimizer_factor": 4, "preset": "mics", "secondary_degree": 2},
+    "world_size": 8,
+    "topology": {"world_size": 8, "gcds_per_gpu": 1, "gpus_per_node": 4},
+    "plan": {
+        "weight_factor": 2,
+        "grad_factor": 4,
+        "optimizer_factor": 4,
+        "preset": "mics",
+        "secondary_degree": 2,
+        "combine_bits": 8,
+    },
     "shard_holders": 4,
     "units": [{"padded": 64, "numel": 6, "params": [["w", 0, 6, [6]]]}],
     "trainer": {"step": 3, "consumed_samples": 24},
-    "files": {f"rank_0000{r}.pt": {"bytes": 100, "sha256": "ab" * 32} for r in range(4)},
+    "files": {f"rank_0000{r}.pt": {"bytes": 100, "sha256": "ab" * 32} for r in range(8)},
 }
 
 
@@ -354,9 +361,12 @@ GOOD = {
     [
         (("plan", "grad_factor"), 1, "plan.grad_factor: 1 is not a multiple of plan.weight_factor 2"),
         (("plan", "optimizer_factor"), 2, "plan.optimizer_factor: 2 is not a multiple of plan.grad_factor 4"),
-        (("plan", "weight_factor"), 3, "plan.weight_factor: 3 does not divide world_size 4"),
-        (("plan", "secondary_degree"), 3, "plan.secondary_degree: 3 does not divide world_size 4"),
+        (("plan", "weight_factor"), 3, "plan.weight_factor: 3 does not divide world_size 8"),
+        (("plan", "secondary_degree"), 3, "plan.secondary_degree: 3 does not divide world_size 8"),
         (("units", 0, "padded"), 66, "units[0].padded: 66 is not a multiple of plan.optimizer_factor 4"),
+        (("shard_holders",), 2, "shard_holders: 2 differs from plan.optimizer_factor 4"),
+        (("plan", "deterministic"), True, "plan.combine_bits: 8 with plan.deterministic true"),
+        (("plan", "inter_node_reduce"), "reduce_scatter", "plan.inter_node_reduce: reduce_scatter with plan.optimizer"),
     ],
 )
 def test_plan_factors_must_describe_a_layout(path, value, needle):

@@ -119,6 +119,14 @@ def _plan_values(plan: dict, ws: int) -> None:
                 f"plan.{outer}: {plan[outer]:,} is not a multiple of plan.{inner} {plan[inner]:,} (a plan's "
                 f"shards nest: weights within gradients within optimizer states)"
             )
+    if plan.get("deterministic") and plan.get("combine_bits", plan_space.UNQUANTIZED) < plan_space.UNQUANTIZED:
+        raise MetaError(f"plan.combine_bits: {plan['combine_bits']} with plan.deterministic true; no plan has both")
+    w, g, o = (plan[k] for k in FACTORS)
+    if plan.get("inter_node_reduce") == "reduce_scatter" and g < ws and o != ws:
+        raise MetaError(
+            f"plan.inter_node_reduce: reduce_scatter with plan.optimizer_factor {o:,} below world_size {ws:,}; "
+            f"no plan has both"
+        )
 
 
 def _topology(v: Any, ws: int) -> Optional[dict]:
@@ -336,6 +344,11 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
     holders = meta.get("shard_holders")  # absent or null: every rank holds a shard (0 is not absent)
     if holders is not None:
         holders = _int(holders, "shard_holders", 1, ws)
+        if holders != plan["optimizer_factor"]:  # the save records the ranks 0 .. optimizer_factor-1
+            raise MetaError(
+                f"shard_holders: {holders:,} differs from plan.optimizer_factor {plan['optimizer_factor']:,} "
+                f"(the ranks whose files hold the optimizer shards)"
+            )
     units = [_unit(u, f"units[{i}]", ws, plan) for i, u in enumerate(_list(meta["units"], "units"))]
     tr = _dict(meta["trainer"], "trainer")
     if "step" not in tr:
