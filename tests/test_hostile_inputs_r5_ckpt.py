@@ -530,3 +530,27 @@ def test_a_fifo_record_in_the_cache_is_rebuilt_with_one_warning(tmp_path):
     assert os.path.isfile(lib + ".sha256") and not os.path.islink(lib + ".sha256")
     out, err = _run({CF.CACHE_ENV: str(mine)}, tmp_path)
     assert out == f"available {lib}" and err == [], (out, err)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir", "dangling"])
+@pytest.mark.parametrize("via_latest", [True, False])
+def test_a_meta_json_that_is_not_a_file_is_named_as_such(tmp_path, kind, via_latest):
+    """Probe 5's observation: a meta.json that is a FIFO, a folder or a dangling link was reported as
+    'missing or incomplete (no global_step2/meta.json)'; the line now says what it is."""
+    from megatron_topo.zero_topo.checkpoint import CheckpointError, storage
+
+    step = tmp_path / "ck" / "global_step2"
+    step.mkdir(parents=True)
+    (tmp_path / "ck" / "latest").write_text("global_step2\n")
+    meta = step / "meta.json"
+    if kind == "fifo":
+        os.mkfifo(meta)
+    elif kind == "dir":
+        meta.mkdir()
+    else:
+        meta.symlink_to(tmp_path / "nowhere.json")
+    with pytest.raises(CheckpointError) as e:
+        storage.resolve(str(tmp_path / "ck" if via_latest else step))
+    msg = str(e.value)
+    assert "missing or incomplete" not in msg, msg
+    assert ("is a FIFO" if kind == "fifo" else "is a directory" if kind == "dir" else "file not found") in msg, msg

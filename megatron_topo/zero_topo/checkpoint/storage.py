@@ -197,8 +197,11 @@ def resolve(path: str) -> str:
         raise CheckpointError(f"checkpoint path does not exist: {path}")
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint path {path} is a file; give a save directory or a global_stepN directory")
-    if os.path.isfile(os.path.join(path, "meta.json")):
+    meta = os.path.join(path, "meta.json")
+    if os.path.isfile(meta):
         return path
+    if os.path.lexists(meta):  # a FIFO, folder, device or dangling link: say what it is
+        raise CheckpointError(f"{meta} {safe_files.why_not_a_file(meta)}")
     latest = os.path.join(path, LATEST)
     if os.path.lexists(latest):
         latest = safe_files.inside(path, LATEST, latest, CheckpointError)  # no symlink out, no FIFO
@@ -220,6 +223,9 @@ def resolve(path: str) -> str:
                     f"only folders inside it are read"
                 )
             return old
+        if os.path.lexists(os.path.join(d, "meta.json")):
+            meta = os.path.join(d, "meta.json")
+            raise CheckpointError(f"{latest} points to {name}, whose meta.json {safe_files.why_not_a_file(meta)}")
         raise CheckpointError(f"{latest} points to {name}, which is missing or incomplete (no {name}/meta.json)")
     steps = [d for d in os.listdir(path) if d.startswith("global_step") and d[len("global_step") :].isdigit()]
     hint = f" (it holds {', '.join(sorted(steps))}; pass one of them)" if steps else ""
