@@ -11,6 +11,7 @@ import typing
 from .. import atomic
 from ..zero_topo.plan_space import BLOCK_SIZE_RULE
 from .deepspeed import OffloadBlock, SchedulerBlock, ZeroOptimizationBlock
+from .idle_keys import idle_key_notes
 from .neox import NEOX_DEFAULT_DIFFERS, NEOX_IMPLEMENTED, REJECTED_KEYS
 from .neox_keys import NEOX_UNSUPPORTED
 from .options import _bounds_text, _check_block, _check_split, _fmt, _type_name
@@ -91,6 +92,7 @@ def note_lines(cfg: Config) -> list[str]:
         why = "finetune_from already starts from weights alone" if c.finetune_from else "load is not set"
         verb = "modifies" if len(idle) == 1 else "modify"
         out.append(f"note: {' and '.join(f'{k}: true' for k in idle)} only {verb} load, and {why}: no effect")
+    out += idle_key_notes(cfg)  # save's keys without save, load's modifiers without load, auto_resume with load
     m = cfg.model
     if m.num_attention_heads and not m.hidden_size % m.num_attention_heads:
         from .checks import rotary_dims
