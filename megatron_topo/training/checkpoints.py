@@ -134,6 +134,19 @@ DATA_ORDER_KEYS = (
 SCHEDULE_KEYS = (("train", "min_lr"), ("train", "warmup"), ("train", "lr_decay_iters"), ("train", "lr_decay_style"))
 
 
+def optimizer_changes(saved: Config, cfg: Config) -> list[str]:
+    """``key saved -> now`` for each optimizer key (type, betas, eps, weight_decay) a resume changes;
+    the type compares without case, as the schema reads it."""
+    a, b = saved.train, cfg.train
+    pairs = (
+        ("optimizer.type", a.optimizer.type, b.optimizer.type, str.lower),
+        ("betas", list(a.optimizer.params.betas), list(b.optimizer.params.betas), None),
+        ("eps", a.optimizer.params.eps, b.optimizer.params.eps, None),
+        ("weight_decay", a.weight_decay, b.weight_decay, None),
+    )
+    return [f"{k} {x!r} -> {y!r}" for k, x, y, norm in pairs if (norm(x) != norm(y) if norm else x != y)]
+
+
 def _value(cfg: Config, section: str, key: str):
     return getattr(getattr(cfg, section), key)
 
@@ -141,7 +154,7 @@ def _value(cfg: Config, section: str, key: str):
 def check_resume_keys(cfg: Config, resume_from: Optional[str]) -> list[str]:
     """Before anything is built: a resume whose seq_length differs from the checkpoint's is refused
     (its consumed_samples counts samples of the saved length: the data position would be
-    reinterpreted); the data order, tokenizer, learning-rate schedule and an explicit
+    reinterpreted); the data order, tokenizer, learning-rate schedule, optimizer keys and an explicit
     train_batch_size may change, each with a note line (returned) naming the keys and both values."""
     saved_run = _saved_run(cfg, resume_from) if resume_from else None
     if saved_run is None:
@@ -176,6 +189,13 @@ def check_resume_keys(cfg: Config, resume_from: Optional[str]) -> list[str]:
         notes.append(
             f"note: resuming with another learning-rate schedule than the checkpoint's ({'; '.join(sched)}): it "
             f"continues at step {meta.step} with the new values"
+        )
+    opt = [] if cfg.checkpoint.no_load_optim else optimizer_changes(saved, cfg)
+    if opt:  # the saved moments are loaded: say they continue under other settings
+        notes.append(
+            f"note: resuming with other optimizer keys than the checkpoint's ({'; '.join(opt)}): its Adam moments "
+            f"continue with the new values (Adam and AdamW are one update here, weight decay decoupled in both as "
+            f"GPT-NeoX's FusedAdam, so the saved state means the same under either type)"
         )
     kept, t = meta.trainer.global_batch, cfg.train
     if kept is not None and t.train_batch_size is not None and t.train_batch_size != kept:
