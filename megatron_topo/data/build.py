@@ -13,6 +13,7 @@ from .cache import IndexCache, short_hash
 from .errors import DataError
 from .gpt_dataset import GPTDataset, data_fingerprint, split_ranges
 from .indexed_dataset import MMapIndexedDataset, dataset_exists, strip_suffix
+from .open_files import check_open_files, same_file_key
 
 DEFAULT_CACHE_DIR = "data_cache"
 SPLIT_NAMES = ("train", "valid", "test")
@@ -61,36 +62,57 @@ def build_datasets(
 def _build(cfg, seq_length, seed, num_samples, vocab_size, may_build: bool):
     cache_dir = cfg.data_cache_dir or DEFAULT_CACHE_DIR
     cache = IndexCache(os.path.join(cache_dir, "index"), may_build)
+    # one mapping per distinct dataset, one index per distinct (dataset, split, samples): a list
+    # naming a prefix many times opens it once (as many GPTDatasets would give the same samples)
     opened: dict[str, MMapIndexedDataset] = {}
+    fingerprints: dict[str, dict] = {}
+    built: dict[tuple, GPTDataset] = {}
 
     def open_dataset(prefix: str) -> MMapIndexedDataset:
-        if prefix not in opened:
-            opened[prefix] = _open_checked(prefix, vocab_size, cache)
-        return opened[prefix]
+        key = same_file_key(prefix)
+        if key not in opened:
+            opened[key] = _open_checked(prefix, vocab_size, cache)
+        return opened[key]
+
+    def fingerprint(prefix: str) -> dict:
+        key = same_file_key(prefix)
+        if key not in fingerprints:
+            fingerprints[key] = data_fingerprint(open_dataset(prefix))
+        return fingerprints[key]
 
     def gpt(name, prefix, doc_range, n):
-        return GPTDataset(name, open_dataset(prefix), doc_range, n, seq_length, seed, cache)
+        key = (same_file_key(prefix), name, tuple(doc_range), n)
+        if key not in built:
+            built[key] = GPTDataset(name, open_dataset(prefix), doc_range, n, seq_length, seed, cache)
+        return built[key]
 
     if cfg.train_data_paths:
         out = []
         path_lists = (cfg.train_data_paths, cfg.valid_data_paths, cfg.test_data_paths)
+        plans = []
         for k, (name, paths, n) in enumerate(zip(SPLIT_NAMES, path_lists, num_samples)):
             if not paths or n == 0:
-                out.append(None)
+                plans.append(None)
                 continue
             weights = cfg.train_data_weights if k == 0 else None
             weights = normalize_weights(weights, len(paths), f"{name}_data_weights")
             prefixes = [strip_suffix(p) for p in paths]
+            counts = [n] if len(prefixes) == 1 else samples_per_dataset(weights, n)
+            plans.append((name, prefixes, weights, counts, n))
+        check_open_files([p for p in plans if p is not None])  # before anything is opened
+        for plan in plans:
+            if plan is None:
+                out.append(None)
+                continue
+            name, prefixes, weights, counts, n = plan
             if len(prefixes) == 1:
                 out.append(gpt(name, prefixes[0], (0, len(open_dataset(prefixes[0]))), n))
                 continue
-            parts = [
-                gpt(name, p, (0, len(open_dataset(p))), c) for p, c in zip(prefixes, samples_per_dataset(weights, n))
-            ]
+            parts = [gpt(name, p, (0, len(open_dataset(p))), c) for p, c in zip(prefixes, counts)]
             key = {
                 "seq_length": seq_length,
                 "seed": seed,
-                "datasets": [[os.path.abspath(p), data_fingerprint(open_dataset(p))] for p in prefixes],
+                "datasets": [[os.path.abspath(p), fingerprint(p)] for p in prefixes],
             }
             out.append(BlendedDataset(name, parts, weights, n, cache, key))
         return tuple(out)
