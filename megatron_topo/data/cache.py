@@ -3,6 +3,13 @@
 The JSON is written last (and removed first when rebuilding), so a matching JSON means the
 arrays beside it are complete. Everything is written atomically. Cached arrays are loaded
 memory-mapped.
+
+The JSON also records each array file's SHA-256 and identity (size, inode, mtime, ctime) at build.
+A file whose identity still matches is unchanged since the build (any write changes its ctime,
+which no user call can set back); one whose identity differs (a copied cache, an edited or
+replaced file) is hashed, and a hash that differs, or an unreadable file, has the builder rebuild
+the cache with one ``warning:`` line: the cache is derived from the data, and an edited index
+would otherwise be trained on (in-range values) or fail deep in a step (out-of-range ones).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from typing import Callable, Optional
 
 import numpy as np
@@ -46,13 +54,17 @@ class IndexCache:
         params = json.loads(json.dumps(params))  # normalise tuples -> lists, as read back
         json_path, npy = self.paths(name, keys)
         stored = _read_json(json_path)
-        if stored == params and all(os.path.isfile(p) for p in npy.values()):
-            try:
-                return {k: np.load(p, mmap_mode="r") for k, p in npy.items()}
-            except (OSError, ValueError):
-                pass  # damaged cache file: rebuild
+        why = "missing" if stored is None else "stale (built for other parameters)"
+        if isinstance(stored, dict) and stored.get("params") == params and all(os.path.isfile(p) for p in npy.values()):
+            arrays, bad, moved = self._load_verified(json_path, stored.get("files"), npy)
+            if bad is None:
+                if moved and self.may_build:  # a copied cache: record where its verified files are now
+                    save_json(json_path, {"params": params, "files": _records(npy)})
+                return arrays
+            why = f"damaged ({bad})"
+            if self.may_build:
+                _warn(f"index cache {bad}: rebuilding it (the cache is derived from the data)")
         if not self.may_build:
-            why = "missing" if stored is None else "stale (built for other parameters)"
             raise DataError(
                 f"{json_path}: index cache {why} after the barrier; the builder process "
                 f"(is_builder=True) builds it, in a data_cache_dir that every process shares"
@@ -62,8 +74,32 @@ class IndexCache:
         arrays = build()
         for k, p in npy.items():
             save_npy(p, np.ascontiguousarray(arrays[k]))
-        save_json(json_path, params)
+        save_json(json_path, {"params": params, "files": _records(npy)})
         return {k: np.load(p, mmap_mode="r") for k, p in npy.items()}
+
+    @staticmethod
+    def _load_verified(json_path: str, records, npy: dict) -> tuple[Optional[dict], Optional[str], bool]:
+        """(arrays, None, whether any file moved) when every file is the one recorded at build;
+        (None, what differs, _) otherwise."""
+        if not isinstance(records, dict) or set(records) != set(npy):
+            return None, f"{json_path}: no record of its array files", False
+        moved = False
+        for k, p in npy.items():
+            rec = records[k]
+            if not isinstance(rec, dict):
+                return None, f"{p}: no record", False
+            try:
+                same = _identity(p) == {f: rec.get(f) for f in _IDENTITY}
+                if not same:
+                    moved = True
+                    if _sha256(p) != rec.get("sha256"):
+                        return None, f"{p} differs from the file built (its SHA-256 is not the recorded one)", False
+            except OSError as e:
+                return None, f"{p}: {e.strerror or e}", False
+        try:
+            return {k: np.load(p, mmap_mode="r") for k, p in npy.items()}, None, moved
+        except (OSError, ValueError) as e:
+            return None, f"unreadable array ({str(e)[:80]})", False
 
     def get_json(self, name: str, params: dict, build: Callable[[], dict]) -> dict:
         """A small computed record (e.g. token id range) cached as ``NAME.json``."""
@@ -82,6 +118,40 @@ class IndexCache:
         os.makedirs(self.directory, exist_ok=True)
         save_json(path, {"params": params, "value": value})
         return value
+
+
+_IDENTITY = ("bytes", "inode", "mtime_ns", "ctime_ns")
+_HASH_CHUNK = 1 << 22
+
+
+def _identity(path: str) -> dict:
+    st = os.stat(path)
+    return {"bytes": st.st_size, "inode": st.st_ino, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
+
+
+def _sha256(path: str) -> str:
+    """SHA-256 of a regular file (a FIFO or device in its place is not opened: OSError)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(0, "not a regular file")
+        h = hashlib.sha256()
+        for block in iter(lambda: f.read(_HASH_CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _records(npy: dict) -> dict:
+    """What identifies each array file as built: its SHA-256 and identity."""
+    return {k: {"sha256": _sha256(p), **_identity(p)} for k, p in npy.items()}
+
+
+def _warn(msg: str) -> None:
+    from ..error_lines import clean
+
+    print(clean(f"warning: {msg}"), file=sys.stderr, flush=True)
 
 
 class MappedArrays:
