@@ -102,22 +102,31 @@ class IndexCache:
             return None, f"unreadable array ({str(e)[:80]})", False
 
     def get_json(self, name: str, params: dict, build: Callable[[], dict]) -> dict:
-        """A small computed record (e.g. token id range) cached as ``NAME.json``."""
+        """A small computed record (e.g. token id range) cached as ``NAME.json``, with the SHA-256
+        of its parameters and value: a value edited since is computed again (one ``warning:``)."""
         params = json.loads(json.dumps(params))
         path = os.path.join(self.directory, name + ".json")
         stored = _read_json(path)
-        if stored is not None and stored.get("params") == params:
-            return stored["value"]
+        why = "missing" if stored is None else "stale (built for other parameters)"
+        if isinstance(stored, dict) and stored.get("params") == params and "sha256" in stored:
+            if stored["sha256"] == _record_sha(params, stored.get("value")):
+                return stored["value"]
+            why = "damaged (its value is not the one recorded)"
+            if self.may_build:
+                _warn(f"cache {path}: its value differs from the one computed (SHA-256): computing it again")
         if not self.may_build:
-            why = "missing" if stored is None else "stale (built for other parameters)"
             raise DataError(
                 f"{path}: cache {why} after the barrier; the builder process (is_builder=True) "
                 f"writes it, in a data_cache_dir that every process shares"
             )
         value = build()
         os.makedirs(self.directory, exist_ok=True)
-        save_json(path, {"params": params, "value": value})
+        save_json(path, {"params": params, "value": value, "sha256": _record_sha(params, value)})
         return value
+
+
+def _record_sha(params, value) -> str:
+    return hashlib.sha256(json.dumps([params, value], sort_keys=True).encode()).hexdigest()
 
 
 _IDENTITY = ("bytes", "inode", "mtime_ns", "ctime_ns")
