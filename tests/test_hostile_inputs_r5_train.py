@@ -372,3 +372,44 @@ def test_a_non_builder_rank_refuses_a_cache_edited_after_the_barrier(w):
     with pytest.raises(DataError, match="index cache damaged .*differs from the file built"):
         IndexCache("c", False).get("t", {"x": 1}, ("a",), build)
     assert np.array_equal(IndexCache("c", True).get("t", {"x": 1}, ("a",), build)["a"], np.arange(5))
+
+
+def _token_range(edit):
+    import json
+
+    (p,) = glob.glob("cache/index/toy_*_token_range.json")
+    d = json.loads(open(p).read())
+    open(p, "w").write(json.dumps(edit(d)))
+
+
+def _edit_value(d):
+    d["value"] = [0, 10]
+    return d
+
+
+def test_an_edited_token_range_record_is_computed_again_with_one_warning(w, capfd):
+    """The cached token-id range hides no out-of-vocabulary id: edited to [0, 10] over data whose
+    ids reach 63, a run with vocab_size 32 used to train into an IndexError traceback."""
+    assert _train_losses(["cfg.yml", "--set", "train_iters=1"])
+    capfd.readouterr()
+    _token_range(_edit_value)
+    assert call(T, ["cfg.yml", "--set", "train_iters=1", "--set", "vocab_size=32"]) != 0
+    err = _lines(capfd.readouterr().err)
+    assert len(err) == 2 and err[0].startswith("warning: cache cache/index/toy_") and "computing it again" in err[0]
+    assert err[1].startswith("error: ") and "token id 63 is >= vocab_size 32" in err[1], err
+
+
+@pytest.mark.parametrize(
+    "edit, warned",
+    [(_edit_value, 1), (lambda d: [1, 2], 0), (lambda d: {**d, "value": "x"}, 1)],
+    ids=["value-edited", "a-list", "value-a-string"],
+)
+def test_an_edited_token_range_record_is_recomputed_and_training_goes_on(w, capfd, edit, warned):
+    """An edited value: one warning; a record that is not one (a list): computed again silently,
+    as a missing one (before: AttributeError / ValueError tracebacks, an edited value trusted)."""
+    assert call(T, ["cfg.yml", "--set", "train_iters=1"]) == 0
+    _token_range(edit)
+    capfd.readouterr()
+    assert call(T, ["cfg.yml", "--set", "train_iters=1"]) == 0
+    err = _lines(capfd.readouterr().err)
+    assert len(err) == warned and all(x.startswith("warning: cache cache/index/toy_") for x in err), err
