@@ -10,6 +10,8 @@ which no user call can set back); one whose identity differs (a copied cache, an
 replaced file) is hashed, and a hash that differs, or an unreadable file, has the builder rebuild
 the cache with one ``warning:`` line: the cache is derived from the data, and an edited index
 would otherwise be trained on (in-range values) or fail deep in a step (out-of-range ones).
+A small JSON record (``get_json``: the token-id range) carries the SHA-256 of its parameters and
+value the same way: an edited value is computed again with one ``warning:`` line.
 """
 
 from __future__ import annotations
