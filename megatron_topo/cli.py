@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from .error_lines import LINE_CAP, clean, emit
 
@@ -40,3 +41,53 @@ def fail(e: BaseException, path: str = "", status: int = 2) -> int:
     for line in getattr(e, "problems", None) or text.splitlines() or [type(e).__name__]:
         emit("error", line)
     return status
+
+
+def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:
+    show = lambda v: f"{v:,}" if isinstance(v, int) else f"{v:g}"  # noqa: E731
+    if hi is None:
+        return f"{'>' if lo_open else '>='} {show(lo)}"
+    return f"in {'(' if lo_open else '['}{show(lo)}, {show(hi)}{')' if hi_open else ']'}"
+
+
+def bounded(kind, lo, hi=None, *, lo_open: bool = False, hi_open: bool = False, unit: str = "", why: str = ""):
+    """An argparse ``type=`` for a number of ``kind`` (int or float) in [lo, hi] (``lo_open`` /
+    ``hi_open``: the bound itself excluded; ``hi`` None: no upper bound, only for a benchmark's
+    --steps/--repeats/--rounds, docs/reliability.md). A value outside, a non-finite float or a
+    non-number is the parser's one ``error:`` line: ``argument --mb: 1e+09 must lie in (0, 65536]
+    MB (...why)``. Each item of an ``nargs`` list is checked."""
+    from .error_lines import brief
+
+    name = "an integer" if kind is int else "a number"
+    span = _interval(lo, hi, lo_open, hi_open)
+    rule = f"must {'be' if hi is None else 'lie'} {span}{' ' + unit if unit else ''}{f' ({why})' if why else ''}"
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"'{brief(text, 40)}' is not {name}; it {rule}") from None
+        if kind is float and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{brief(text, 40)} is not finite; it {rule}")
+        low = v <= lo if lo_open else v < lo
+        high = hi is not None and (v >= hi if hi_open else v > hi)
+        if low or high:
+            raise argparse.ArgumentTypeError(f"{brief(text, 40)} {rule}")
+        return v
+
+    parse.__name__ = kind.__name__  # argparse names the type in its own messages
+    return parse
+
+
+def schema_bounded(section, key: str, why: str = ""):
+    """:func:`bounded` with the bounds the config schema declares for ``key`` of the dataclass
+    ``section`` (e.g. ``ModelConfig``, ``hidden_size``): a flag means what the config key means."""
+    import dataclasses
+
+    f = {x.name: x for x in dataclasses.fields(section)}[key]
+    meta = f.metadata
+    lo, lo_open = (meta["ge"], False) if meta.get("ge") is not None else (meta.get("gt"), True)
+    hi, hi_open = (meta["le"], False) if meta.get("le") is not None else (meta.get("lt"), True)
+    assert hi is not None, f"{section.__name__}.{key} declares no upper bound"
+    kind = float if "float" in str(f.type) else int
+    return bounded(kind, lo, hi, lo_open=lo_open, hi_open=hi_open, why=why or f"as the config key {key}")

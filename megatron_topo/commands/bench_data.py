@@ -16,7 +16,7 @@ import platform
 import sys
 import tempfile
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, bounded
 from megatron_topo.data import DataError
 from megatron_topo.data.builtin import stdlib_files
 from megatron_topo.data.errors import error_line
@@ -29,8 +29,16 @@ def make_corpus(directory: str, megabytes: float) -> str:
     import zstandard
 
     path = os.path.join(directory, "stdlib.jsonl.zst")
+    files = stdlib_files(int(megabytes * 1e6))
+    have = sum(os.path.getsize(f) for f in files)
+    if have < megabytes * 1e6:
+        print(
+            f"note: --mb {megabytes:g}: the standard library holds {have / 1e6:.1f} MB of Python source; "
+            f"the corpus is all of it",
+            file=sys.stderr,
+        )
     with open(path, "wb") as raw, zstandard.ZstdCompressor(level=3).stream_writer(raw) as out:
-        for src in stdlib_files(int(megabytes * 1e6)):
+        for src in files:
             with open(src, encoding="utf-8", errors="replace") as f:
                 doc = {"text": f.read(), "meta": {"pile_set_name": "stdlib"}}
             out.write(json.dumps(doc).encode() + b"\n")
@@ -46,15 +54,34 @@ def train_bpe_for_bench(inputs, directory: str, vocab_size: int) -> str:
     return path
 
 
+MAX_MB = 256  # MB of generated source (more than the standard library holds)
+MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # what preprocess allows
+MIN_BPE_VOCAB = 512  # the byte alphabet, special tokens and some merges
+MAX_BPE_VOCAB = 1 << 20  # as train_tokenizer.py's bpe bound (a benchmark's tokenizer)
+
+
 def main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--input", nargs="+", default=None, help="corpus files (default: generated stdlib .jsonl.zst)")
-    p.add_argument("--mb", type=float, default=8.0, help="size of the generated corpus in MB of source")
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument(
+        "--mb",
+        type=bounded(float, 0, MAX_MB, lo_open=True, unit="MB"),
+        default=8.0,
+        help=f"size of the generated corpus in MB of source, at most {MAX_MB} (the standard library holds "
+        "a few tens of MB: all of it is used when it holds less)",
+    )
+    p.add_argument(
+        "--workers",
+        type=bounded(int, 1, MAX_WORKERS, why="as preprocess_data.py --workers: 4 x the CPUs, at least 64"),
+        nargs="+",
+        default=[1, 2],
+    )
     p.add_argument("--tokenizer-type", default=None, help="bench this tokenizer only (default: ByteLevel and BPE)")
     p.add_argument("--vocab-file", default=None)
-    p.add_argument("--bpe-vocab-size", type=int, default=8192)
-    p.add_argument("--repeat", type=int, default=1, help="runs per setting; the fastest is reported")
+    p.add_argument("--bpe-vocab-size", type=bounded(int, MIN_BPE_VOCAB, MAX_BPE_VOCAB), default=8192)
+    p.add_argument(  # a benchmark runs as long as asked: no upper bound (docs/reliability.md)
+        "--repeat", type=bounded(int, 1), default=1, help="runs per setting; the fastest is reported"
+    )
     p.add_argument("--json", default="runs/bench_data.json", help="where to write the results")
     args = p.parse_args(argv)
     rows = []

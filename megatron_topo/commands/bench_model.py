@@ -35,35 +35,34 @@ import torch
 
 from megatron_topo.analysis.bench.model_paths import OPT_IMPL, Ours, Plain
 from megatron_topo.atomic import write_text
-from megatron_topo.cli import OneLineParser
-from megatron_topo.config import ConfigError, ModelConfig, load_config
+from megatron_topo.cli import OneLineParser, bounded, schema_bounded
+from megatron_topo.config import ConfigError, ModelConfig, TrainConfig, load_config
 from megatron_topo.error_lines import clean
 from megatron_topo.metrics import flops_per_iteration
 
 TARGET = 0.95
+MAX_THREADS = 4096
 
 
 def parse_args(argv=None):
     """bench_model's options."""
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", nargs="+", default=None, metavar="YML", help="model YAML(s); flags below override")
-    p.add_argument("--num-layers", type=int, default=None)
-    p.add_argument("--hidden-size", type=int, default=None)
-    p.add_argument("--num-attention-heads", type=int, default=None)
-    p.add_argument("--seq-length", type=int, default=None)
-    p.add_argument("--vocab-size", type=int, default=None)
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+        p.add_argument(f"--{key.replace('_', '-')}", type=schema_bounded(ModelConfig, key), default=None)
     p.add_argument("--checkpoint-activations", action="store_true", default=None)
     p.add_argument(
         "--batch",
-        type=int,
+        type=schema_bounded(TrainConfig, "train_micro_batch_size_per_gpu"),
         default=None,
         help="sequences per step (default: the config's train_micro_batch_size_per_gpu, else 8)",
     )
-    p.add_argument("--steps", type=int, default=2, help="timed steps per repeat")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps of each path first")
+    # --steps/--repeats: a benchmark runs as long as asked (no upper bound, docs/reliability.md)
+    p.add_argument("--steps", type=bounded(int, 1), default=2, help="timed steps per repeat")
+    p.add_argument("--warmup", type=bounded(int, 0, 10_000), default=3, help="untimed steps of each path first")
     p.add_argument(
         "--repeats",
-        type=int,
+        type=bounded(int, 1),
         default=15,
         help="A B rounds (short rounds, many of them: robust to other processes on the machine)",
     )
@@ -86,14 +85,16 @@ def parse_args(argv=None):
         help="plain AdamW implementation: PyTorch's default for CPU tensors (single-tensor loop), "
         "foreach or fused (ours uses fused AdamW on flat shards)",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--clip", type=float, default=1.0, help="gradient clipping for both (0: off)")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=bounded(int, 1, MAX_THREADS), default=None, help="torch threads (default: torch's)")
+    p.add_argument("--lr", type=bounded(float, 0.0, 10.0), default=1e-4)
+    p.add_argument("--weight-decay", type=bounded(float, 0.0, 10.0), default=0.01)
+    p.add_argument(
+        "--clip", type=bounded(float, 0.0, 1e6), default=1.0, help="gradient clipping for both (0: off)"
+    )
+    p.add_argument("--seed", type=schema_bounded(TrainConfig, "seed"), default=1234)
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
     p.add_argument("--profile", action="store_true", help="also profile a few steps of each path")
-    p.add_argument("--profile-steps", type=int, default=3)
+    p.add_argument("--profile-steps", type=bounded(int, 1, 1000), default=3)
     return p.parse_args(argv)
 
 
@@ -146,6 +147,27 @@ def model_config(args) -> ModelConfig:
             "set no_weight_tying: true to compare (the engine itself supports tied weights)"
         )
     return cfg
+
+
+def check_memory(cfg: ModelConfig, batch: int) -> None:
+    """Refuse, in one line, a model the host cannot hold: both paths' parameters, gradients and
+    AdamW states (and the shared initial copy), ~40 bytes per parameter, plus one path's
+    activations at a low estimate, against the available memory (before anything is allocated)."""
+    from megatron_topo.data.gpt_dataset import available_memory_bytes
+    from megatron_topo.model import unit_numels
+
+    params = sum(unit_numels(cfg))
+    tokens = batch * cfg.seq_length
+    states = 40 * params
+    acts = 4 * tokens * (10 * cfg.hidden_size * cfg.num_layers + 2 * cfg.vocab_size)
+    have = available_memory_bytes()
+    if states + acts > have:
+        raise ConfigError(
+            f"the model ({params:,} parameters; L={cfg.num_layers} h={cfg.hidden_size} V={cfg.vocab_size}) and "
+            f"batch ({batch} x {cfg.seq_length} tokens) need at least {(states + acts) / 2**30:,.1f} GiB "
+            f"(both paths' weights, gradients and AdamW states, one path's activations); "
+            f"{have / 2**30:,.1f} GiB of host memory is available: use a smaller model or batch"
+        )
 
 
 def make_batches(cfg: ModelConfig, batch: int, n: int, seed: int):
@@ -222,13 +244,10 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         cfg = model_config(args)
+        check_memory(cfg, args.batch)
     except ConfigError as e:
-        print(clean(f"bench_model: error: {e}"), file=sys.stderr)
+        print(clean(f"error: {e}"), file=sys.stderr)
         return 2
-    for name in ("batch", "steps", "repeats"):
-        if getattr(args, name) < 1:
-            print(clean(f"bench_model: error: --{name} must be >= 1, got {getattr(args, name)}"), file=sys.stderr)
-            return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -67,15 +67,25 @@ from megatron_topo.analysis.emulation import (
 )
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
-from megatron_topo.cli import OneLineParser
+from megatron_topo.analysis.emulation import cluster_spec as CS
+from megatron_topo.cli import OneLineParser, bounded, schema_bounded
+from megatron_topo.config import TrainConfig
+from megatron_topo.error_lines import clean
+
+
+NODES = bounded(int, 1, CS.MAX_NODES, why="one /24 per emulated node")
+GPUS = bounded(int, 1, CS.MAX_GPUS_PER_NODE, why="one address per GPU package in a node's /24")
+GCDS = bounded(int, 1, CS.MAX_GCDS_PER_GPU)
+MTU = bounded(int, CS.MIN_MTU, CS.MAX_MTU, unit="bytes", why="Linux's range for a veth link")
+TIMEOUT = bounded(float, 0.0, CS.MAX_TIMEOUT_S, lo_open=True, unit="seconds")
 
 
 def build_parser():
     """bench_sharding's options (``--help``: the module docstring)."""
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--gpus-per-node", type=int, default=2)
-    ap.add_argument("--gcds-per-gpu", type=int, default=2)
+    ap.add_argument("--nodes", type=NODES, default=2)
+    ap.add_argument("--gpus-per-node", type=GPUS, default=2)
+    ap.add_argument("--gcds-per-gpu", type=GCDS, default=2)
     ap.add_argument("--model", default="configs/tiny.yml", help="model YAML (relative to the repo root)")
     ap.add_argument(
         "--model-set",
@@ -84,11 +94,12 @@ def build_parser():
         metavar="KEY=VALUE",
         help="overrides applied to the model YAML (default: %(default)s)",
     )
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=2)
+    # --steps/--repeats: a benchmark runs as long as asked (no upper bound, docs/reliability.md)
+    ap.add_argument("--steps", type=bounded(int, 1), default=8)
+    ap.add_argument("--warmup", type=bounded(int, 0, 10_000), default=2)
     ap.add_argument(
         "--repeats",
-        type=int,
+        type=bounded(int, 1),
         default=1,
         help="rounds over all strategies (interleaved); step times are pooled over rounds",
     )
@@ -97,7 +108,7 @@ def build_parser():
     ap.add_argument("--inter-node", default=R.DEFAULT_INTER_NODE)
     ap.add_argument("--intra-node", default=R.DEFAULT_INTRA_NODE)
     ap.add_argument("--intra-gpu", default=R.DEFAULT_INTRA_GPU)
-    ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument("--mtu", type=MTU, default=1500)
     ap.add_argument(
         "--no-unshaped", dest="unshaped", action="store_false", help="skip the shaping-off run per strategy (no bounds)"
     )
@@ -112,7 +123,7 @@ def build_parser():
     ap.add_argument(
         "--accumulation",
         nargs="+",
-        type=int,
+        type=schema_bounded(TrainConfig, "gradient_accumulation_steps"),
         default=[1, 2, 4, 8],
         metavar="K",
         help="accum series: micro-batches per optimizer step",
@@ -128,13 +139,13 @@ def build_parser():
         help="accum series: link profiles (megatron_topo.analysis.emulation.rates.PROFILES); the "
         "unshaped run of each strategy and count is shared by them",
     )
-    ap.add_argument("--scaling-nodes", nargs="+", type=int, default=[1, 2, 4])
-    ap.add_argument("--scaling-gpus-per-node", type=int, default=1)
-    ap.add_argument("--scaling-gcds-per-gpu", type=int, default=2)
+    ap.add_argument("--scaling-nodes", nargs="+", type=NODES, default=[1, 2, 4])
+    ap.add_argument("--scaling-gpus-per-node", type=GPUS, default=1)
+    ap.add_argument("--scaling-gcds-per-gpu", type=GCDS, default=2)
     ap.add_argument(
         "--scaling-strategies", nargs="+", default=list(SCALING_STRATEGIES), choices=ALL_STRATEGIES + EXTRA_STRATEGIES
     )
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is stopped")
+    ap.add_argument("--timeout", type=TIMEOUT, default=900.0, help="seconds per run before it is stopped")
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     ap.add_argument(
         "--pool",
@@ -151,17 +162,14 @@ def main(argv=None) -> int:
     """Run the series (or print them, or pool earlier runs); exit 0 when every row ran."""
     a = build_parser().parse_args(argv)
     prog = "bench_sharding"
-    if a.repeats < 1:
-        print(f"{prog}: --repeats must be >= 1", file=sys.stderr)
-        return 2
     if a.steps <= a.warmup:
-        print(f"{prog}: --steps {a.steps} must exceed --warmup {a.warmup}", file=sys.stderr)
+        print(f"error: --steps {a.steps} must exceed --warmup {a.warmup}", file=sys.stderr)
         return 2
     try:
         a.inter_bps, a.intra_bps = parse_rate(a.inter_node), parse_rate(a.intra_node)
         a.intra_gpu_bps = parse_rate(a.intra_gpu)
     except ValueError as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(clean(f"error: {e}"), file=sys.stderr)
         return 2
     out = os.path.abspath(a.out)
     if a.pool:
@@ -178,9 +186,6 @@ def main(argv=None) -> int:
                 plan.append(("scaling", s, n, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu))
     defs = [(series, run_def(s, a, n, g, c, LOG_DIR)) for series, s, n, g, c in plan]
     accum = accum_defs(a) if "accum" in a.series else []
-    if any(k < 1 for k in a.accumulation):
-        print(f"{prog}: --accumulation counts must be >= 1", file=sys.stderr)
-        return 2
     if a.dry_run:
         for series, rd in defs:
             print(
@@ -191,7 +196,7 @@ def main(argv=None) -> int:
         return 0
     why = check_privileges()
     if why:
-        print(f"{prog}: cannot emulate a cluster here: {why}", file=sys.stderr)
+        print(f"error: cannot emulate a cluster here: {why}", file=sys.stderr)
         return 2
     os.makedirs(out, exist_ok=True)
     meta = {
@@ -253,7 +258,7 @@ def main(argv=None) -> int:
                 meta["load_after"] = os.getloadavg()
                 write_reports(out, rows, meta)
     except Interrupted as e:
-        print(f"{prog}: interrupted ({e}); partial results in {out}", file=sys.stderr)
+        print(f"error: interrupted ({e}); partial results in {out}", file=sys.stderr)
         write_reports(out, rows, meta)
         return 128 + e.signum
     finally:
@@ -275,7 +280,7 @@ def pool(a, out: str) -> int:
             with open(os.path.join(d, "meta.json")) as f:
                 meta = json.load(f)
         except (OSError, ValueError) as e:
-            print(f"bench_sharding: --pool {d}: cannot read results.json/meta.json ({e})", file=sys.stderr)
+            print(clean(f"error: --pool {d}: cannot read results.json/meta.json ({e})"), file=sys.stderr)
             return 2
         runs.append((d, rows, meta))
     groups: dict = {}

@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, bounded
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 
@@ -63,13 +63,23 @@ def gradients(n: int, micro_batch: int) -> torch.Tensor:
     return torch.stack(out)
 
 
+MAX_WORLD = 1024  # the largest reduction simulated: its gradients alone take 1,024 x 4 MiB
+MAX_MICRO_BATCH = 64
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(prog="fp16_gradient_error.py", description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", type=int, nargs="+", default=[8, 64, 384])
-    ap.add_argument("--micro-batch", type=int, default=4)
+    ap.add_argument(
+        "--worlds",
+        type=bounded(int, 2, MAX_WORLD, why="one tiny-model gradient of ~1 M values is held per rank"),
+        nargs="+",
+        default=[8, 64, 384],
+        help=f"ranks of each reduction, 2..{MAX_WORLD:,}",
+    )
+    ap.add_argument(
+        "--micro-batch", type=bounded(int, 1, MAX_MICRO_BATCH), default=4, help="sequences per rank's gradient"
+    )
     a = ap.parse_args(argv)
-    if min(a.worlds) < 2 or a.micro_batch < 1:
-        ap.error(f"--worlds must be >= 2 and --micro-batch >= 1, got {a.worlds} and {a.micro_batch}")
     G = gradients(max(a.worlds), a.micro_batch)
     scale = 2.0 ** math.floor(math.log2(65504 / G.abs().max().item()))
     G16 = (G * scale).half()

@@ -85,7 +85,7 @@ def earlier_fit(directory: Optional[str], meta: dict) -> list:
             fit = json.load(f)["cpu_fit"]
         cpu = emu.from_fit_record(fit)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SystemExit(f"bench_sharding: --cpu-fit {directory}: no fitted constants in {path} ({e})") from None
+        raise SystemExit(f"error: --cpu-fit {directory}: no fitted constants in {path} ({e})") from None
     meta["cpu_fit"] = dict(fit, from_run=directory)
     print(f"[calibrate] constants of {directory}: {meta['cpu_fit']}", flush=True)
     return _system_sets(cpu)

@@ -137,7 +137,7 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str, ac
         )
         return RunDef(strategy, "fsdp", argv, configs, sets, nodes, gpus, gcds, notes)
     raise SystemExit(
-        f"bench_sharding: unknown strategy '{strategy}'; valid: {', '.join(ALL_STRATEGIES + EXTRA_STRATEGIES)}"
+        f"error: unknown strategy '{strategy}'; valid: {', '.join(ALL_STRATEGIES + EXTRA_STRATEGIES)}"
     )
 
 

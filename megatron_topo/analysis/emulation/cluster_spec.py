@@ -10,6 +10,12 @@ from typing import Optional
 from .netns import EmulationError
 from .rates import format_rate
 
+# the emulated cluster's shape (one /24 per node, one address per GPU package), its links' MTU
+# (Linux's range for a veth) and how long a run may be given: the bounds of the tools' flags
+MAX_NODES, MAX_GPUS_PER_NODE, MAX_GCDS_PER_GPU = 254, 253, 8
+MIN_MTU, MAX_MTU = 68, 65535
+MAX_TIMEOUT_S = 7 * 86400.0
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
