@@ -31,7 +31,7 @@ import time
 import torch
 
 from megatron_topo.atomic import write_text
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, bounded
 from megatron_topo.zero_topo import kernels
 
 K = 8  # stacked inputs for the fused sum kernels (ranks per node)
@@ -110,17 +110,25 @@ def cases(x: torch.Tensor, block_size: int):
     return out
 
 
+MAX_MIB = 16384  # 16 GiB per fp32 tensor: the input, its copy and the outputs fit an 80 GB GPU
+
+
 def main(argv=None) -> int:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--sizes-mib", type=float, nargs="+", default=[1, 16, 64], help="fp32 tensor sizes in MiB (default: 1 16 64)"
+        "--sizes-mib",
+        type=bounded(float, 0.0, MAX_MIB, lo_open=True, unit="MiB", why="several copies of each size are held"),
+        nargs="+",
+        default=[1, 16, 64],
+        help=f"fp32 tensor sizes in MiB (default: 1 16 64; at most {MAX_MIB:,})",
     )
     ap.add_argument("--json", metavar="OUT", help="write the results as JSON to this path")
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--block-size", type=int, default=2048)
-    ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    # --repeats/--rounds: a benchmark runs as long as asked (no upper bound, docs/reliability.md)
+    ap.add_argument("--repeats", type=bounded(int, 1), default=10)
+    ap.add_argument("--warmup", type=bounded(int, 0, 10_000), default=2)
+    ap.add_argument("--threads", type=bounded(int, 1, 4096), default=None, help="torch.set_num_threads (CPU)")
     ap.add_argument(
         "--backends",
         nargs="+",
@@ -128,7 +136,7 @@ def main(argv=None) -> int:
         default=None,
         help="default: reference + cpu_fast on CPU, reference + triton on CUDA",
     )
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median over them)")
+    ap.add_argument("--rounds", type=bounded(int, 1), default=3, help="interleaved rounds (median over them)")
     ap.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],

@@ -45,14 +45,18 @@ from megatron_topo.analysis.emulation import (
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
 from megatron_topo.atomic import write_text
-from megatron_topo.cli import OneLineParser
+from megatron_topo.analysis.emulation import cluster_spec as CS
+from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.error_lines import clean
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=2)
-    ap.add_argument("--gpus-per-node", type=int, default=2)
-    ap.add_argument("--gcds-per-gpu", type=int, default=2)
+    ap.add_argument("--nodes", type=bounded(int, 1, CS.MAX_NODES, why="one /24 per node"), default=2)
+    ap.add_argument(
+        "--gpus-per-node", type=bounded(int, 1, CS.MAX_GPUS_PER_NODE, why="one address per GPU package"), default=2
+    )
+    ap.add_argument("--gcds-per-gpu", type=bounded(int, 1, CS.MAX_GCDS_PER_GPU), default=2)
     ap.add_argument(
         "--profile",
         choices=sorted(R.PROFILES),
@@ -79,9 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--latency", default=None, metavar="INTER[,INTRA]", help="one-way delay added per level (netem), e.g. 50us,10us"
     )
-    ap.add_argument("--mtu", type=int, default=1500)
+    ap.add_argument(
+        "--mtu", type=bounded(int, CS.MIN_MTU, CS.MAX_MTU, unit="bytes", why="Linux's range for a veth link"), default=1500
+    )
     ap.add_argument("--subnet", default="10.213", help="first two octets of the private /16 used inside")
-    ap.add_argument("--master-port", type=int, default=29500)
+    ap.add_argument("--master-port", type=bounded(int, 1, 65535, why="a TCP port"), default=29500)
     ap.add_argument("--stats-json", default=None, metavar="FILE")
     ap.add_argument(
         "--stdout-ranks",
@@ -89,7 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="all",
         help="whose stdout to forward (stderr is always forwarded)",
     )
-    ap.add_argument("--timeout", type=float, default=None, metavar="S", help="stop the ranks after S seconds")
+    ap.add_argument(
+        "--timeout",
+        type=bounded(float, 0.0, CS.MAX_TIMEOUT_S, lo_open=True, unit="seconds"),
+        default=None,
+        metavar="S",
+        help="stop the ranks after S seconds",
+    )
     ap.add_argument("--cleanup", action="store_true", help="remove leftovers of killed runs and exit")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return ap
@@ -127,18 +139,18 @@ def main(argv=None) -> int:
         try:
             removed = cleanup_leftovers()
         except EmulationError as e:
-            print(f"{prog}: {e}", file=sys.stderr)
+            print(clean(f"error: {e}"), file=sys.stderr)
             return 2
         print(f"{prog}: removed {len(removed)} namespace(s){': ' + ', '.join(removed) if removed else ''}")
         return 0
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
-        print(f"{prog}: no command given; usage: {prog} [options] -- COMMAND [ARGS...]", file=sys.stderr)
+        print(f"error: no command given; usage: {prog} [options] -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     try:
         spec = spec_from_args(a)
     except (RateError, EmulationError) as e:
-        print(f"{prog}: {e}", file=sys.stderr)
+        print(clean(f"error: {e}"), file=sys.stderr)
         return 2
     cluster = Cluster(spec)
     old = install_signal_handlers()
@@ -147,7 +159,7 @@ def main(argv=None) -> int:
         try:
             cluster.up()
         except EmulationError as e:
-            print(f"{prog}: {e}", file=sys.stderr)
+            print(clean(f"error: {e}"), file=sys.stderr)
             return 2
         print(f"{prog}: {spec.describe()}", file=sys.stderr, flush=True)
         before = cluster.counters()
@@ -168,9 +180,9 @@ def main(argv=None) -> int:
             }
             write_text(a.stats_json, json.dumps(stats, indent=1))
         if rc:
-            print(f"{prog}: rank {res.first_failure} exited with {res.returncodes[res.first_failure]}", file=sys.stderr)
+            print(f"error: rank {res.first_failure} exited with {res.returncodes[res.first_failure]}", file=sys.stderr)
     except Interrupted as e:
-        print(f"{prog}: interrupted ({e}); stopping ranks and removing the cluster", file=sys.stderr)
+        print(f"error: interrupted ({e}); stopping ranks and removing the cluster", file=sys.stderr)
         rc = 128 + e.signum
     finally:
         # a second Ctrl-C must not abort the teardown
@@ -179,7 +191,7 @@ def main(argv=None) -> int:
         try:
             cluster.down()
         except EmulationError as e:
-            print(f"{prog}: {e}", file=sys.stderr)
+            print(clean(f"error: {e}"), file=sys.stderr)
             rc = rc or 2
         restore_signal_handlers(old)
     return rc

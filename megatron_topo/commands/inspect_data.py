@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import sys
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.config import MAX_VOCAB
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer
 from megatron_topo.data.build import check_token_range
+from megatron_topo.data.tokenizer import unused_tokenizer_args
 from megatron_topo.data.errors import error_line
 from megatron_topo.error_lines import clean
 
@@ -34,23 +36,36 @@ def stats(ds: MMapIndexedDataset) -> dict:
     }
 
 
+MAX_DOC = 2**63 - 1  # a document index of the .idx (int64)
+
+
+def unused_args(args) -> list:
+    """Notes for tokenizer flags that change nothing in this combination."""
+    if args.tokenizer_type is None:
+        return [f"--vocab-file {args.vocab_file} is ignored without --tokenizer-type"] if args.vocab_file else []
+    if args.doc is None:
+        return [f"--tokenizer-type {args.tokenizer_type} is ignored without --doc (it detokenizes one document)"]
+    return unused_tokenizer_args(args.tokenizer_type, args.vocab_file)
+
+
 def main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("prefix", help="dataset prefix (PREFIX.bin/.idx; a .bin or .idx path also works)")
-    p.add_argument("--doc", type=int, default=None, help="print document N's token ids as a JSON list")
+    p.add_argument(
+        "--doc", type=bounded(int, 0, MAX_DOC), default=None, help="print document N's token ids as a JSON list"
+    )
     p.add_argument("--stats", action="store_true", help="print counts as JSON (the default without --doc)")
     p.add_argument("--tokenizer-type", default=None, help="with --doc: also print the detokenized text")
     p.add_argument("--vocab-file", default=None)
     p.add_argument(
         "--vocab-size",
-        type=int,
+        type=bounded(int, 1, MAX_VOCAB),
         default=None,
         help="scan the .bin and fail unless every token id is in [0, VOCAB_SIZE)",
     )
     args = p.parse_args(argv)
-    if args.vocab_size is not None and args.vocab_size < 1:
-        print(clean(f"error: --vocab-size {args.vocab_size}: must be >= 1"), file=sys.stderr)
-        return 1
+    for note in unused_args(args):  # on stderr: stdout is JSON
+        print(clean(f"note: {note}"), file=sys.stderr)
     try:
         ds = MMapIndexedDataset(args.prefix)
         if args.vocab_size is not None:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from megatron_topo.analysis.perf_sources import fit_ring
 from megatron_topo.atomic import write_text
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, bounded, fail
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.lifecycle import leave_rank
 from megatron_topo.topology import launcher_env
@@ -38,14 +38,15 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MIB = 2**20
+MAX_ITERS, MAX_WARMUP = 100_000, 10_000
 
 
 def parse_args(argv=None):
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes-mb", default="16,64,256,1024", help="comma-separated MB per rank")
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated: all_gather, reduce_scatter")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--iters", type=bounded(int, 1, MAX_ITERS), default=10, help="timed calls per size")
+    p.add_argument("--warmup", type=bounded(int, 0, MAX_WARMUP), default=3, help="untimed calls first")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--system", help="a YAML with a distributed: block (backend/device); default: auto")
     p.add_argument("--out", default="runs/collectives", help="directory for collectives.json")
@@ -63,9 +64,10 @@ def check(args) -> tuple[list[float], list[str]]:
     bad = [o for o in ops if o not in OPS]
     if bad or not ops:
         raise ConfigError(f"--ops: '{','.join(bad) or args.ops}' is not valid; use {', '.join(OPS)}")
-    if not (1 <= args.iters <= 100_000 and 0 <= args.warmup <= 10_000):
+    if not (1 <= args.iters <= MAX_ITERS and 0 <= args.warmup <= MAX_WARMUP):  # main(argv) from code
         raise ConfigError(
-            f"--iters {args.iters} / --warmup {args.warmup}: need iters in 1..100,000 and warmup in 0..10,000"
+            f"--iters {args.iters} / --warmup {args.warmup}: need iters in 1..{MAX_ITERS:,} and warmup in "
+            f"0..{MAX_WARMUP:,}"
         )
     if max(sizes) > 1 << 20 or not all(math.isfinite(x) for x in sizes):
         raise ConfigError(f"--sizes-mb '{args.sizes_mb}': sizes must be finite and at most 1,048,576 MB")
@@ -199,8 +201,7 @@ def _measure_and_report(args) -> int:
             print(render(r))
             print(f"wrote {write_json(r, args.out)}")
     except (ConfigError, ValueError, OSError) as e:
-        print(f"measure_collectives.py: {e}", file=sys.stderr)
-        return 2
+        return fail(e)  # error: lines, as every tool's
     return 0
 
 

@@ -21,15 +21,19 @@ existing output is never overwritten by a failed run.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, bounded
 from megatron_topo.data import TOKENIZERS, DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
-from megatron_topo.data.tokenizer import MERGE_FILE_IGNORED
+from megatron_topo.data.tokenizer import MERGE_FILE_IGNORED, unused_tokenizer_args
 from megatron_topo.error_lines import clean
+
+MAX_COUNT = 10**15  # documents (a progress total, a log interval): more than any corpus holds
+MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # as data.preprocess allows
 
 # Megatron-LM flags we refuse (with why) when given a value other than their no-op default.
 REFUSED = {
@@ -64,7 +68,9 @@ def parse_args(argv=None):
         default=None,
         help="Megatron's name for the tokenizer file (same as --vocab-file for SPM/HF models)",
     )
-    p.add_argument("--vocab-size", type=int, default=None, help="CharLevelTokenizer only (default 512)")
+    p.add_argument(
+        "--vocab-size", type=bounded(int, 1, 1 << 31), default=None, help="CharLevelTokenizer only (default 512)"
+    )
     p.add_argument(
         "--jsonl-keys",
         "--json-keys",
@@ -75,10 +81,19 @@ def parse_args(argv=None):
     )
     p.add_argument("--append-eod", action="store_true", help="append the end-of-document id to each document")
     p.add_argument("--ftfy", action="store_true", help="fix mojibake/unicode with ftfy.fix_text before tokenizing")
-    p.add_argument("--num-docs", type=int, default=None, help="expected number of documents (progress total)")
-    p.add_argument("--log-interval", type=int, default=None, help="print a progress line every N documents")
+    p.add_argument(
+        "--num-docs", type=bounded(int, 1, MAX_COUNT), default=None, help="expected number of documents (progress total)"
+    )
+    p.add_argument(
+        "--log-interval", type=bounded(int, 1, MAX_COUNT), default=None, help="print a progress line every N documents"
+    )
     p.add_argument("--dataset-impl", default="mmap", help="mmap (the only format written; lazy/cached refused)")
-    p.add_argument("--workers", type=int, default=1, help="tokenizing processes (default 1)")
+    p.add_argument(
+        "--workers",
+        type=bounded(int, 1, MAX_WORKERS, why="4 x the CPUs, at least 64"),
+        default=1,
+        help="tokenizing processes (default 1)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output dataset")
     p.add_argument("--skip-bad-lines", action="store_true", help="warn about and skip bad lines/files")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -120,13 +135,15 @@ def parse_args(argv=None):
     )
     mg.add_argument("--lang", default="english", help="no-op: only used by sentence splitting")
     mg.add_argument(
-        "--partitions", type=int, default=1, help="no-op: parallelism comes from --workers and the output is the same"
+        "--partitions", type=bounded(int, 1, 1 << 16), default=1, help="no-op: parallelism comes from --workers and the output is the same"
     )
     mg.add_argument(
         "--keep-sequential-samples", action="store_true", help="no-op: documents are always written in input order"
     )
-    mg.add_argument("--chunk-size", type=int, default=None, help="no-op: work is split in ~1 MB chunks")
-    mg.add_argument("--vocab-extra-ids", type=int, default=0, help=argparse.SUPPRESS)
+    mg.add_argument(
+        "--chunk-size", type=bounded(int, 1, MAX_COUNT), default=None, help="no-op: work is split in ~1 MB chunks"
+    )
+    mg.add_argument("--vocab-extra-ids", type=bounded(int, 0, 1 << 31), default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -176,6 +193,8 @@ def _main(argv=None) -> int:
                 f"(GPT-NeoX ignores it too)"
             )
             args.merge_file = None
+        for note in unused_tokenizer_args(args.tokenizer_type, args.vocab_file, args.vocab_size):
+            print(clean(f"note: {note}"))  # beside the --merge-file note (stdout)
         hf = None
         if args.hf_dataset:
             hf = {

@@ -83,6 +83,23 @@ REJECTED = {
 MERGE_FILE_IGNORED = ("HFTokenizer", "SPMTokenizer", "CharLevelTokenizer")
 
 
+def unused_tokenizer_args(tokenizer_type: str, vocab_file: Optional[str] = None, vocab_size: Optional[int] = None):
+    """The ``note:`` texts (without the prefix) for tokenizer arguments that have no effect with
+    ``tokenizer_type`` (as ``--merge-file`` with CharLevelTokenizer gets one): a vocabulary size
+    for a tokenizer other than CharLevelTokenizer, a vocabulary file for one that reads none. An
+    unknown type gives none (building it refuses it)."""
+    name = {k.lower(): k for k in TOKENIZERS}.get(str(tokenizer_type).lower())
+    out = []
+    if name is None:
+        return out
+    if vocab_size is not None and name != "CharLevelTokenizer":
+        fixed = "its vocabulary comes from its file" if name in _NEEDS_FILE else "its vocabulary is fixed"
+        out.append(f"--vocab-size {vocab_size} is ignored: only CharLevelTokenizer takes a size ({name}: {fixed})")
+    if vocab_file and name not in _NEEDS_FILE:
+        out.append(f"--vocab-file {vocab_file} is ignored: {name} reads no vocabulary file")
+    return out
+
+
 def build_tokenizer(
     tokenizer_type: str,
     vocab_file: Optional[str] = None,

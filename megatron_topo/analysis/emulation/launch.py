@@ -173,7 +173,7 @@ def launch(
                 fail_time = float("inf")
             if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
                 with lock:
-                    err.write(f"emulate_cluster: timeout after {timeout_s:g} s, stopping the ranks\n")
+                    err.write(f"error: timeout after {timeout_s:g} s, stopping the ranks\n")
                 _stop(procs, rcs)
                 if first_fail is None:
                     first_fail = next((r for r, rc in enumerate(rcs) if rc is None), 0)
