@@ -23,7 +23,7 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message):
         usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: ") :]
         head = clean(f"error: {message}")
-        room = LINE_CAP - len(head) - len(" (usage: )")
+        room = LINE_CAP - 1 - len(head) - len(" (usage: )")  # under the cap, as the tests assert
         if len(usage) > room:  # the message stays whole; a long usage is shortened (--help has it all)
             usage = usage[: max(room - len(" ... see --help"), 0)].rstrip() + " ... see --help"
         self.exit(self.error_status, clean(f"{head} (usage: {usage})") + "\n")

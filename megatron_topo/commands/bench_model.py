@@ -85,12 +85,12 @@ def parse_args(argv=None):
         help="plain AdamW implementation: PyTorch's default for CPU tensors (single-tensor loop), "
         "foreach or fused (ours uses fused AdamW on flat shards)",
     )
-    p.add_argument("--threads", type=bounded(int, 1, MAX_THREADS), default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--threads", type=bounded(int, 1, MAX_THREADS), default=None, help="torch threads (default: torch's)"
+    )
     p.add_argument("--lr", type=bounded(float, 0.0, 10.0), default=1e-4)
     p.add_argument("--weight-decay", type=bounded(float, 0.0, 10.0), default=0.01)
-    p.add_argument(
-        "--clip", type=bounded(float, 0.0, 1e6), default=1.0, help="gradient clipping for both (0: off)"
-    )
+    p.add_argument("--clip", type=bounded(float, 0.0, 1e6), default=1.0, help="gradient clipping for both (0: off)")
     p.add_argument("--seed", type=schema_bounded(TrainConfig, "seed"), default=1234)
     p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
     p.add_argument("--profile", action="store_true", help="also profile a few steps of each path")

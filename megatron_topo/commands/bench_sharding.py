@@ -65,13 +65,12 @@ from megatron_topo.analysis.emulation import (
     format_rate,
     parse_rate,
 )
+from megatron_topo.analysis.emulation import cluster_spec as CS
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
-from megatron_topo.analysis.emulation import cluster_spec as CS
 from megatron_topo.cli import OneLineParser, bounded, schema_bounded
 from megatron_topo.config import TrainConfig
 from megatron_topo.error_lines import clean
-
 
 NODES = bounded(int, 1, CS.MAX_NODES, why="one /24 per emulated node")
 GPUS = bounded(int, 1, CS.MAX_GPUS_PER_NODE, why="one address per GPU package in a node's /24")

@@ -42,10 +42,10 @@ from megatron_topo.analysis.emulation import (
     parse_rate,
     summarize,
 )
+from megatron_topo.analysis.emulation import cluster_spec as CS
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
 from megatron_topo.atomic import write_text
-from megatron_topo.analysis.emulation import cluster_spec as CS
 from megatron_topo.cli import OneLineParser, bounded
 from megatron_topo.error_lines import clean
 
@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--latency", default=None, metavar="INTER[,INTRA]", help="one-way delay added per level (netem), e.g. 50us,10us"
     )
     ap.add_argument(
-        "--mtu", type=bounded(int, CS.MIN_MTU, CS.MAX_MTU, unit="bytes", why="Linux's range for a veth link"), default=1500
+        "--mtu",
+        type=bounded(int, CS.MIN_MTU, CS.MAX_MTU, unit="bytes", why="Linux's range for a veth link"),
+        default=1500,
     )
     ap.add_argument("--subnet", default="10.213", help="first two octets of the private /16 used inside")
     ap.add_argument("--master-port", type=bounded(int, 1, 65535, why="a TCP port"), default=29500)

@@ -17,8 +17,8 @@ from megatron_topo.cli import OneLineParser, bounded
 from megatron_topo.config import MAX_VOCAB
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer
 from megatron_topo.data.build import check_token_range
-from megatron_topo.data.tokenizer import unused_tokenizer_args
 from megatron_topo.data.errors import error_line
+from megatron_topo.data.tokenizer import unused_tokenizer_args
 from megatron_topo.error_lines import clean
 
 

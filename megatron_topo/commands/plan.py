@@ -25,7 +25,7 @@ import sys
 from megatron_topo import preflight
 from megatron_topo.analysis import autoplan
 from megatron_topo.analysis import perf_model as pm
-from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.cli import OneLineParser, bounded, fail
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.model import unit_numels
 from megatron_topo.zero_topo.sharding import PRESETS
@@ -38,7 +38,7 @@ def parse_args(argv=None):
     p = OneLineParser(prog="plan.py", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model YAML (configs/20B.yml)")
     p.add_argument("--system", required=True, help="system YAML (configs/frontier.yml)")
-    p.add_argument("--nodes", required=True, type=int, help="number of nodes")
+    p.add_argument("--nodes", required=True, type=bounded(int, 1, MAX_NODES), help="number of nodes")
     p.add_argument(
         "--convention",
         choices=("paper", "engine"),
@@ -48,7 +48,7 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--reserve-gib",
-        type=float,
+        type=bounded(float, 0.0, 1 << 20, unit="GiB"),
         default=None,
         help="memory kept free per device for activations and buffers (default: the trainer's "
         "estimate with --convention engine, 0 with paper)",
@@ -59,7 +59,7 @@ def parse_args(argv=None):
         default="ring",
         help="how ranks share the NICs (docs/design.md §7.1; ring is the validated rule)",
     )
-    p.add_argument("--top", type=int, default=10, help="plans shown from the search")
+    p.add_argument("--top", type=bounded(int, 0, 1 << 20), default=10, help="plans shown from the search")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     return p.parse_args(argv)
 

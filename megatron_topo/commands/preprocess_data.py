@@ -69,7 +69,10 @@ def parse_args(argv=None):
         help="Megatron's name for the tokenizer file (same as --vocab-file for SPM/HF models)",
     )
     p.add_argument(
-        "--vocab-size", type=bounded(int, 1, 1 << 31), default=None, help="CharLevelTokenizer only (default 512)"
+        "--vocab-size",
+        type=bounded(int, 1, 1 << 31, why="CharLevelTokenizer's ids are UTF-8 bytes: 256 or more holds any text"),
+        default=None,
+        help="CharLevelTokenizer only (default 512)",
     )
     p.add_argument(
         "--jsonl-keys",
@@ -82,7 +85,10 @@ def parse_args(argv=None):
     p.add_argument("--append-eod", action="store_true", help="append the end-of-document id to each document")
     p.add_argument("--ftfy", action="store_true", help="fix mojibake/unicode with ftfy.fix_text before tokenizing")
     p.add_argument(
-        "--num-docs", type=bounded(int, 1, MAX_COUNT), default=None, help="expected number of documents (progress total)"
+        "--num-docs",
+        type=bounded(int, 1, MAX_COUNT),
+        default=None,
+        help="expected number of documents (progress total)",
     )
     p.add_argument(
         "--log-interval", type=bounded(int, 1, MAX_COUNT), default=None, help="print a progress line every N documents"
@@ -135,7 +141,10 @@ def parse_args(argv=None):
     )
     mg.add_argument("--lang", default="english", help="no-op: only used by sentence splitting")
     mg.add_argument(
-        "--partitions", type=bounded(int, 1, 1 << 16), default=1, help="no-op: parallelism comes from --workers and the output is the same"
+        "--partitions",
+        type=bounded(int, 1, 1 << 16),
+        default=1,
+        help="no-op: parallelism comes from --workers and the output is the same",
     )
     mg.add_argument(
         "--keep-sequential-samples", action="store_true", help="no-op: documents are always written in input order"

@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 from megatron_topo.atomic import atomic_path
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, bounded
 from megatron_topo.data import DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import expand_sources, iter_source_documents
@@ -143,8 +143,10 @@ def parse_args(argv=None):
     p.add_argument("--model-type", required=True, choices=["bpe", "sentencepiece"])
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--output", required=True, help="tokenizer.json (bpe) or NAME.model (sentencepiece)")
-    p.add_argument("--spm-model-type", default="unigram", choices=["unigram", "bpe"])
-    p.add_argument("--min-frequency", type=int, default=2, help="bpe: minimum pair frequency")
+    p.add_argument(
+        "--spm-model-type", default=None, choices=["unigram", "bpe"], help="sentencepiece: its model (default unigram)"
+    )
+    p.add_argument("--min-frequency", type=bounded(int, 0, 1 << 32), default=2, help="bpe: minimum pair frequency")
     p.add_argument("--jsonl-keys", nargs=1, default=["text"], help="JSON key holding the text")
     p.add_argument("--skip-bad-lines", action="store_true")
     p.add_argument(
@@ -168,6 +170,10 @@ def main(argv=None) -> int:
             )
         if args.min_frequency < 0:
             raise DataError(f"--min-frequency {args.min_frequency}: must be >= 0")
+        if args.spm_model_type is not None and args.model_type != "sentencepiece":
+            note = f"--spm-model-type {args.spm_model_type} is ignored: it applies to --model-type sentencepiece"
+            print(clean(f"note: {note}"), file=sys.stderr)
+        args.spm_model_type = args.spm_model_type or "unigram"
         files = expand_sources(args.input)
         check_output_file(
             args.output,

@@ -136,9 +136,7 @@ def run_def(strategy: str, a, nodes: int, gpus: int, gcds: int, log_dir: str, ac
             else "2-D mesh replicate(nodes) x shard(node); all-reduce on the last micro-batch only"
         )
         return RunDef(strategy, "fsdp", argv, configs, sets, nodes, gpus, gcds, notes)
-    raise SystemExit(
-        f"error: unknown strategy '{strategy}'; valid: {', '.join(ALL_STRATEGIES + EXTRA_STRATEGIES)}"
-    )
+    raise SystemExit(f"error: unknown strategy '{strategy}'; valid: {', '.join(ALL_STRATEGIES + EXTRA_STRATEGIES)}")
 
 
 # ------------------------------------------------------------------------------ formulas
