@@ -13,10 +13,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 
 from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.commands.preprocess_data import Terminated
 from megatron_topo.data import DataError
 from megatron_topo.data.builtin import stdlib_files
 from megatron_topo.data.errors import error_line
@@ -61,6 +63,20 @@ MAX_BPE_VOCAB = 1 << 20  # as train_tokenizer.py's bpe bound (a benchmark's toke
 
 
 def main(argv=None) -> int:
+    """SIGTERM/SIGHUP unwind like Ctrl-C (preprocess_data's handlers): the worker pool is shut down
+    and the generated corpus removed; a SIGKILL leaves no worker either (they die with their
+    parent: data.preprocess.die_with_parent)."""
+    from megatron_topo.commands.preprocess_data import _raise_terminated
+
+    old = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return _main(argv)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("--input", nargs="+", default=None, help="corpus files (default: generated stdlib .jsonl.zst)")
     p.add_argument(
@@ -118,6 +134,12 @@ def main(argv=None) -> int:
     except (DataError, OSError) as e:
         print(clean(f"error: {error_line(e)}"), file=sys.stderr)
         return 1
+    except Terminated as e:
+        print(clean(f"error: stopped by {e}; nothing written"), file=sys.stderr)
+        return 128 + int(getattr(signal, str(e)))
+    except KeyboardInterrupt:
+        print("error: interrupted; nothing written", file=sys.stderr)
+        return 130
     header = (
         f"{'tokenizer':>12} {'workers':>7} {'MB':>7} {'seconds':>8} {'start-up':>8} {'MB/s':>8} "
         f"{'tokens/s':>12} {'steady MB/s':>11} {'tokens':>10}"

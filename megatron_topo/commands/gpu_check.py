@@ -255,6 +255,13 @@ def _checks(args, cfg, sets, rt) -> int:
         return out
 
     dev = rt.device
+    if dev.type == "cpu" and not args.small and rt.rank == 0:
+        print(
+            "note: full-size checks on CPU (a 453 M-element kernel unit, 20B-sized layers) take a minute or "
+            "more; --small shrinks them for a CPU run",
+            file=sys.stderr,
+            flush=True,
+        )
     rows.append(run("triton", lambda: C.triton_row(dev)))
     blocks = (cfg.zero_topo.quant_block_size, cfg.zero_topo.grad_quant_block_size)
     rows.append(run("kernels", lambda: C.kernels_row(dev, blocks, n=1 << 14 if args.small else 1 << 20)))

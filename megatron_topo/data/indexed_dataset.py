@@ -270,6 +270,9 @@ class MMapIndexedDatasetBuilder:
         self.dtype = np.dtype(dtype)
         self._code = dtype_code(self.dtype)
         os.makedirs(os.path.dirname(os.path.abspath(self.prefix)), exist_ok=True)
+        # an interrupted replacement is completed first, and a PREFIX.replacing that is not ours is
+        # refused as every reader refuses it (commit_pair would overwrite it without a word)
+        finish_interrupted(self.prefix)
         self._bin_tmp = temp_name(data_file_path(self.prefix))
         self._idx_tmp = temp_name(index_file_path(self.prefix))
         self._bin = open(self._bin_tmp, "wb")
