@@ -462,7 +462,7 @@ def test_refused_flags_say_why(tmp_path, existing):
         existing, "--input", src, "--vocab-file", src, tokenizer="GPT2BPETokenizer"
     )
     assert "only GPT2BPETokenizer and HFGPT2Tokenizer" in _fail(existing, "--input", src, "--merge-file", src)
-    assert "--num-docs 0" in _fail(existing, "--input", src, "--num-docs", "0")
+    assert "--num-docs: 0 must lie in [1," in _fail(existing, "--input", src, "--num-docs", "0")
     line = _fail(existing, "--input", src, "--bogus-flag")
     assert "unrecognized arguments: --bogus-flag" in line
 
