@@ -87,7 +87,7 @@ BOUNDS = [
     ("preprocess-partitions-huge", "preprocess_data", PRE + ["--partitions", str(1 << 20)], "--partitions"),
     ("plan-top-negative", "plan", PLAN + ["--nodes", "2", "--top", "-1"], "--top: -1 must lie"),
     ("plan-reserve-huge", "plan", PLAN + ["--nodes", "2", "--reserve-gib", "1e300"], "--reserve-gib: 1e300 must"),
-    ("tt-min-frequency-2pow62", "train_tokenizer", TOK + ["--min-frequency", str(1 << 62)], "--min-frequency"),
+    ("tt-min-frequency-2pow70", "train_tokenizer", TOK + ["--min-frequency", str(1 << 70)], "--min-frequency"),
 ]
 
 

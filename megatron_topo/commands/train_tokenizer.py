@@ -146,7 +146,12 @@ def parse_args(argv=None):
     p.add_argument(
         "--spm-model-type", default=None, choices=["unigram", "bpe"], help="sentencepiece: its model (default unigram)"
     )
-    p.add_argument("--min-frequency", type=bounded(int, 0, 1 << 32), default=2, help="bpe: minimum pair frequency")
+    p.add_argument(
+        "--min-frequency",
+        type=bounded(int, 0, 2**64 - 1, why="the tokenizers library's u64"),
+        default=2,
+        help="bpe: minimum pair frequency",
+    )
     p.add_argument("--jsonl-keys", nargs=1, default=["text"], help="JSON key holding the text")
     p.add_argument("--skip-bad-lines", action="store_true")
     p.add_argument(
