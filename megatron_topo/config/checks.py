@@ -4,8 +4,11 @@ that tie several fields together, and DeepSpeed's batch-size rule once the world
 from __future__ import annotations
 
 import dataclasses
+import re
+import typing
 from typing import Callable, Optional
 
+from ..safe_files import excerpt
 from .deepspeed import BATCH_KEYS, derive_micro_batch, record_auto_batch
 from .options import (
     ConfigError,
@@ -22,15 +25,61 @@ from .schema import AUTO_TRIAL_KEYS, PRECISIONS, Config, ModelConfig, ZeroTopoCo
 MAX_TOKENS_PER_RANK_STEP = 1 << 32  # a step's size bound: micro-batch x accumulation x seq_length per rank
 
 
-def validate(cfg: Config, problems: Optional[list] = None, *, arch_problems: Callable[[ModelConfig], list]) -> None:
+def mentions(line: str, paths) -> bool:
+    """Whether a problem line names one of the dotted ``paths`` (or a key below one) as a word."""
+    return any(re.search(rf"(?<![\w.]){re.escape(p)}(?!\w)", line) for p in paths)
+
+
+def _check_not_empty(path: str, value, meta, tp) -> None:
+    """An optional path or list given empty (``save: ''``, ``train_data_paths: []``) would read as
+    unset without a word: refused, null is the way to leave it unset (fields with their own check
+    say so themselves)."""
+    optional = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
+    if meta.get("check") is not None or not optional:
+        return
+    unset = f"or null (or no {path} at all) to leave it unset"
+    if isinstance(value, str) and not value.strip():
+        raise ConfigError(f"{path}={excerpt(value, 20)} is not valid; give a value, {unset}")
+    if isinstance(value, list) and not value:
+        raise ConfigError(f"{path}=[] is not valid; give at least one value, {unset}")
+
+
+def out_of_bounds_paths(cfg: Config) -> frozenset:
+    """The declared fields whose value breaks their own bounds or choices (validate reports them)."""
+    bad = []
+    for path, value, meta in _declared(cfg):
+        try:
+            _check_declared(path, value, meta)
+        except ConfigError:
+            bad.append(path)
+    return frozenset(bad)
+
+
+def validate(
+    cfg: Config,
+    problems: Optional[list] = None,
+    *,
+    arch_problems: Callable[[ModelConfig], list],
+    reported: frozenset = frozenset(),
+) -> None:
     """Every declared field's bounds and choices (from its ``option`` metadata), then the rules
     that tie fields together. Every problem is found: raised together (ConfigErrors, one line
     each), or appended to ``problems``. ``arch_problems(model_config)``: the architecture's own
-    rules (the model spec's ``check``; load_config passes it, config imports no model code)."""
+    rules (the model spec's ``check``; load_config passes it, config imports no model code).
+    One bad value is one line: a rule between fields that names a field already reported (its own
+    bounds or choices, or ``reported``: keys the merge refused) is not reported on top."""
     own: list = []
-    for path, value, meta in _declared(cfg):
+    bad = set(reported)
+    for path, value, meta, tp in _declared(cfg, with_type=True):
+        n = len(own)
         _collect(own, _check_declared, path, value, meta)
-    _cross_checks(cfg, own, arch_problems)
+        if len(own) == n:
+            _collect(own, _check_not_empty, path, value, meta, tp)
+        if len(own) > n:
+            bad.add(path)
+    cross: list = []
+    _cross_checks(cfg, cross, arch_problems)
+    own.extend(line for line in cross if not mentions(line, bad))
     if problems is not None:
         problems.extend(own)
     else:

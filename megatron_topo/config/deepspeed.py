@@ -26,8 +26,10 @@ class SchedulerParams:
     warmup_min_lr: float = option(
         0.0, "WarmupLR/WarmupDecayLR: lr at step 0", choices=(0.0,), why="warmup starts from 0 as in GPT-NeoX"
     )
-    warmup_max_lr: Optional[float] = option(None, "WarmupLR/WarmupDecayLR: peak lr (sets optimizer.params.lr)", ge=0.0)
-    warmup_num_steps: int = option(1000, "warmup steps", ge=0)
+    warmup_max_lr: Optional[float] = option(
+        None, "WarmupLR/WarmupDecayLR: peak lr (sets optimizer.params.lr)", ge=0.0, le=10.0
+    )
+    warmup_num_steps: int = option(1000, "warmup steps", ge=0, le=1 << 40)
     warmup_type: str = option(
         "linear",
         "warmup shape (DeepSpeed's default is log)",
@@ -35,7 +37,7 @@ class SchedulerParams:
         why="warmup is linear as in GPT-NeoX; set warmup_type: linear",
     )
     total_num_steps: Optional[int] = option(
-        None, "WarmupDecayLR/WarmupCosineLR: warmup + decay steps (sets lr_decay_iters)", ge=1
+        None, "WarmupDecayLR/WarmupCosineLR: warmup + decay steps (sets lr_decay_iters)", ge=1, le=1 << 40
     )
     warmup_min_ratio: float = option(
         0.0, "WarmupCosineLR: lr at step 0 / peak", choices=(0.0,), why="warmup starts from 0 as in GPT-NeoX"
@@ -106,11 +108,20 @@ class ZeroOptimizationBlock:
     """DeepSpeed's ``zero_optimization`` keys, mapped onto presets (see zero_topo.sharding)."""
 
     stage: int = option(0, "ZeRO stage", choices=(0, 1, 2, 3), neox="implemented")
-    zero_hpz_partition_size: int = option(1, "ZeRO++ hpZ secondary partition size", ge=1, neox="implemented")
+    zero_hpz_partition_size: int = option(
+        1, "ZeRO++ hpZ secondary partition size", ge=1, le=1 << 20, neox="implemented"
+    )
     zero_quantized_weights: bool = option(False, "ZeRO++ qwZ: 8-bit weight all-gather", neox="implemented")
     zero_quantized_gradients: bool = option(False, "ZeRO++ qgZ: 4-bit gradient reduce-scatter", neox="implemented")
     zero_quantized_nontrainable_weights: bool = option(False, "every weight is trainable", neox="accepted")
-    mics_shard_size: int = option(-1, "MiCS shard group size (-1: off)", ge=-1, neox="implemented")
+    mics_shard_size: int = option(
+        -1,
+        "MiCS shard group size (-1: off; 0 is refused: DeepSpeed reads it as off, not as a size)",
+        ge=-1,
+        le=1 << 20,
+        check=lambda v: "use -1 for no MiCS (DeepSpeed's default), or a shard group size >= 1" if v == 0 else None,
+        neox="implemented",
+    )
     mics_hierarchical_params_gather: bool = option(
         False, "MiCS two-level weight gather: the shard group's gather is already hierarchy-aware", neox="accepted"
     )

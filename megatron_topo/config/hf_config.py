@@ -9,6 +9,7 @@ read by ``model/hf_weights.py`` and loaded into the engine by ``zero_topo/checkp
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Optional
 
@@ -49,12 +50,35 @@ def read_hf_config(path: str) -> dict:
     return hf_schema.read_config(path)  # size-capped, every field we read checked (one line per problem)
 
 
+# the names transformers versions give one setting: a config.json may carry several (they must agree)
+_SAME_SETTING = {
+    "rotary_pct": ("rotary_pct", "partial_rotary_factor", "rope_parameters.partial_rotary_factor"),
+    "rotary_emb_base": ("rotary_emb_base", "rope_theta", "rope_parameters.rope_theta"),
+}
+
+
+def _check_same_setting(hf: dict, where: str) -> None:
+    """One line when a config.json gives one setting two different values under its names
+    (``rotary_pct`` 0.25 and ``partial_rotary_factor`` 0.5): which one the model uses is not ours to guess."""
+    for ours, names in _SAME_SETTING.items():
+        given = []
+        for name in names:
+            obj, *rest = name.split(".")
+            v = hf.get(obj) if not rest else (hf.get(obj) if isinstance(hf.get(obj), dict) else {}).get(rest[0])
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                given.append((name, v))
+        if any(not math.isclose(float(v), float(given[0][1]), rel_tol=1e-9) for _, v in given[1:]):
+            shown = ", ".join(f"{n} {excerpt(v) if isinstance(v, str) else v}" for n, v in given)
+            raise ConfigError(f"{where}: {shown} name one setting ({ours}) with different values; make them agree")
+
+
 def model_keys_from_hf(hf: dict, where: str) -> dict:
     """Our ModelConfig keys describing the HF model (its spec's mapping); ConfigError for what we
     cannot build."""
     from ..model.spec import spec_for_hf
 
     hf_schema.check_config(hf, where)  # types and bounds of the fields we read: one line naming the field
+    _check_same_setting(hf, where)
     spec = spec_for_hf(hf)
     if spec is None:
         raise ConfigError(

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ..error_lines import brief
 from ..safe_files import excerpt
-from .checks import validate
+from .checks import mentions, out_of_bounds_paths, validate
 from .deepspeed import AUTO, BATCH_KEYS, HF_AUTO_KEYS, apply_scheduler, resolve_autos
 from .neox import REJECTED_KEYS
 from .neox_keys import NEOX_UNSUPPORTED
@@ -33,6 +33,8 @@ from .options import (
 )
 from .schema import _BLOCK_SECTIONS, MAX_VOCAB, Config, _key_index, _section_type
 from .yaml_io import load_yaml, parse_set
+
+REPORTED = "reported:"  # origin key prefix of a key whose value the merge refused (one line said so)
 
 
 # ------------------------------------------------------------------------------ type coercion
@@ -102,7 +104,10 @@ def _coerce(value, tp, where: str):
         if isinstance(value, bool):
             raise bad
         if isinstance(value, (int, float)):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer past float's range (hundreds of digits)
+                raise ConfigError(f"{where}: {_fmt(value)} is too large; expected {_type_name(base)}") from None
         if isinstance(value, str):  # e.g. 1_000.5 or "6e-4" quoted
             try:
                 return float(value)
@@ -175,7 +180,11 @@ def _merge_key(obj, raw_key, value, where: str, origin: dict, src: str, problems
     if path in origin:
         raise ConfigError(f"key '{path}' is set in both {origin[path]} and {src}; set it in one file")
     origin[path] = src
-    setattr(obj, key, _coerce(value, tp, f"{src}: {path}"))
+    try:
+        setattr(obj, key, _coerce(value, tp, f"{src}: {path}"))
+    except ConfigError:
+        origin[REPORTED + path] = src  # reported here: rules that depend on it are not reported on top
+        raise
 
 
 def merge_into(cfg: Config, data: dict, src: str, origin: dict, problems: Optional[list] = None) -> None:
@@ -257,9 +266,13 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
             origin.pop(path, None)
             origin.pop(path.split(".", 1)[-1], None)
         _collect(problems, merge_into, cfg, data, f"--set {brief(expr)}", origin, problems)
-    cfg.auto_values.update({k: None for k in BATCH_KEYS if AUTO + k in origin and k not in origin})
-    _collect(problems, resolve_autos, cfg, origin)
-    _resolve_aliases(cfg, origin, problems)
+    reported = frozenset(p[len(REPORTED) :] for p in origin if p.startswith(REPORTED))
+    merged = len(problems)
+    out_of_bounds = out_of_bounds_paths(cfg)
+    if not out_of_bounds:  # a value out of its bounds is reported alone: nothing is derived from it
+        cfg.auto_values.update({k: None for k in BATCH_KEYS if AUTO + k in origin and k not in origin})
+        _collect(problems, resolve_autos, cfg, origin)
+        _resolve_aliases(cfg, origin, problems)
     cfg.batch_given = frozenset(k for k in BATCH_KEYS if k in origin and getattr(cfg.train, k) is not None)
     d = cfg.data
     if "tokenizer_type" not in origin and (d.vocab_file or d.merge_file):
@@ -267,7 +280,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     c = cfg.checkpoint
     hf_path = c.finetune_from or c.load
     from_hf = False
-    if hf_path and not problems:
+    if hf_path and not problems and not out_of_bounds:
         from .hf_config import apply_hf_model_config, is_hf_folder
 
         if is_hf_folder(hf_path):  # the architecture comes from (and must agree with) its config.json
@@ -287,7 +300,9 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
         path = getattr(c, key)
         if path and not from_hf and is_neox_checkpoint(path):
             problems.extend(check_neox(path, key, c.finetune))
-    validate(cfg, problems, arch_problems=_arch_problems)
+    reported |= out_of_bounds
+    problems[merged:] = [line for line in problems[merged:] if not mentions(line, reported)]  # one line per value
+    validate(cfg, problems, arch_problems=_arch_problems, reported=reported)
     if not problems:
         _collect(problems, resolve_vocab_size, cfg, "vocab_size" in origin, "tokenizer_type" in origin)
     raise_problems(problems)

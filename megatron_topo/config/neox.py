@@ -69,7 +69,9 @@ class NeoxCompatConfig:
     deepspeed_slurm: bool = option(False, "the launcher is read from the environment (torchrun/srun)", neox="accepted")
     deepspeed_mpi: bool = option(False, "the launcher is read from the environment (torchrun/srun)", neox="accepted")
     hostfile: Optional[str] = option(None, "DeepSpeed runner host list (unused: torchrun/srun)", neox="accepted")
-    master_port: int = option(29500, "DeepSpeed runner port (torchrun/srun set MASTER_PORT)", neox="accepted")
+    master_port: int = option(
+        29500, "DeepSpeed runner port (torchrun/srun set MASTER_PORT)", ge=0, le=65535, neox="accepted"
+    )
     zero_allow_untested_optimizer: bool = option(False, "Adam(W) is the optimizer", neox="accepted")
     prescale_gradients: bool = option(
         False,

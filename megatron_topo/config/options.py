@@ -18,6 +18,9 @@ from typing import Any, Optional
 from ..safe_files import excerpt
 from ..zero_topo.plan_space import BLOCK_SIZE_RULE, is_block_size
 
+MAX_INT = 2**63 - 1  # an integer key without its own upper bound: what int64 (torch, numpy) holds
+MAX_FLOAT = 1e15  # a number key without its own upper bound (far past any rate, size or time it sets)
+
 
 class ConfigError(ValueError):
     """A bad configuration value; the message is one line meant for the user."""
@@ -124,7 +127,8 @@ def _short(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (_Int, _Float)):
-        return value.text
+        t = value.text
+        return t if len(t) <= 40 else f"{t[:12]}...({len(t):,} characters)"
     return _REPR.repr(value)
 
 
@@ -139,6 +143,9 @@ def _scalar(v) -> bool:
 def _fmt(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, int) and len(str(abs(v))) > 24:  # a 400-digit value: its start and its size
+        s = str(v)
+        return f"{s[:12]}...({len(s.lstrip('-')):,} digits)"
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
         return str(int(v))
     return str(v)
@@ -171,6 +178,9 @@ def _check_declared(path: str, value, meta) -> None:
     if isinstance(value, float) and not math.isfinite(value) and not meta.get("allow_inf"):
         raise ConfigError(f"{path} must be a finite number, got {value}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if meta.get("le") is None and meta.get("lt") is None and not meta.get("choices"):
+            # no declared upper bound: still one the arithmetic can hold (int64; floats: see MAX_FLOAT)
+            meta = {**meta, "le": MAX_INT if isinstance(value, int) else MAX_FLOAT}
         ge, gt, le, lt = (meta.get(k) for k in ("ge", "gt", "le", "lt"))
         if (
             (ge is not None and not value >= ge)

@@ -15,7 +15,7 @@ class DataConfig:
     train_data_paths: Optional[list[str]] = option(None, "train dataset prefixes (blended; overrides data_path)")
     valid_data_paths: Optional[list[str]] = option(None, "validation dataset prefixes")
     test_data_paths: Optional[list[str]] = option(None, "test dataset prefixes")
-    train_data_weights: Optional[list[float]] = option(None, "blend weight per train path", gt=0.0)
+    train_data_weights: Optional[list[float]] = option(None, "blend weight per train path", gt=0.0, le=1e12)
     split: str = option(
         "969,30,1", "train,valid,test shares of data_path's documents", check=_check_split, neox="implemented"
     )
@@ -102,7 +102,9 @@ class CheckpointConfig:
         neox="implemented",
     )
     auto_resume: bool = option(False, "no `load`: resume from `save` when it holds a checkpoint, else start fresh")
-    save_interval_minutes: float = option(0.0, "also save every N minutes of training (rank 0's clock; 0: off)", ge=0.0)
+    save_interval_minutes: float = option(
+        0.0, "also save every N minutes of training (rank 0's clock; 0: off)", ge=0.0, le=525600.0
+    )
     load_unverified: bool = option(
         False,
         "load a checkpoint whose meta.json records no size and SHA-256 for its "

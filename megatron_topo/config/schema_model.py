@@ -23,7 +23,7 @@ class ModelConfig:
         64, "tokens per training sample (required in a config file)", ge=1, le=1 << 20, neox="implemented"
     )
     max_position_embeddings: Optional[int] = option(
-        None, "position limit (required in a config file; in code: seq_length)", ge=1, neox="implemented"
+        None, "position limit (required in a config file; in code: seq_length)", ge=1, le=1 << 24, neox="implemented"
     )
     vocab_size: int = option(
         512,
@@ -33,7 +33,7 @@ class ModelConfig:
         le=MAX_VOCAB,
     )
     make_vocab_size_divisible_by: int = option(
-        128, "pad the derived vocabulary to a multiple of this", ge=1, neox="implemented"
+        128, "pad the derived vocabulary to a multiple of this", ge=1, le=1 << 20, neox="implemented"
     )
     pos_emb: str = option(
         "rotary",
@@ -45,7 +45,7 @@ class ModelConfig:
     rotary_pct: float = option(
         1.0, "fraction of each head's dims that get rotary embeddings", ge=0.0, le=1.0, neox="implemented"
     )
-    rotary_emb_base: int = option(10000, "rotary frequency base", ge=1, neox="implemented")
+    rotary_emb_base: int = option(10000, "rotary frequency base", ge=1, le=10**12, neox="implemented")
     gpt_j_residual: bool = option(False, "parallel attention + MLP residual (GPT-NeoX-20B, Pythia)", neox="implemented")
     no_weight_tying: bool = option(
         False,
@@ -60,7 +60,7 @@ class ModelConfig:
         neox="implemented",
         why="scalenorm is not implemented",
     )
-    layernorm_epsilon: float = option(1e-5, "LayerNorm epsilon", gt=0.0, neox="implemented")
+    layernorm_epsilon: float = option(1e-5, "LayerNorm epsilon", gt=0.0, le=1.0, neox="implemented")
     init_method: str = option(
         "normal",
         "weight init of the input-side layers",
@@ -75,7 +75,7 @@ class ModelConfig:
         neox="implemented",
         why="orthogonal and xavier inits are not implemented",
     )
-    init_method_std: float = option(0.02, "std of normal and scaled_normal", gt=0.0, neox="implemented")
+    init_method_std: float = option(0.02, "std of normal and scaled_normal", gt=0.0, le=10.0, neox="implemented")
     checkpoint_activations: bool = option(
         False, "recompute each layer's activations in the backward pass", neox="implemented"
     )
@@ -114,16 +114,18 @@ class ModelConfig:
         "hidden_size; swiglu: the inner width is int(2/3 x it) / 2, rounded "
         "to mlp_multiple_of)",
         ge=1,
+        le=1 << 22,
         neox="implemented",
     )
     mlp_multiple_of: int = option(
-        1, "round the MLP width up to a multiple of this (GPT-NeoX's ParallelMLP)", ge=1, neox="implemented"
+        1, "round the MLP width up to a multiple of this (GPT-NeoX's ParallelMLP)", ge=1, le=1 << 16, neox="implemented"
     )
     num_kv_heads: Optional[int] = option(
         None,
         "key/value heads: grouped-query (1: multi-query) attention in the "
         "llama architecture (gpt_neox: must equal num_attention_heads)",
         ge=1,
+        le=1 << 14,
         neox="implemented",
     )
     attention_type: Optional[str] = option(
@@ -138,7 +140,7 @@ class ModelConfig:
         ge=1,
         neox="implemented",
     )
-    rms_norm_epsilon: float = option(1e-8, "RMSNorm epsilon (GPT-NeoX's default)", gt=0.0, neox="implemented")
+    rms_norm_epsilon: float = option(1e-8, "RMSNorm epsilon (GPT-NeoX's default)", gt=0.0, le=1.0, neox="implemented")
     use_bias_in_norms: bool = option(True, "norm biases (LayerNorm; RMSNorm has none: set false)", neox="implemented")
     use_bias_in_attn_linear: bool = option(True, "attention projection biases (gpt_neox: always)", neox="implemented")
     use_bias_in_mlp: bool = option(True, "MLP biases (gpt_neox: always; mlp_type llama: never)", neox="implemented")

@@ -159,12 +159,14 @@ class SystemConfig:
 @dataclass
 class DistributedConfig:
     backend: str = option("auto", "auto: nccl on GPUs, gloo on CPU", choices=("auto", "nccl", "gloo", "mpi"))
-    collective_timeout_s: float = option(600.0, "a collective waiting longer than this fails the run", gt=0.0)
+    collective_timeout_s: float = option(
+        600.0, "a collective waiting longer than this fails the run", ge=1.0, le=86400.0
+    )
     rendezvous_timeout_s: float = option(
         300.0,
         "at start-up, rank 0 waits this long for every other rank to join (then names the missing ranks) "
         "and the others as long for rank 0",
-        gt=0.0,
+        ge=1.0,
         le=86400.0,
     )
     device: str = option("auto", "auto: cuda when a GPU is visible, else cpu", choices=("auto", "cpu", "cuda"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 
 import yaml
 
@@ -17,6 +18,38 @@ from .options import ConfigError, _Float, _Int, _norm
 MAX_YAML_VALUES = 100_000  # a config has a few hundred; aliases may not expand past this
 MAX_YAML_DEPTH = 100  # levels of nesting (a config has at most 4 or 5)
 MAX_INT_DIGITS = 1000  # far beyond any count or size; Python's own bound for int(str) is 4,300
+MAX_CONFIG_BYTES = 4 << 20  # a config is a few KiB (10,000 data paths: ~0.5 MiB); the saved config.yml is read
+# back with the same cap; PyYAML parses ~1 MiB/s, so this also bounds the parse to seconds
+
+
+def read_config_bytes(path: str) -> bytes:
+    """The bytes of the config file ``path``, at most MAX_CONFIG_BYTES: a larger file (by fstat, and by
+    a capped read, so a file that keeps growing or a /dev/zero-like one ends too) is one line. Opened
+    non-blocking: a FIFO or device is refused, never waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(f"config file {path} is not a regular file; refusing to read it")
+        too_big = f"a config file is at most {MAX_CONFIG_BYTES:,} bytes ({MAX_CONFIG_BYTES >> 20} MiB)"
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path} is {st.st_size:,} bytes; {too_big}")
+        chunks, total = [], 0
+        while True:
+            b = os.read(fd, min(1 << 20, MAX_CONFIG_BYTES + 1 - total))
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+            total += len(b)
+            if total > MAX_CONFIG_BYTES:
+                raise ConfigError(f"{path} holds more than {MAX_CONFIG_BYTES:,} bytes; {too_big}")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
 
 
 def _decode(path: str, raw: bytes) -> str:
@@ -146,12 +179,7 @@ def load_yaml(path: str) -> dict:
     if not os.path.isfile(path):
         why = why_not_a_file(path)
         raise ConfigError(f"config file not found: {path}" if why == "file not found" else f"config file {path} {why}")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
-    text = _decode(path, raw)
+    text = _decode(path, read_config_bytes(path))
     if path.lower().endswith(".json"):  # a DeepSpeed (or GPT-NeoX JSON) config
 
         def pairs(items):
@@ -255,7 +283,8 @@ _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
 def parse_set(expr: str, is_text=None) -> dict:
     """``a.b.c=value`` -> {'a': {'b': {'c': value}}} with the value parsed as YAML, except where
     ``is_text(parts)`` says the key's declared type is a string: then the value is the text as
-    written (``save=run #2/ck`` keeps its ``#``), unless it is quoted YAML or null."""
+    written (``save=run #2/ck`` keeps its ``#``), unless it is quoted YAML or ``null``; a bare ``~``
+    there is refused (null to YAML, the home folder to a shell: which one was meant?)."""
     if "=" not in expr:
         raise ConfigError(f"--set {excerpt(expr, 60)}: expected dotted.key=value")
     key, raw = expr.split("=", 1)
@@ -266,7 +295,12 @@ def parse_set(expr: str, is_text=None) -> dict:
         )
     text = raw.strip()
     quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
-    if is_text is not None and is_text(parts) and not quoted and text not in ("null", "Null", "NULL", "~"):
+    if is_text is not None and is_text(parts) and text == "~":  # YAML's null, or a path to the home folder?
+        raise ConfigError(
+            f"--set {excerpt(expr, 60)}: '~' is ambiguous for a path or text key (YAML reads it as null, a "
+            f"shell as the home folder); write {key.strip()}=null to leave it unset, or the path itself"
+        )
+    if is_text is not None and is_text(parts) and not quoted and text not in ("null", "Null", "NULL"):
         value = text
     else:
         try:
