@@ -20,7 +20,17 @@ from .options import (
     attention_config_layers,
     raise_problems,
 )
-from .schema import AUTO_TRIAL_KEYS, PRECISIONS, Config, ModelConfig, ZeroTopoConfig, _declared, resolve_precision
+from .schema import (
+    _BLOCK_SECTIONS,
+    _FLAT_SECTIONS,
+    AUTO_TRIAL_KEYS,
+    PRECISIONS,
+    Config,
+    ModelConfig,
+    ZeroTopoConfig,
+    _declared,
+    resolve_precision,
+)
 
 MAX_TOKENS_PER_RANK_STEP = 1 << 32  # a step's size bound: micro-batch x accumulation x seq_length per rank
 
@@ -44,15 +54,31 @@ def _check_not_empty(path: str, value, meta, tp) -> None:
         raise ConfigError(f"{path}=[] is not valid; give at least one value, {unset}")
 
 
-def out_of_bounds_paths(cfg: Config) -> frozenset:
-    """The declared fields whose value breaks their own bounds or choices (validate reports them)."""
-    bad = []
-    for path, value, meta in _declared(cfg):
-        try:
-            _check_declared(path, value, meta)
-        except ConfigError:
-            bad.append(path)
-    return frozenset(bad)
+def reset_out_of_bounds(cfg: Config) -> tuple:
+    """(lines, paths) of the declared fields whose value breaks their own bounds or choices; each
+    such field is put back to its default, so that nothing is derived from the bad value (a
+    400-digit ``warmup_iters`` would overflow the warmup it sets) and one bad value is one line."""
+    lines, paths = [], []
+
+    def walk(obj, prefix):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+                continue
+            try:
+                _check_declared(f"{prefix}{f.name}", value, f.metadata)
+            except ConfigError as e:
+                lines.append(str(e))
+                paths.append(f"{prefix}{f.name}")
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                setattr(obj, f.name, default)
+
+    for sec in _FLAT_SECTIONS + _BLOCK_SECTIONS:
+        obj = getattr(cfg, sec)
+        if obj is not None:
+            walk(obj, "" if sec in _FLAT_SECTIONS else sec + ".")
+    return lines, frozenset(paths)
 
 
 def validate(

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ..error_lines import brief
 from ..safe_files import excerpt
-from .checks import mentions, out_of_bounds_paths, validate
+from .checks import mentions, reset_out_of_bounds, validate
 from .deepspeed import AUTO, BATCH_KEYS, HF_AUTO_KEYS, apply_scheduler, resolve_autos
 from .neox import REJECTED_KEYS
 from .neox_keys import NEOX_UNSUPPORTED
@@ -267,12 +267,12 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
             origin.pop(path.split(".", 1)[-1], None)
         _collect(problems, merge_into, cfg, data, f"--set {brief(expr)}", origin, problems)
     reported = frozenset(p[len(REPORTED) :] for p in origin if p.startswith(REPORTED))
+    out_of_bounds, bad_fields = reset_out_of_bounds(cfg)  # reported here; nothing is derived from them
+    problems.extend(out_of_bounds)
     merged = len(problems)
-    out_of_bounds = out_of_bounds_paths(cfg)
-    if not out_of_bounds:  # a value out of its bounds is reported alone: nothing is derived from it
-        cfg.auto_values.update({k: None for k in BATCH_KEYS if AUTO + k in origin and k not in origin})
-        _collect(problems, resolve_autos, cfg, origin)
-        _resolve_aliases(cfg, origin, problems)
+    cfg.auto_values.update({k: None for k in BATCH_KEYS if AUTO + k in origin and k not in origin})
+    _collect(problems, resolve_autos, cfg, origin)
+    _resolve_aliases(cfg, origin, problems)
     cfg.batch_given = frozenset(k for k in BATCH_KEYS if k in origin and getattr(cfg.train, k) is not None)
     d = cfg.data
     if "tokenizer_type" not in origin and (d.vocab_file or d.merge_file):
@@ -280,7 +280,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
     c = cfg.checkpoint
     hf_path = c.finetune_from or c.load
     from_hf = False
-    if hf_path and not problems and not out_of_bounds:
+    if hf_path and not problems:
         from .hf_config import apply_hf_model_config, is_hf_folder
 
         if is_hf_folder(hf_path):  # the architecture comes from (and must agree with) its config.json
@@ -300,7 +300,7 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
         path = getattr(c, key)
         if path and not from_hf and is_neox_checkpoint(path):
             problems.extend(check_neox(path, key, c.finetune))
-    reported |= out_of_bounds
+    reported |= bad_fields
     problems[merged:] = [line for line in problems[merged:] if not mentions(line, reported)]  # one line per value
     validate(cfg, problems, arch_problems=_arch_problems, reported=reported)
     if not problems:

@@ -178,9 +178,6 @@ def _check_declared(path: str, value, meta) -> None:
     if isinstance(value, float) and not math.isfinite(value) and not meta.get("allow_inf"):
         raise ConfigError(f"{path} must be a finite number, got {value}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if meta.get("le") is None and meta.get("lt") is None and not meta.get("choices"):
-            # no declared upper bound: still one the arithmetic can hold (int64; floats: see MAX_FLOAT)
-            meta = {**meta, "le": MAX_INT if isinstance(value, int) else MAX_FLOAT}
         ge, gt, le, lt = (meta.get(k) for k in ("ge", "gt", "le", "lt"))
         if (
             (ge is not None and not value >= ge)
@@ -189,6 +186,10 @@ def _check_declared(path: str, value, meta) -> None:
             or (lt is not None and not value < lt)
         ):
             raise ConfigError(f"{path} must {_bounds_text(meta)}, got {_fmt(value)}")
+        cap = MAX_INT if isinstance(value, int) else MAX_FLOAT
+        if le is None and lt is None and not meta.get("choices") and value > cap:
+            # no upper bound declared: still one the arithmetic can hold (int64; floats: see MAX_FLOAT)
+            raise ConfigError(f"{path} must be <= {_fmt(cap)}, got {_fmt(value)}")
     choices = meta.get("choices")
     if choices is not None:
         choices = tuple(choices() if callable(choices) else choices)
