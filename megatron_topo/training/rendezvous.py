@@ -176,8 +176,12 @@ def connect(rank: int, host: str, port: int, timeout_s: float, stop: Optional[Ca
                 f"processes with RANK=0?); pick another port (export MASTER_PORT=N; the Slurm scripts derive "
                 f"it from the job id)"
             ) from None
-        if serve:
-            raise
+        if serve:  # (the schema keeps timeouts >= 1 s; anything else torch raises here is still one line)
+            first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+            raise RendezvousError(
+                f"rank 0: cannot serve the rendezvous store on {host}:{port}: {first[:200]}; check MASTER_ADDR/"
+                f"MASTER_PORT and distributed.rendezvous_timeout_s"
+            ) from None
         raise RendezvousError(
             f"rank {rank}: rank 0's rendezvous store at {host}:{port} did not answer within {timeout_s:g} s "
             f"(distributed.rendezvous_timeout_s); is rank 0 running, and do MASTER_ADDR/MASTER_PORT name "
