@@ -144,7 +144,9 @@ def test_check_neox_configs_tool_counts_and_gives_reasons(tmp_path, capsys):
     d = tmp_path / "configs"
     (d / "llama").mkdir(parents=True)
     (d / "small.yml").write_text(
-        ARCH.replace("vocab_size: 64\n", "") + PYTHIA.replace("143000", "10") + '"model_parallel_size": 2\n'
+        ARCH.replace("vocab_size: 64\n", "").replace("precision: fp32\n", "")
+        + PYTHIA.replace("143000", "10")
+        + '"model_parallel_size": 2\n'
     )
     (d / "llama" / "train_config.yml").write_text(
         '{"finetune": true, "train_micro_batch_size_per_gpu": 4, "train_iters": 10}\n'

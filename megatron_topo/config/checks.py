@@ -41,17 +41,17 @@ def mentions(line: str, paths) -> bool:
 
 
 def _check_not_empty(path: str, value, meta, tp) -> None:
-    """An optional path or list given empty (``save: ''``, ``train_data_paths: []``) would read as
-    unset without a word: refused, null is the way to leave it unset (fields with their own check
-    say so themselves)."""
+    """A path or text given empty (``save: ''``, ``log_dir: ''``) or an optional list given empty
+    (``train_data_paths: []``) would read as unset (or as the current folder) without a word:
+    refused; null leaves an optional key unset (fields with their own check say so themselves)."""
     optional = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
-    if meta.get("check") is not None or not optional:
+    if meta.get("check") is not None or meta.get("choices"):
         return
-    unset = f"or null (or no {path} at all) to leave it unset"
+    unset = f", or null (or no {path} at all) to leave it unset" if optional else ""
     if isinstance(value, str) and not value.strip():
-        raise ConfigError(f"{path}={excerpt(value, 20)} is not valid; give a value, {unset}")
-    if isinstance(value, list) and not value:
-        raise ConfigError(f"{path}=[] is not valid; give at least one value, {unset}")
+        raise ConfigError(f"{path}={excerpt(value, 20)} is not valid; give a value{unset}")
+    if optional and isinstance(value, list) and not value:
+        raise ConfigError(f"{path}=[] is not valid; give at least one value{unset}")
 
 
 def reset_out_of_bounds(cfg: Config) -> tuple:

@@ -189,7 +189,9 @@ def _check_declared(path: str, value, meta) -> None:
         cap = MAX_INT if isinstance(value, int) else MAX_FLOAT
         if le is None and lt is None and not meta.get("choices") and value > cap:
             # no upper bound declared: still one the arithmetic can hold (int64; floats: see MAX_FLOAT)
-            raise ConfigError(f"{path} must be <= {_fmt(cap)}, got {_fmt(value)}")
+            raise ConfigError(
+                f"{path} must be <= {cap if isinstance(cap, int) else format(cap, 'g')}, got {_fmt(value)}"
+            )
     choices = meta.get("choices")
     if choices is not None:
         choices = tuple(choices() if callable(choices) else choices)

@@ -23,7 +23,7 @@ class ModelConfig:
         64, "tokens per training sample (required in a config file)", ge=1, le=1 << 20, neox="implemented"
     )
     max_position_embeddings: Optional[int] = option(
-        None, "position limit (required in a config file; in code: seq_length)", ge=1, le=1 << 24, neox="implemented"
+        None, "position limit (required in a config file; in code: seq_length)", ge=1, le=1 << 30, neox="implemented"
     )
     vocab_size: int = option(
         512,
