@@ -71,8 +71,10 @@ def reset_out_of_bounds(cfg: Config) -> tuple:
             except ConfigError as e:
                 lines.append(str(e))
                 paths.append(f"{prefix}{f.name}")
-                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                setattr(obj, f.name, default)
+                if f.default is not dataclasses.MISSING:
+                    setattr(obj, f.name, f.default)
+                elif f.default_factory is not dataclasses.MISSING:
+                    setattr(obj, f.name, f.default_factory())
 
     for sec in _FLAT_SECTIONS + _BLOCK_SECTIONS:
         obj = getattr(cfg, sec)
