@@ -290,7 +290,7 @@ def test_precision_and_bf16_enabled_through_train_is_one_line(cfg_dir, capfd):
     [
         ("train_data_paths: []\n", "train_data_paths=[] is not valid; give at least one value, or null"),
         ("valid_data_paths: []\n", "valid_data_paths=[] is not valid"),
-        ("extra_save_iters: []\n", "extra_save_iters=[] is not valid"),
+        ("test_data_paths: []\n", "test_data_paths=[] is not valid"),
         ("distributed: {trace_collectives: ''}\n", "distributed.trace_collectives='' is not valid; give a value"),
         ("save: ''\n", "save='' is not valid"),
         ("load: '  '\n", "load='  ' is not valid"),
@@ -305,6 +305,11 @@ def test_empty_or_meaningless_values_are_refused(tmp_path, yml, needle):
     p.write_text(yml)
     line = _one_line([_tiny_without(tmp_path, yml.split(":")[0]), str(p)])
     assert needle in line, line
+
+
+def test_an_empty_list_that_means_none_like_unset_loads():
+    """``extra_save_iters: []`` (no extra saves) means what leaving it unset means: not refused."""
+    assert load_config([TINY], ["extra_save_iters=[]"]).checkpoint.extra_save_iters == []
 
 
 def test_mics_shard_size_minus_one_and_sizes_load():

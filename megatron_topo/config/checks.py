@@ -40,6 +40,10 @@ def mentions(line: str, paths) -> bool:
     return any(re.search(rf"(?<![\w.]){re.escape(p)}(?!\w)", line) for p in paths)
 
 
+# lists whose unset value means "none" too (no extra saves): [] says the same, so it is not refused
+EMPTY_LIST_MEANS_NONE = frozenset({"extra_save_iters"})
+
+
 def _check_not_empty(path: str, value, meta, tp) -> None:
     """A path or text given empty (``save: ''``, ``log_dir: ''``) or an optional list given empty
     (``train_data_paths: []``) would read as unset (or as the current folder) without a word:
@@ -50,7 +54,7 @@ def _check_not_empty(path: str, value, meta, tp) -> None:
     unset = f", or null (or no {path} at all) to leave it unset" if optional else ""
     if isinstance(value, str) and not value.strip():
         raise ConfigError(f"{path}={excerpt(value, 20)} is not valid; give a value{unset}")
-    if optional and isinstance(value, list) and not value:
+    if optional and isinstance(value, list) and not value and path not in EMPTY_LIST_MEANS_NONE:
         raise ConfigError(f"{path}=[] is not valid; give at least one value{unset}")
 
 
