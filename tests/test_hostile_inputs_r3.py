@@ -373,7 +373,7 @@ CASES = [
         ["cfg.yml", "--set", f"load={STEP}"],
         _fifo(f"{STEP}/meta.json"),
         2,
-        "no meta.json and no 'latest' file",
+        "meta.json is a FIFO, not a file; refusing to read it",
     ),
     # ---- a checkpoint without its file records: refused unless asked for
     (
