@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -306,6 +307,10 @@ def test_gpu_check_on_cpu_says_the_full_size_checks_are_slow(small, folder, capf
     capfd.readouterr()
     with pytest.raises(_Stop):
         gpu_check.run_rank(args)
+    # the interrupted check's hang timer is cancelled: left armed, it ended this very process
+    # (os._exit(1) with a false "a hang" row) --timeout seconds later, in the middle of the suite
+    armed = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and not t.finished.is_set()]
+    assert not armed, armed
     notes = _notes(capfd.readouterr().err)
     if small:
         assert notes == []

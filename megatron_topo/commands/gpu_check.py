@@ -251,7 +251,8 @@ def _checks(args, cfg, sets, rt) -> int:
             out = fn()
         except Exception as e:  # noqa: BLE001 - a check that raises is a failed row, not a traceback
             out = C.Row(name, "FAIL", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
-        dog.stop()
+        finally:  # also on KeyboardInterrupt/SystemExit: an armed timer would later end the process
+            dog.stop()
         return out
 
     dev = rt.device
@@ -331,11 +332,13 @@ def _checks(args, cfg, sets, rt) -> int:
         }
     everyone = [None] * rt.world_size
     dog.start("agreement")
-    if rt.distributed:
-        dist.all_gather_object(everyone, mine)
-    else:
-        everyone = [mine]
-    dog.stop()
+    try:
+        if rt.distributed:
+            dist.all_gather_object(everyone, mine)
+        else:
+            everyone = [mine]
+    finally:
+        dog.stop()
     if rt.rank != 0:
         if rt.distributed:
             dist.barrier()
