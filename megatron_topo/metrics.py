@@ -357,6 +357,9 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
             except RecursionError:
                 skipped.append((lineno, "a line nested too deeply to be a record"))
                 continue
+            except ValueError as e:  # an integer of more than 4,300 digits (int_max_str_digits)
+                skipped.append((lineno, f"a line that is not a record ({str(e).split(':')[0][:80]})"))
+                continue
             if not isinstance(rec, dict) or "step" not in rec:
                 skipped.append((lineno, "a record without a 'step' key"))
                 continue

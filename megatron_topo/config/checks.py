@@ -4,6 +4,7 @@ that tie several fields together, and DeepSpeed's batch-size rule once the world
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import typing
 from typing import Callable, Optional
@@ -40,6 +41,8 @@ def mentions(line: str, paths) -> bool:
     return any(re.search(rf"(?<![\w.]){re.escape(p)}(?!\w)", line) for p in paths)
 
 
+MAX_TEXT_BYTES = 4095  # a path the kernel can open; no name or other text key needs more
+
 # lists whose unset value means "none" too (no extra saves): [] says the same, so it is not refused
 EMPTY_LIST_MEANS_NONE = frozenset({"extra_save_iters"})
 
@@ -49,6 +52,14 @@ def _check_not_empty(path: str, value, meta, tp) -> None:
     (``train_data_paths: []``) would read as unset (or as the current folder) without a word:
     refused; null leaves an optional key unset (fields with their own check say so themselves)."""
     optional = typing.get_origin(tp) is typing.Union and type(None) in typing.get_args(tp)
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str) and "\0" in text:
+            raise ConfigError(f"{path}={excerpt(text, 20)} holds a NUL character; no path or name can")
+        if isinstance(text, str) and len(os.fsencode(text)) > MAX_TEXT_BYTES:
+            raise ConfigError(
+                f"{path}={excerpt(text, 20)} is {len(os.fsencode(text)):,} bytes; a path or name is at most "
+                f"{MAX_TEXT_BYTES:,} (Linux's PATH_MAX less its NUL)"
+            )
     if meta.get("check") is not None or meta.get("choices"):
         return
     unset = f", or null (or no {path} at all) to leave it unset" if optional else ""

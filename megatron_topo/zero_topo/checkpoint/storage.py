@@ -298,7 +298,7 @@ def read_meta(step_path: str, unverified: bool = False, ask: str = meta_schema.A
     text = safe_files.read_small_text(path, META_CAP, CheckpointError)
     try:
         meta = json.loads(text)
-    except (RecursionError, json.JSONDecodeError) as e:
+    except (RecursionError, ValueError) as e:  # ValueError: JSON syntax, an integer of > 4,300 digits
         raise CheckpointError(f"{path} is unreadable: {_one_line(e)[:120]}") from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
