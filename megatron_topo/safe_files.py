@@ -88,34 +88,62 @@ def not_linked_out(folder: str, name: str, what: str, err: Type[Exception], also
         )
 
 
+class NotAFile(Exception):
+    """:func:`read_capped`: the path is not a regular file (``mode``: what it is)."""
+
+    def __init__(self, mode: int):
+        super().__init__(_kind(mode))
+        self.mode = mode
+
+
+class OverCap(Exception):
+    """:func:`read_capped`: the file holds more than the cap (``size``: its fstat size, or None when
+    it grew past the cap while being read)."""
+
+    def __init__(self, size):
+        super().__init__(size)
+        self.size = size
+
+
+def read_capped(path: str, cap: int) -> bytes:
+    """The bytes of the regular file ``path``, at most ``cap``: checked by fstat, then by a capped
+    read (a file that keeps growing, a /dev/zero-like one, ends too). Opened non-blocking: a FIFO or
+    device is refused, never waited on. Raises OSError, :class:`NotAFile` or :class:`OverCap`; the
+    callers turn them into their own lines."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFile(st.st_mode)
+        if st.st_size > cap:
+            raise OverCap(st.st_size)
+        chunks, total = [], 0
+        while True:
+            b = os.read(fd, min(1 << 20, cap + 1 - total))
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+            total += len(b)
+            if total > cap:
+                raise OverCap(None)
+    finally:
+        os.close(fd)
+
+
 def read_small(path: str, cap: int, err: Type[Exception], what: str = "") -> bytes:
     """The bytes of the regular file ``path``, at most ``cap`` of them (a larger file is an error).
     Opened non-blocking: a FIFO or device is refused, not waited on."""
     name = what or path
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        return read_capped(path, cap)
+    except NotAFile as e:
+        raise err(f"{name} is {_kind(e.mode)}, not a file; refusing to read it") from None
+    except OverCap as e:
+        if e.size is None:
+            raise err(f"{name} grew past {cap:,} bytes while being read") from None
+        raise err(f"{name} is {e.size:,} bytes; a file of this kind is at most {cap:,} bytes") from None
     except OSError as e:
         raise err(f"{name} is unreadable: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise err(f"{name} is {_kind(st.st_mode)}, not a file; refusing to read it")
-        if st.st_size > cap:
-            raise err(f"{name} is {st.st_size:,} bytes; a file of this kind is at most {cap:,} bytes")
-        chunks, total = [], 0
-        while True:
-            b = os.read(fd, min(1 << 20, cap + 1 - total))
-            if not b:
-                break
-            chunks.append(b)
-            total += len(b)
-            if total > cap:
-                raise err(f"{name} grew past {cap:,} bytes while being read")
-        return b"".join(chunks)
-    except OSError as e:
-        raise err(f"{name} is unreadable: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
 
 
 def read_small_text(path: str, cap: int, err: Type[Exception], what: str = "") -> str:

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 
 import yaml
 
 from ..error_lines import brief
-from ..safe_files import excerpt, why_not_a_file
+from ..safe_files import NotAFile, OverCap, excerpt, read_capped, why_not_a_file
 from .options import ConfigError, _Float, _Int, _norm
 
 MAX_YAML_VALUES = 100_000  # a config has a few hundred; aliases may not expand past this
@@ -25,31 +24,18 @@ MAX_CONFIG_BYTES = 4 << 20  # a config is a few KiB (10,000 data paths: ~0.5 MiB
 def read_config_bytes(path: str) -> bytes:
     """The bytes of the config file ``path``, at most MAX_CONFIG_BYTES: a larger file (by fstat, and by
     a capped read, so a file that keeps growing or a /dev/zero-like one ends too) is one line. Opened
-    non-blocking: a FIFO or device is refused, never waited on."""
+    non-blocking: a FIFO or device is refused, never waited on (:func:`safe_files.read_capped`)."""
+    too_big = f"a config file is at most {MAX_CONFIG_BYTES:,} bytes ({MAX_CONFIG_BYTES >> 20} MiB)"
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        return read_capped(path, MAX_CONFIG_BYTES)
+    except NotAFile:
+        raise ConfigError(f"config file {path} is not a regular file; refusing to read it") from None
+    except OverCap as e:
+        if e.size is None:
+            raise ConfigError(f"{path} holds more than {MAX_CONFIG_BYTES:,} bytes; {too_big}") from None
+        raise ConfigError(f"{path} is {e.size:,} bytes; {too_big}") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(f"config file {path} is not a regular file; refusing to read it")
-        too_big = f"a config file is at most {MAX_CONFIG_BYTES:,} bytes ({MAX_CONFIG_BYTES >> 20} MiB)"
-        if st.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path} is {st.st_size:,} bytes; {too_big}")
-        chunks, total = [], 0
-        while True:
-            b = os.read(fd, min(1 << 20, MAX_CONFIG_BYTES + 1 - total))
-            if not b:
-                return b"".join(chunks)
-            chunks.append(b)
-            total += len(b)
-            if total > MAX_CONFIG_BYTES:
-                raise ConfigError(f"{path} holds more than {MAX_CONFIG_BYTES:,} bytes; {too_big}")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
-    finally:
-        os.close(fd)
 
 
 def _decode(path: str, raw: bytes) -> str:
