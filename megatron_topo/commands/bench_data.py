@@ -66,14 +66,9 @@ def main(argv=None) -> int:
     """SIGTERM/SIGHUP unwind like Ctrl-C (preprocess_data's handlers): the worker pool is shut down
     and the generated corpus removed; a SIGKILL leaves no worker either (they die with their
     parent: data.preprocess.die_with_parent)."""
-    from megatron_topo.commands.preprocess_data import _raise_terminated
+    from megatron_topo.commands.preprocess_data import unwinding_stop_signals
 
-    old = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        return _main(argv)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    return unwinding_stop_signals(_main, argv)
 
 
 def _main(argv=None) -> int:

@@ -182,14 +182,20 @@ def _raise_terminated(signum, frame):
     raise Terminated(signal.Signals(signum).name)
 
 
-def main(argv=None) -> int:
-    # the workers are spawned: they keep the default handlers; a caller's handlers come back after
+def unwinding_stop_signals(fn, argv=None) -> int:
+    """``fn(argv)`` with SIGTERM/SIGHUP raised as :class:`Terminated` (unwound like Ctrl-C: pools shut
+    down, temporaries removed); the workers are spawned, so they keep the default handlers; a
+    caller's handlers come back after."""
     old = {sig: signal.signal(sig, _raise_terminated) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        return _main(argv)
+        return fn(argv)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def main(argv=None) -> int:
+    return unwinding_stop_signals(_main, argv)
 
 
 def _main(argv=None) -> int:
