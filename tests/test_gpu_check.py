@@ -137,3 +137,55 @@ def test_check_job_under_fake_slurm(fake_slurm):  # noqa: F811
         "--layers",
         "4",
     ]
+
+
+def _memory_row(allocated_mib, libraries_mib):
+    """gpu_check.memory_row on one rank's record as an H200 gave it (2026-11-27: tiny model, 8 ranks
+    on one GPU): the step's tensors plus 64 MiB of cuBLAS workspaces (two handles x 32 MiB)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from megatron_topo import preflight
+    from megatron_topo.analysis import autoplan
+    from megatron_topo.commands.gpu_check import memory_row
+    from megatron_topo.config import load_config
+    from megatron_topo.topology import topology_from_config
+    from megatron_topo.zero_topo import memory
+
+    cfg = load_config([CFG[0], CFG[1], os.path.join(REPO, "configs/frontier.yml")], [])
+    topo = topology_from_config(cfg.topology, 8, 8)
+    plan, _ = autoplan.resolve(cfg, topo)
+    rt = SimpleNamespace(topo=topo, device=torch.device("cuda", 0))
+    est = preflight.estimate(cfg, plan, 8)["total"]
+    mib = 1 << 20
+    alloc = est + allocated_mib * mib
+    rec = {"allocated": alloc, "reserved": alloc + 2 * mib, "used": alloc + 600 * mib, "peak": alloc}
+    if libraries_mib is not None:
+        rec["libraries"] = libraries_mib * mib
+    return memory_row([{"memory": rec}], None, cfg, plan, rt, preflight, memory)
+
+
+def test_the_blas_workspaces_are_not_the_steps_tensors():
+    # 48 MiB over the estimate, all of it the 64 MiB of workspaces: the step's tensors fit
+    row = _memory_row(48, 64)
+    assert row.status == "PASS", row.detail
+    assert "BLAS workspaces 0.06 GiB" in row.detail
+    # the same allocation without workspaces counted is 48 MiB over: the step's own tensors
+    row = _memory_row(48, 0)
+    assert row.status == "FAIL" and "more than the preflight's estimate" in row.detail
+    row = _memory_row(48, None)  # a rank record from before the workspaces were measured
+    assert row.status == "FAIL"
+
+
+def test_a_gloo_group_is_not_bound_to_a_gpu():
+    """init_process_group(device_id=cuda) under gloo made the engine's first new_group raise
+    AttributeError (no ProcessGroupGloo.perform_nocolor_split; an H200, torch 2.11, 8 ranks)."""
+    import torch
+
+    from megatron_topo.training.runtime import bound_device
+
+    gpu = torch.device("cuda", 3)
+    assert bound_device("nccl", gpu) == gpu
+    assert bound_device("gloo", gpu) is None and bound_device("mpi", gpu) is None
+    assert bound_device("nccl", torch.device("cpu")) is None

@@ -277,8 +277,10 @@ def _checks(args, cfg, sets, rt) -> int:
             projection = dry_run_projection(args.configs, sets, rt.world_size, rt.rank)
         except Exception as e:  # noqa: BLE001 - reported in the memory row
             projection = {"error": str(e)}
+    libraries = 0
     if dev.type == "cuda":  # the kernel checks' blocks must not count as the step's, nor as overhead
         torch.cuda.empty_cache()
+        libraries = C.warm_blas(dev)  # cuBLAS/hipBLAS workspaces: the libraries', not the step's tensors
         torch.cuda.reset_peak_memory_stats(dev)
     base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     eng = build_engine(cfg, rt, plan)
@@ -326,6 +328,7 @@ def _checks(args, cfg, sets, rt) -> int:
     if dev.type == "cuda":
         mine["memory"] = {
             "peak": torch.cuda.max_memory_allocated(dev) - base,
+            "libraries": libraries,
             "reserved": torch.cuda.max_memory_reserved(dev),
             "allocated": torch.cuda.max_memory_allocated(dev),
             "used": (lambda f, t: t - f)(*torch.cuda.mem_get_info(dev)),
@@ -384,25 +387,28 @@ def memory_row(everyone, projection, cfg, plan, rt, preflight, memory):
     text = f"{proj}estimate {est['total'] / gib:.2f} GiB"
     if "memory" not in everyone[0]:
         return Row("memory", "SKIP", f"no device memory on CPU; {text}")
-    peak = max(e["memory"]["allocated"] for e in everyone)
+    # the BLAS libraries' workspaces go through the allocator but are no tensor of the engine
+    libs = max(e["memory"].get("libraries", 0) for e in everyone)
+    peak = max(e["memory"]["allocated"] - e["memory"].get("libraries", 0) for e in everyone)
     # what no tensor counts: the context and communicator buffers (device use beyond the
-    # allocator's), and the allocator's own overhead (reserved beyond allocated)
+    # allocator's), the allocator's own overhead (reserved beyond allocated) and those workspaces
     other = max(e["memory"]["used"] - e["memory"]["reserved"] for e in everyone)
     frag = max(e["memory"]["reserved"] - e["memory"]["allocated"] for e in everyone)
     limit = preflight.device_memory_bytes(cfg, rt.device)
     reserve = preflight.reserve_bytes(cfg, limit)
     detail = (
         f"step peak {peak / gib:.2f} GiB allocated (max over ranks); {text}; context + communicators "
-        f"{other / gib:.2f} GiB, allocator overhead {frag / gib:.2f} GiB vs reserve {reserve / gib:.1f} GiB"
+        f"{other / gib:.2f} GiB, allocator overhead {frag / gib:.2f} GiB, BLAS workspaces "
+        f"{libs / gib:.2f} GiB vs reserve {reserve / gib:.1f} GiB"
     )
     if peak > est["total"]:
         return Row("memory", "FAIL", f"the step allocated more than the preflight's estimate: {detail}")
-    if other + frag > reserve:
+    if other + frag + libs > reserve:
         return Row(
             "memory",
             "FAIL",
             f"the reserve is too small for this machine (set system.memory_reserve_gib "
-            f">= {(other + frag) / gib:.1f}): {detail}",
+            f">= {(other + frag + libs) / gib:.1f}): {detail}",
         )
     return Row("memory", "PASS", detail)
 

@@ -196,6 +196,19 @@ def kernel_speed_row(device: torch.device, numel: int, block: int, repeat: int =
 
 
 # ------------------------------------------------------------------------------ network plugin
+def warm_blas(device: torch.device) -> int:
+    """Bytes the BLAS library's workspaces take on ``device`` once a matrix product has run forward
+    (this thread's handle) and backward (autograd's device thread has a handle of its own). PyTorch
+    takes them from its caching allocator, so a step's peak counts them unless they exist before it:
+    32 MiB per handle on an H200 (seen 2026-11-27), a fixed cost that is no tensor of the engine."""
+    before = torch.cuda.memory_allocated(device)
+    a = torch.ones(16, 16, device=device, requires_grad=True)
+    (a @ a).sum().backward()
+    torch.cuda.synchronize(device)
+    del a
+    return max(0, torch.cuda.memory_allocated(device) - before)
+
+
 def network_plugin_row(device: torch.device) -> Row:
     """RCCL/NCCL's network plugin loads (without one RCCL falls back to TCP sockets)."""
     if device.type != "cuda":

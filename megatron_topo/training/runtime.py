@@ -87,11 +87,19 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
             rank=rank,
             world_size=world,
             timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
-            device_id=device if use_cuda else None,
+            device_id=bound_device(backend, device),
         )
     topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     heartbeat = Heartbeat.start(rank, world) if distributed else None
     return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)
+
+
+def bound_device(backend: str, device: torch.device) -> Optional[torch.device]:
+    """The ``device_id`` that init_process_group binds: a GPU under NCCL/RCCL (its communicator is
+    made at once and each new_group splits it). None under gloo, also with GPU tensors: a bound
+    gloo group makes new_group call ProcessGroupGloo.perform_nocolor_split, which does not exist
+    (AttributeError at the engine's first subgroup; seen on an H200 with torch 2.11, 2026-11-27)."""
+    return device if device.type == "cuda" and backend == "nccl" else None
 
 
 def seed_everything(seed: int):
