@@ -1,9 +1,14 @@
 """Hostile inputs, probe 6 (issue 29), the members fixed in the session that ran it: a NUL
 character or a path longer than PATH_MAX in any text key of a config (a ValueError / RecursionError
-traceback from os.path before), and integers of more than 4,300 digits in meta.json or
-metrics.jsonl (Python's int_max_str_digits ValueError from json before)."""
+traceback from os.path before), integers of more than 4,300 digits in meta.json or
+metrics.jsonl (Python's int_max_str_digits ValueError from json before); and from the next session,
+the trace's rank_N.jsonl written through a link, into a hard-linked file or a FIFO (opened with
+open(path, "w") before), and an index cache record that is a FIFO or /dev/zero (read blocking and
+uncapped before: a hang, or memory until the process died)."""
 
 import json
+import os
+import threading
 import warnings
 
 import pytest
@@ -53,3 +58,63 @@ def test_a_metrics_line_with_a_5000_digit_integer_is_skipped(tmp_path):
     assert [str(w.message) for w in caught] == [
         f"{p}:2: skipping a line that is not a record (Exceeds the limit (4300 digits) for integer string conversion)"
     ]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "dir"])
+def test_a_trace_folder_whose_rank_file_is_not_a_file_is_one_line(tmp_path, monkeypatch, capfd, kind):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.yml").write_text(BASE_CFG)
+    (tmp_path / "tr").mkdir()
+    rank0 = tmp_path / "tr" / "rank_0.jsonl"
+    {"symlink": lambda: rank0.symlink_to(tmp_path / "cfg.yml"), "fifo": lambda: os.mkfifo(rank0), "dir": rank0.mkdir}[
+        kind
+    ]()
+    args = ["cfg.yml", "--set", "train_iters=1", "--set", "distributed.trace_collectives=tr"]
+    assert call(train_cli.main, args) == 2  # a FIFO opened for writing would block here
+    line = one_error_line(capfd)
+    want = {"symlink": "a symbolic link", "fifo": "a FIFO", "dir": "a directory"}[kind]
+    assert f"rank_0.jsonl is {want}, not a trace file of an earlier run" in line, line
+    assert (tmp_path / "cfg.yml").read_text() == BASE_CFG
+
+
+def test_a_trace_file_replaces_and_never_writes_through_a_link_or_a_hard_link(tmp_path):
+    from megatron_topo.zero_topo.trace import CollectiveTrace
+
+    keep = tmp_path / "keep.txt"
+    keep.write_text("user data\n")
+    os.link(keep, tmp_path / "rank_0.jsonl")  # a hard link: the same bytes under two names
+    (tmp_path / "rank_1.jsonl").symlink_to(keep)  # past the config check (a race, another tool)
+    for rank in (0, 1):
+        t = CollectiveTrace(str(tmp_path), rank)
+        t.record("all_gather", [0, 1], 8, __import__("torch").float32)
+        t.close()
+        p = tmp_path / f"rank_{rank}.jsonl"
+        assert not p.is_symlink() and json.loads(p.read_text())["op"] == "all_gather"
+    assert keep.read_text() == "user data\n"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["keep.txt", "rank_0.jsonl", "rank_1.jsonl"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "huge"])
+def test_an_index_cache_record_that_is_no_record_is_built_again(tmp_path, capfd, kind):
+    from megatron_topo.data import cache as C
+
+    rec = tmp_path / "tokens.json"
+    if kind == "fifo":
+        os.mkfifo(rec)
+    elif kind == "dev_zero":
+        rec.symlink_to("/dev/zero")
+    else:  # over the record cap (sparse: no disk used)
+        with open(rec, "wb") as f:
+            f.truncate(C.MAX_RECORD_BYTES + 1)
+    got = {}
+    t = threading.Thread(
+        target=lambda: got.update(v=C.IndexCache(str(tmp_path)).get_json("tokens", {"a": 1}, lambda: [3, 7]))
+    )
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "reading the record blocked"
+    assert got["v"] == [3, 7]
+    assert json.loads(rec.read_text())["value"] == [3, 7]  # rebuilt in place: a regular file now
+    err = capfd.readouterr().err
+    want = {"fifo": "is a FIFO, not a file", "dev_zero": "is a device, not a file", "huge": "not a record of ours"}
+    assert want[kind] in err, err

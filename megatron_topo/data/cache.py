@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from ..safe_files import NotAFile, OverCap, _kind, read_capped
 from .atomic import remove_quietly, save_json, save_npy
 from .errors import DataError
 
@@ -32,12 +33,24 @@ def short_hash(obj, n: int = 10) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:n]
 
 
+MAX_RECORD_BYTES = 16 << 20  # a NAME.json record: parameters and a small value, far below this
+
+
 def _read_json(path: str) -> Optional[dict]:
+    """The JSON record at ``path``, or None (then rebuilt, where this process builds): missing,
+    unreadable, not JSON, larger than MAX_RECORD_BYTES, or not a regular file. Read non-blocking and
+    capped, so a FIFO or /dev/zero put there is neither waited on nor read into memory."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return json.loads(read_capped(path, MAX_RECORD_BYTES))
+    except FileNotFoundError:
         return None
+    except NotAFile as e:
+        _warn(f"cache {path} is {_kind(e.mode)}, not a file: building the record again")
+    except OverCap:
+        _warn(f"cache {path} is over {MAX_RECORD_BYTES:,} bytes, not a record of ours: building it again")
+    except (OSError, ValueError, RecursionError):
+        pass
+    return None
 
 
 class IndexCache:

@@ -23,6 +23,7 @@ import glob
 import json
 import os
 import re
+import stat
 from typing import IO, Optional, Sequence
 
 import torch
@@ -46,6 +47,19 @@ def check_dir(path: str, key: str = "distributed.trace_collectives") -> Optional
     probe = path if os.path.isdir(path) else parent
     if probe and not os.access(probe, os.W_OK | os.X_OK):
         return f"{key} {path}: {probe} is not writable; point it at a writable directory"
+    if os.path.isdir(path):
+        for name in sorted(os.listdir(path)):
+            if not _NAME.fullmatch(name):
+                continue
+            st = os.lstat(os.path.join(path, name))
+            if not stat.S_ISREG(st.st_mode):
+                from ..safe_files import _kind
+
+                kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)
+                return (
+                    f"{key} {path}: {name} is {kind}, not a trace file of an earlier run; the run "
+                    f"writes a new rank_N.jsonl in its place: remove {name} or point {key} elsewhere"
+                )
     return None
 
 
@@ -75,12 +89,28 @@ def check_folder_owner(
 
 
 class CollectiveTrace:
-    """Appends this rank's collectives to ``DIR/rank_{rank}.jsonl`` (a fresh file per process)."""
+    """Appends this rank's collectives to ``DIR/rank_{rank}.jsonl``: a new file per process, made
+    under a name of its own (O_EXCL, O_NOFOLLOW) and renamed onto rank_N.jsonl. An earlier trace
+    there is replaced, never written into: a link is not followed, and a file hard-linked elsewhere
+    keeps its bytes under its other name."""
 
     def __init__(self, directory: str, rank: int) -> None:
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, FILE.format(rank=rank))
-        self._file: Optional[IO[str]] = open(self.path, "w", encoding="utf-8")
+        tmp = f"{self.path}.{os.getpid()}.new"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            os.unlink(tmp)  # a name only this process uses: left by an earlier process of this pid
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, flags, 0o644)
+        try:
+            os.replace(tmp, self.path)
+        except OSError:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        self._file: Optional[IO[str]] = os.fdopen(fd, "w", encoding="utf-8")
         self.seq = 0
 
     def record(self, op: str, ranks: Sequence[int], nbytes: int, dtype: torch.dtype) -> None:
