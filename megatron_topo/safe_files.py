@@ -59,7 +59,9 @@ def inside(folder: str, name, what: str, err: Type[Exception], also: Sequence[st
     (symlinks followed, but only within ``folder`` or the folders in ``also``)."""
     if not isinstance(name, str) or not name:
         raise err(f"{what}: names {excerpt(name)}, not a file name")
-    if "\0" in name or os.path.isabs(name) or name.startswith("~"):
+    if "\0" in name:
+        raise err(f"{what}: names {excerpt(name)}, which holds a NUL character; no file name can")
+    if os.path.isabs(name) or name.startswith("~"):
         raise err(f"{what}: names {excerpt(name)}, an absolute path; only files inside {folder} are read")
     if ".." in name.replace("\\", "/").split("/"):
         raise err(f"{what}: names {excerpt(name)}, which leads out of {folder} ('..'); only files inside it are read")

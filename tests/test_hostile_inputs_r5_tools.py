@@ -76,6 +76,18 @@ BOUNDS = [
     ("emulate-mtu-zero", "emulate_cluster", ["--mtu", "0", "--", "true"], "--mtu: 0 must lie"),
     ("emulate-port-huge", "emulate_cluster", ["--master-port", "70000", "--", "true"], "--master-port: 70000"),
     ("emulate-timeout-negative", "emulate_cluster", ["--timeout", "-1", "--", "true"], "--timeout: -1 must lie"),
+    (
+        "emulate-timeout-tiny",
+        "emulate_cluster",
+        ["--timeout", "1e-300", "--", "true"],
+        "--timeout: 1e-300 must lie in [1,",
+    ),
+    (
+        "bench-sharding-timeout-tiny",
+        "bench_sharding",
+        ["--timeout", "1e-300", "--dry-run"],
+        "--timeout: 1e-300 must lie",
+    ),
     ("measure-iters-huge", "measure_collectives", ["--iters", "1000000"], "--iters: 1000000 must lie"),
     ("measure-warmup-negative", "measure_collectives", ["--warmup", "-2"], "--warmup: -2 must lie"),
     ("inspect-doc-negative", "inspect_data", ["data/toy", "--doc", "-1"], "--doc: -1 must lie"),

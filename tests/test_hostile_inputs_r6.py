@@ -118,3 +118,37 @@ def test_an_index_cache_record_that_is_no_record_is_built_again(tmp_path, capfd,
     err = capfd.readouterr().err
     want = {"fifo": "is a FIFO, not a file", "dev_zero": "is a device, not a file", "huge": "not a record of ours"}
     assert want[kind] in err, err
+
+
+@pytest.mark.parametrize("key", ["keep_last", "seed", "num_workers", "checkpoint_factor", "eval_iters"])
+@pytest.mark.parametrize("how", ["set", "yaml"])
+def test_a_float_that_underflows_to_zero_is_no_integer(tmp_path, monkeypatch, capfd, key, how):
+    """1e-400 reads as 0.0, which is integral: integer keys took it as 0 (keep_last 0: keep every
+    step) while 1e-5 was refused; a float literal is an integer only if its text is one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cfg.yml").write_text(BASE_CFG)
+    args = ["cfg.yml", "--set", "train_iters=1"]
+    if how == "set":
+        args += ["--set", f"{key}=1e-400"]
+    else:
+        (tmp_path / "x.yml").write_text(f"{key}: 1e-400\n")
+        args.insert(1, "x.yml")
+    assert call(train_cli.main, args) == 2
+    line = one_error_line(capfd)
+    assert f"{key}: expected an integer, got float 1e-400" in line, line
+
+
+def test_an_integral_float_literal_is_still_an_integer():
+    from megatron_topo.config import load_config
+
+    cfg = load_config(["configs/tiny.yml"], ["keep_last=2.0", "seed=5e3", "eval_iters=1_0"])
+    assert (cfg.checkpoint.keep_last, cfg.train.seed, cfg.logging.eval_iters) == (2, 5000, 10)
+
+
+def test_a_file_name_with_a_nul_is_named_as_such_not_as_an_absolute_path(tmp_path):
+    from megatron_topo.safe_files import inside
+
+    with pytest.raises(ValueError) as e:
+        inside(str(tmp_path), "model.safetensors\0", "model.safetensors.index.json weight_map", ValueError)
+    assert "'model.safetensors\\x00', which holds a NUL character; no file name can" in str(e.value)
+    assert "absolute" not in str(e.value)

@@ -76,7 +76,7 @@ NODES = bounded(int, 1, CS.MAX_NODES, why="one /24 per emulated node")
 GPUS = bounded(int, 1, CS.MAX_GPUS_PER_NODE, why="one address per GPU package in a node's /24")
 GCDS = bounded(int, 1, CS.MAX_GCDS_PER_GPU)
 MTU = bounded(int, CS.MIN_MTU, CS.MAX_MTU, unit="bytes", why="Linux's range for a veth link")
-TIMEOUT = bounded(float, 0.0, CS.MAX_TIMEOUT_S, lo_open=True, unit="seconds")
+TIMEOUT = bounded(float, CS.MIN_TIMEOUT_S, CS.MAX_TIMEOUT_S, unit="seconds")
 
 
 def build_parser():

@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--timeout",
-        type=bounded(float, 0.0, CS.MAX_TIMEOUT_S, lo_open=True, unit="seconds"),
+        type=bounded(float, CS.MIN_TIMEOUT_S, CS.MAX_TIMEOUT_S, unit="seconds"),
         default=None,
         metavar="S",
         help="stop the ranks after S seconds",

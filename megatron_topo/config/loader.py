@@ -6,6 +6,7 @@ problem reported at once."""
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import math
 import re
@@ -85,7 +86,7 @@ def _coerce(value, tp, where: str):
             raise bad
         if isinstance(value, int):
             return int(value)
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and _names_an_integer(getattr(value, "text", None)):
             return int(value)
         if isinstance(value, str):  # "5e8" quoted in JSON/YAML (DeepSpeed files do this)
             text = value.strip().replace("_", "")
@@ -97,7 +98,7 @@ def _coerce(value, tp, where: str):
                 f = float(text)
             except ValueError:
                 raise bad from None
-            if math.isfinite(f) and f.is_integer():
+            if math.isfinite(f) and f.is_integer() and _names_an_integer(text):
                 return int(f)
         raise bad
     if base is float:
@@ -121,6 +122,18 @@ def _coerce(value, tp, where: str):
             return str(value)
         raise bad
     return value
+
+
+def _names_an_integer(text) -> bool:
+    """Whether a float literal's text (None: no text kept) is an integer as written: ``5e8`` and
+    ``2.0`` are; ``1e-400`` (0.0 once read: it underflows) and ``1.0000000000000000001`` are not."""
+    if text is None:
+        return True
+    try:
+        d = decimal.Decimal(str(text).strip().replace("_", ""))
+    except decimal.InvalidOperation:
+        return True  # .inf and friends: float's own checks refuse them
+    return not d.is_finite() or d == d.to_integral_value()
 
 
 def _is_text_key(parts: list) -> bool:

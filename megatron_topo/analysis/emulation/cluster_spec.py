@@ -15,6 +15,7 @@ from .rates import format_rate
 MAX_NODES, MAX_GPUS_PER_NODE, MAX_GCDS_PER_GPU = 254, 253, 8
 MIN_MTU, MAX_MTU = 68, 65535
 MAX_TIMEOUT_S = 7 * 86400.0
+MIN_TIMEOUT_S = 1.0  # a run stopped before it can start measures nothing (as the config's timeouts)
 
 
 @dataclass(frozen=True)
