@@ -140,7 +140,7 @@ def test_check_job_under_fake_slurm(fake_slurm):  # noqa: F811
 
 
 def _memory_row(allocated_mib, libraries_mib):
-    """gpu_check.memory_row on one rank's record as an H200 gave it (2026-11-27: tiny model, 8 ranks
+    """gpu_check_memory.memory_row on one rank's record as an H200 gave it (2026-11-27: tiny model, 8 ranks
     on one GPU): the step's tensors plus 64 MiB of cuBLAS workspaces (two handles x 32 MiB)."""
     from types import SimpleNamespace
 
@@ -148,7 +148,7 @@ def _memory_row(allocated_mib, libraries_mib):
 
     from megatron_topo import preflight
     from megatron_topo.analysis import autoplan
-    from megatron_topo.commands.gpu_check import memory_row
+    from megatron_topo.commands.gpu_check_memory import memory_row
     from megatron_topo.config import load_config
     from megatron_topo.topology import topology_from_config
     from megatron_topo.zero_topo import memory
