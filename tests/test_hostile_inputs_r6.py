@@ -6,6 +6,7 @@ the trace's rank_N.jsonl written through a link, into a hard-linked file or a FI
 open(path, "w") before), and an index cache record that is a FIFO or /dev/zero (read blocking and
 uncapped before: a hang, or memory until the process died)."""
 
+import contextlib
 import json
 import os
 import threading
@@ -152,3 +153,57 @@ def test_a_file_name_with_a_nul_is_named_as_such_not_as_an_absolute_path(tmp_pat
         inside(str(tmp_path), "model.safetensors\0", "model.safetensors.index.json weight_map", ValueError)
     assert "'model.safetensors\\x00', which holds a NUL character; no file name can" in str(e.value)
     assert "absolute" not in str(e.value)
+
+
+_REC = '{"seq": 0, "op": "all_reduce", "group": [0, 1], "bytes": 8, "dtype": "float32"}\n'
+
+
+@pytest.mark.parametrize(
+    "content, want",
+    [
+        ("fifo", "rank_1.jsonl is a FIFO, not a trace file; refusing to read it"),
+        (b"\xff\xfe garbage\n" + _REC.encode(), "rank_1.jsonl: line 1 is not a trace record (not UTF-8: byte 0xff"),
+        ('{"seq": 0, "group": [0, 1], "bytes": 8, "dtype": "float32"}\n', "its 'op' is missing, not a string"),
+        ("[1, 2, 3]\n", "its last line is not a trace record (a JSON list, not an object)"),
+        (_REC.replace("[0, 1]", "[]"), "its 'group' is not a non-empty list of rank numbers"),
+        (_REC.replace('"bytes": 8', '"bytes": true'), "its 'bytes' is True, not an integer"),
+        ("[" * 100000 + "\n" + _REC, "line 1 is not a trace record (not JSON)"),
+    ],
+)
+def test_the_trace_comparison_reads_a_bad_rank_file_in_one_line(tmp_path, capfd, content, want):
+    """python -m megatron_topo.zero_topo.trace on a folder whose rank_1.jsonl is a FIFO (a hang
+    before), holds bytes that are not UTF-8 (UnicodeDecodeError), a record without a field
+    (KeyError in the comparison), or garbage before good lines (the rest silently dropped)."""
+    from megatron_topo.zero_topo import trace as T
+
+    (tmp_path / "rank_0.jsonl").write_text(_REC)
+    bad = tmp_path / "rank_1.jsonl"
+    if content == "fifo":
+        os.mkfifo(bad)
+    elif isinstance(content, bytes):
+        bad.write_bytes(content)
+    else:
+        bad.write_text(content)
+    got = {}
+    t = threading.Thread(target=lambda: got.update(rc=T.main([str(tmp_path)])))
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "the comparison blocked"
+    assert got["rc"] == 2
+    assert want in one_error_line(capfd)
+
+
+@pytest.mark.parametrize(
+    "args, want",
+    [
+        ([], "holds no rank_N.jsonl trace files"),
+        (["--world-size", "0"], "--world-size: 0 must lie in [1, 1,048,576]"),
+        (["--world-size", "1e12"], "'1e12' is not an integer"),
+    ],
+)
+def test_the_trace_comparison_refuses_an_empty_folder_and_a_bad_world_size(tmp_path, capfd, args, want):
+    from megatron_topo.zero_topo import trace as T
+
+    with pytest.raises(SystemExit) if args else contextlib.nullcontext():
+        assert T.main([str(tmp_path), *args]) == 2
+    assert want in one_error_line(capfd)

@@ -133,21 +133,82 @@ class CollectiveTrace:
             self._file = None
 
 
+MAX_LINE_BYTES = 16 << 20  # a record is ~100 bytes plus its group: 2**20 ranks take ~8 MB
+
+
+class TraceError(ValueError):
+    """A trace folder or file that cannot be read as traces (one line, naming the file)."""
+
+
+def _problem(rec) -> Optional[str]:
+    """Why ``rec`` is not a trace record (None when it is one)."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    names = {int: "an integer", str: "a string", list: "a list"}
+    for key, kind in (("seq", int), ("op", str), ("group", list), ("bytes", int), ("dtype", str)):
+        v = rec.get(key)
+        if not isinstance(v, kind) or isinstance(v, bool):
+            return f"its {key!r} is {'missing' if key not in rec else repr(v)[:40]}, not {names[kind]}"
+    if not rec["group"] or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in rec["group"]):
+        return "its 'group' is not a non-empty list of rank numbers"
+    if rec["bytes"] < 0 or rec["seq"] < 0:
+        return "a negative 'seq' or 'bytes'"
+    return None
+
+
+def _read_trace(path: str) -> list[dict]:
+    """The records of one ``rank_N.jsonl``: opened without blocking (a FIFO or device is refused,
+    never waited on), lines read with a cap; a torn last line (a process killed mid-write) is
+    dropped, any other line that is not a record is a :class:`TraceError` naming it."""
+    from ..safe_files import _kind
+
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError as e:
+        raise TraceError(f"{path}: cannot be read ({e.strerror or e})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise TraceError(f"{path} is {_kind(mode)}, not a trace file; refusing to read it")
+    records: list[dict] = []
+    bad: Optional[str] = None
+    ended = True  # whether the last line read ended with a newline
+    with os.fdopen(fd, "rb") as f:
+        for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if bad is not None:  # a bad line followed by more: not a torn last line
+                raise TraceError(f"{path}: line {n - 1} is not a trace record ({bad})")
+            if len(raw) > MAX_LINE_BYTES:
+                bad = f"longer than {MAX_LINE_BYTES:,} bytes"
+                while raw and not raw.endswith(b"\n"):
+                    raw = f.readline(MAX_LINE_BYTES)
+                ended = raw.endswith(b"\n")
+                continue
+            ended = raw.endswith(b"\n")
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                bad = f"not UTF-8: byte 0x{raw[e.start]:02x} at offset {e.start}"
+                continue
+            except (ValueError, RecursionError):
+                bad = "not JSON"
+                continue
+            bad = _problem(rec)
+            if bad is None:
+                records.append(rec)
+    if bad is not None and ended:  # a whole line, not one a killed process left half written
+        raise TraceError(f"{path}: its last line is not a trace record ({bad})")
+    return records
+
+
 def load_traces(directory: str) -> dict[int, list[dict]]:
-    """Every ``rank_{r}.jsonl`` under ``directory``, by rank (a torn last line is dropped)."""
+    """Every ``rank_{r}.jsonl`` under ``directory``, by rank (a torn last line is dropped). A rank
+    file that is not a regular file, or holds a line that is not a record, is a :class:`TraceError`."""
     out: dict[int, list[dict]] = {}
-    for path in glob.glob(os.path.join(directory, "rank_*.jsonl")):
+    for path in glob.glob(os.path.join(glob.escape(directory), "rank_*.jsonl")):
         m = _NAME.search(path)
         if not m:
             continue
-        records = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # the process died while writing its last line
-        out[int(m.group(1))] = records
+        out[int(m.group(1))] = _read_trace(path)
     return dict(sorted(out.items()))
 
 
@@ -214,20 +275,31 @@ def compare_traces(traces: dict[int, list[dict]], world_size: Optional[int] = No
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m megatron_topo.zero_topo.trace DIR [--world-size W]``: compare a job's traces;
     prints each problem (exit 1) or one line saying they agree (exit 0)."""
-    import argparse
     import sys
 
-    ap = argparse.ArgumentParser(
+    from ..cli import OneLineParser, bounded
+    from ..topology import MAX_WORLD_SIZE
+
+    ap = OneLineParser(
         prog="python -m megatron_topo.zero_topo.trace",
         description="Compare the collective traces (distributed.trace_collectives) of one job.",
     )
     ap.add_argument("dir")
-    ap.add_argument("--world-size", type=int, default=None, help="report ranks with no trace")
+    ap.add_argument(
+        "--world-size", type=bounded(int, 1, MAX_WORLD_SIZE), default=None, help="report ranks with no trace"
+    )
     a = ap.parse_args(argv)
     if not os.path.isdir(a.dir):
         print(clean(f"error: {a.dir} is not a directory"), file=sys.stderr)
         return 2
-    traces = load_traces(a.dir)
+    try:
+        traces = load_traces(a.dir)
+    except TraceError as e:
+        print(clean(f"error: {e}"), file=sys.stderr)
+        return 2
+    if not traces:
+        print(clean(f"error: {a.dir} holds no rank_N.jsonl trace files"), file=sys.stderr)
+        return 2
     problems = compare_traces(traces, a.world_size)
     for p in problems:
         print(p)
