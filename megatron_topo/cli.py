@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from .error_lines import LINE_CAP, clean, emit
 
@@ -13,20 +14,39 @@ class OneLineParser(argparse.ArgumentParser):
     ``error: MESSAGE (usage: ...)``, with exit code 2 (not the usage block plus the error).
 
     ``usage_line`` replaces the generated usage in that line (``--help`` is unchanged);
-    ``error_status`` replaces the exit code.
+    ``error_status`` replaces the exit code. ``job_tool``: a tool that runs as the ranks of a job
+    (train, gpu_check, measure_collectives, fsdp_baseline): only rank 0 prints the line, the other
+    ranks exit with the same status (:func:`_other_rank`).
     """
 
-    def __init__(self, *args, usage_line: str | None = None, error_status: int = 2, **kwargs):
+    def __init__(self, *args, usage_line: str | None = None, error_status: int = 2, job_tool: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self.usage_line, self.error_status = usage_line, error_status
+        self.usage_line, self.error_status, self.job_tool = usage_line, error_status, job_tool
 
     def error(self, message):
+        if self.job_tool and _other_rank():  # each rank parses the same argv: rank 0 says it, once per job
+            self.exit(self.error_status)
         usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: ") :]
         head = clean(f"error: {message}")
         room = LINE_CAP - 1 - len(head) - len(" (usage: )")  # under the cap, as the tests assert
         if len(usage) > room:  # the message stays whole; a long usage is shortened (--help has it all)
             usage = usage[: max(room - len(" ... see --help"), 0)].rstrip() + " ... see --help"
         self.exit(self.error_status, clean(f"{head} (usage: {usage})") + "\n")
+
+
+def _other_rank() -> bool:
+    """Whether this process is a rank other than 0 of a job that a launcher started: torchrun
+    (TORCHELASTIC_RUN_ID, RANK) or an srun step of several tasks (SLURM_STEP_ID, SLURM_PROCID). Every
+    rank parses the same argv, so its argument error is rank 0's too. A RANK merely left in the
+    environment of a shell (no launcher's variable) does not count: that process prints its line."""
+    env = os.environ
+    if env.get("TORCHELASTIC_RUN_ID"):
+        r, n = env.get("RANK", ""), env.get("WORLD_SIZE", "")
+    elif env.get("SLURM_STEP_ID"):
+        r, n = env.get("SLURM_PROCID", ""), env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", ""))
+    else:
+        return False
+    return r.isdigit() and n.isdigit() and 0 < int(r) < int(n)
 
 
 def fail(e: BaseException, path: str = "", status: int = 2) -> int:

@@ -142,7 +142,7 @@ def param_groups(model, weight_decay: float):
 
 
 def main(argv=None) -> int:
-    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, job_tool=True)
     ap.add_argument("configs", nargs="+")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--mode", default="full", choices=("full", "hsdp"))

@@ -51,7 +51,7 @@ LAYER_20B = 12 * 6144**2 + 13 * 6144  # parameters of one GPT-NeoX-20B layer: th
 
 
 def parse_args(argv=None):
-    p = OneLineParser(prog="gpu_check.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="gpu_check.py", description=__doc__.splitlines()[0], job_tool=True)
     p.add_argument("configs", nargs="+", help="the job's config files (model, preset, system)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--layers", type=int, default=2, help="transformer layers of the training-step check")

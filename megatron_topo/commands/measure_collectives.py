@@ -42,7 +42,7 @@ MAX_ITERS, MAX_WARMUP = 100_000, 10_000
 
 
 def parse_args(argv=None):
-    p = OneLineParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(description=__doc__.splitlines()[0], job_tool=True)
     p.add_argument("--sizes-mb", default="16,64,256,1024", help="comma-separated MB per rank")
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated: all_gather, reduce_scatter")
     p.add_argument("--iters", type=bounded(int, 1, MAX_ITERS), default=10, help="timed calls per size")

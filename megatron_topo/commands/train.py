@@ -26,6 +26,7 @@ def main(argv=None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage_line="python train.py CONFIG.yml [MORE.yml ...] [--set KEY=VALUE ...]",
+        job_tool=True,
     )
     ap.add_argument("configs", nargs="+", help="YAML files merged in order")
     ap.add_argument(
