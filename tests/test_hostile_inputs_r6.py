@@ -168,6 +168,7 @@ _REC = '{"seq": 0, "op": "all_reduce", "group": [0, 1], "bytes": 8, "dtype": "fl
         (_REC.replace("[0, 1]", "[]"), "its 'group' is not a non-empty list of rank numbers"),
         (_REC.replace('"bytes": 8', '"bytes": true'), "its 'bytes' is True, not an integer"),
         ("[" * 100000 + "\n" + _REC, "line 1 is not a trace record (not JSON)"),
+        ("sparse", "rank_1.jsonl: line 1 is longer than 16,777,216 bytes, not a trace record"),
     ],
 )
 def test_the_trace_comparison_reads_a_bad_rank_file_in_one_line(tmp_path, capfd, content, want):
@@ -180,6 +181,9 @@ def test_the_trace_comparison_reads_a_bad_rank_file_in_one_line(tmp_path, capfd,
     bad = tmp_path / "rank_1.jsonl"
     if content == "fifo":
         os.mkfifo(bad)
+    elif content == "sparse":  # 3 GiB of NUL bytes without a newline (no disk used)
+        with open(bad, "wb") as f:
+            f.truncate(3 << 30)
     elif isinstance(content, bytes):
         bad.write_bytes(content)
     else:

@@ -177,12 +177,8 @@ def _read_trace(path: str) -> list[dict]:
         for n, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
             if bad is not None:  # a bad line followed by more: not a torn last line
                 raise TraceError(f"{path}: line {n - 1} is not a trace record ({bad})")
-            if len(raw) > MAX_LINE_BYTES:
-                bad = f"longer than {MAX_LINE_BYTES:,} bytes"
-                while raw and not raw.endswith(b"\n"):
-                    raw = f.readline(MAX_LINE_BYTES)
-                ended = raw.endswith(b"\n")
-                continue
+            if len(raw) > MAX_LINE_BYTES:  # no write a process was killed in is this long: not read on
+                raise TraceError(f"{path}: line {n} is longer than {MAX_LINE_BYTES:,} bytes, not a trace record")
             ended = raw.endswith(b"\n")
             try:
                 rec = json.loads(raw.decode("utf-8"))
