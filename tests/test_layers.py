@@ -25,6 +25,7 @@ LAYER_OF = {
     "megatron_topo.atomic": "util",
     "megatron_topo.safe_files": "util",
     "megatron_topo.safe_outputs": "util",
+    "megatron_topo.tool_outputs": "util",
     "megatron_topo.pids": "util",
     "megatron_topo.cli": "util",
     "megatron_topo.error_lines": "util",

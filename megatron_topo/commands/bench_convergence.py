@@ -10,18 +10,36 @@ Variants (zero_topo overrides on configs/topo.yml):
   topo_q       + INT8 cross-node combine and INT8 post-step gather (combine_bits/publish_bits 8)
   topo_q_ef    + error feedback on both
 Prints a table (final loss = mean of the last 3 logged windows, ratio to exact), writes
-DIR/results.json and DIR/loss.png. About 1 min per 100 steps per variant on 2 cores.
+DIR/results.json (with ``"tool": "bench_convergence"``) and DIR/loss.png. About 1 min per 100 steps
+per variant on 2 cores.
+
+Each variant trains with log_dir DIR/VARIANT, whose metrics.jsonl is removed first: DIR must be
+new, empty or bench_convergence's own (its tool.json, written when it claims the folder, or the
+results.json of an earlier run), and is refused when it is not a folder, is or lies inside a
+checkpoint, an HF export or a run's log folder, or a DIR/VARIANT is a link or not a folder
+(megatron_topo.tool_outputs). So ``--out runs`` never deletes a run's ``runs/topo/metrics.jsonl``.
+``--reuse`` reads a variant's metrics like plot_metrics does (capped lines; a corrupt line is
+skipped with a warning).
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import subprocess
 import sys
 
-from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.error_lines import clean, emit
+from megatron_topo.tool_outputs import (
+    OutputError,
+    check_file,
+    check_folder,
+    claim_folder,
+    lines_of,
+    save_figure,
+    write_result,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 
@@ -29,14 +47,56 @@ EXACT = ["zero_topo.weight_bits=16", "zero_topo.secondary_bits=16", "zero_topo.g
 Q = ["zero_topo.combine_bits=8", "zero_topo.publish_bits=8"]
 EF = ["zero_topo.error_feedback=true"]
 VARIANTS = {"exact": EXACT, "topo": [], "topo_ef": EF, "topo_q": Q, "topo_q_ef": Q + EF}
+TOOL = "bench_convergence"
+LEGACY = ("steps", "ranks", "final_loss", "curves")  # a results.json written before the "tool" field
+OUTPUTS = ("results.json", "loss.png")
+
+
+def check_out(out: str, variants) -> None:
+    """Refuse ``--out`` (OutputError) unless bench_convergence may remove its variants' metrics
+    there (megatron_topo.tool_outputs: its own, new or empty folder; see the module docstring)."""
+    from megatron_topo.tool_outputs import MARKER
+
+    check_folder(
+        out,
+        "--out",
+        TOOL,
+        owned=True,
+        results="results.json",
+        legacy=LEGACY,
+        derived=[(os.path.join(out, v), f"the {v} variant's training logs") for v in variants],
+    )
+    for name in (*OUTPUTS, MARKER):
+        check_file(os.path.join(out, name), "--out", TOOL, own_folder=True)
+    for v in variants:
+        m = os.path.join(out, v, "metrics.jsonl")
+        if os.path.isdir(m) and not os.path.islink(m):
+            raise OutputError(f"--out {out}: {m} is a folder; the {v} variant writes its metrics file there")
+
+
+def read_curve(metrics: str) -> list[dict]:
+    """The training records (a finite ``loss``) of a variant's metrics.jsonl, one per step, read
+    capped and tolerant (metrics.read_metrics); its warnings printed as warning: lines."""
+    from megatron_topo.metrics import drop_superseded, read_metrics
+
+    try:
+        recs, warned = lines_of(lambda: read_metrics(metrics))
+    except FileNotFoundError:
+        return []
+    for w in warned:
+        emit("warning", w)
+    ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
+    recs = [r for r in recs if ok(r.get("loss")) and isinstance(r.get("step"), int) and not isinstance(r["step"], bool)]
+    by_step = {r["step"]: r for r in drop_superseded(recs)[0]}  # a resumed run's repeated steps: the last
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def run(out: str, name: str, steps: int, ranks: int, reuse: bool = False) -> list[dict]:
     log = os.path.join(out, name)
     metrics = os.path.join(log, "metrics.jsonl")
-    if reuse and os.path.exists(metrics):
-        recs = [json.loads(x) for x in open(metrics) if x.strip()]
-        if recs and recs[-1].get("step") == steps:
+    if reuse and os.path.isfile(metrics):
+        recs = read_curve(metrics)
+        if recs and recs[-1]["step"] == steps:
             print(f"{name}: reusing {metrics} ({steps} steps)", flush=True)
             return recs
     sets = [
@@ -60,12 +120,17 @@ def run(out: str, name: str, steps: int, ranks: int, reuse: bool = False) -> lis
     ]
     for s in sets:
         cmd += ["--set", s]
-    if os.path.exists(metrics):
+    if os.path.lexists(metrics):  # this tool's own earlier run (check_out): a link goes, not its target
         os.remove(metrics)
     r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"error: variant {name} failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
-    return [json.loads(x) for x in open(metrics)]
+        raise SystemExit(
+            clean(f"error: variant {name} failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
+        )
+    recs = read_curve(metrics)
+    if len(recs) < 3:
+        raise SystemExit(clean(f"error: variant {name}: {metrics} holds {len(recs)} loss records, not the 3 needed"))
+    return recs
 
 
 def main(argv=None) -> int:
@@ -73,7 +138,11 @@ def main(argv=None) -> int:
     # --steps: a benchmark runs as long as asked (no upper bound, docs/reliability.md)
     ap.add_argument("--steps", type=bounded(int, 30, why="three logged windows"), default=1000)
     ap.add_argument("--ranks", type=bounded(int, 1, 64, why="local processes"), default=8)
-    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_convergence"))
+    ap.add_argument(
+        "--out",
+        default=os.path.join(ROOT, "runs", "bench_convergence"),
+        help="results folder: new, empty or an earlier --out of bench_convergence (its variants' runs are replaced)",
+    )
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument(
         "--reuse",
@@ -81,7 +150,12 @@ def main(argv=None) -> int:
         help="read a variant whose DIR/VARIANT/metrics.jsonl already reaches --steps instead of rerunning it",
     )
     a = ap.parse_args(argv)
-    os.makedirs(a.out, exist_ok=True)
+    try:
+        check_out(a.out, a.variants)
+    except OutputError as e:
+        print(clean(f"error: {e}"), file=sys.stderr)
+        return 2
+    claim_folder(a.out, TOOL)
     curves = {name: run(a.out, name, a.steps, a.ranks, a.reuse) for name in a.variants}
     final = {n: sum(r["loss"] for r in c[-3:]) / 3 for n, c in curves.items()}
     ref = final.get("exact")
@@ -94,7 +168,7 @@ def main(argv=None) -> int:
         "final_loss": final,
         "curves": {n: [(r["step"], r["loss"]) for r in c] for n, c in curves.items()},
     }
-    write_text(os.path.join(a.out, "results.json"), json.dumps(res, indent=1))
+    write_result(os.path.join(a.out, "results.json"), res, TOOL)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,7 +181,7 @@ def main(argv=None) -> int:
     ax.set_ylabel("training loss (10-step windows)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(a.out, "loss.png"), dpi=120)
+    save_figure(fig, os.path.join(a.out, "loss.png"), TOOL, dpi=120)
     print(f"results: {os.path.join(a.out, 'results.json')}, {os.path.join(a.out, 'loss.png')}")
     return 0
 

@@ -5,7 +5,9 @@
 
 The corpus is generated: the Python standard library's source as Pile-style ``.jsonl.zst``
 ({"text": ..., "meta": {"pile_set_name": "stdlib"}}), or ``--input`` files. Prints a table and
-writes JSON (``--json``).
+writes JSON (``--json``, with ``"tool": "bench_data"``): the path is checked before the benchmark
+runs and replaces only an earlier result of bench_data (megatron_topo.tool_outputs: never a link, a
+FIFO, a user's file, an input, or a file inside a checkpoint, an HF export or a run's log folder).
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from megatron_topo.data.builtin import stdlib_files
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
 from megatron_topo.error_lines import clean
+from megatron_topo.tool_outputs import OutputError, check_file, write_result
+
+TOOL = "bench_data"
+LEGACY = ("cpu_count", "input", "repeat", "rows")  # a result written before the "tool" field
 
 
 def make_corpus(directory: str, megabytes: float) -> str:
@@ -93,8 +99,17 @@ def _main(argv=None) -> int:
     p.add_argument(  # a benchmark runs as long as asked: no upper bound (docs/reliability.md)
         "--repeat", type=bounded(int, 1), default=1, help="runs per setting; the fastest is reported"
     )
-    p.add_argument("--json", default="runs/bench_data.json", help="where to write the results")
+    p.add_argument(
+        "--json",
+        default="runs/bench_data.json",
+        help="where to write the results (a new file or an earlier result of bench_data, which is replaced)",
+    )
     args = p.parse_args(argv)
+    try:
+        check_file(args.json, "--json", TOOL, LEGACY, inputs=[*(args.input or []), args.vocab_file or ""])
+    except OutputError as e:
+        print(clean(f"error: {e}"), file=sys.stderr)
+        return 2
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -157,9 +172,11 @@ def _main(argv=None) -> int:
         "load_average": os.getloadavg(),
         "rows": rows,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(result, f, indent=1)
+    try:
+        write_result(args.json, result, TOOL)
+    except OSError as e:
+        print(clean(f"error: --json {args.json}: {e.strerror or e}; nothing written"), file=sys.stderr)
+        return 1
     print(f"wrote {args.json}")
     return 0
 

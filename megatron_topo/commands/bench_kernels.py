@@ -17,12 +17,15 @@ interleaved rounds (copy, then each backend in turn, so load drifts on a shared 
 alike); a row's time is the median over rounds of the per-round medians, and its ratio is the
 copy time over that (copy timed right before each kernel, median over the rounds). The last table
 puts the backends side by side (``speedup`` = first backend's time / each other's).
+
+``--json OUT`` (with ``"tool": "bench_kernels"``) is checked before anything is timed and replaces
+only an earlier result of bench_kernels (megatron_topo.tool_outputs: never a link, a FIFO, a user's
+file, or a file inside a checkpoint, an HF export or a run's log folder); written atomically.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import statistics
 import sys
@@ -30,10 +33,13 @@ import time
 
 import torch
 
-from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.error_lines import clean
+from megatron_topo.tool_outputs import OutputError, check_file, write_result
 from megatron_topo.zero_topo import kernels
 
+TOOL = "bench_kernels"
+LEGACY = ("device", "metric", "copy", "results")  # a result written before the "tool" field
 K = 8  # stacked inputs for the fused sum kernels (ranks per node)
 
 
@@ -122,7 +128,11 @@ def main(argv=None) -> int:
         default=[1, 16, 64],
         help=f"fp32 tensor sizes in MiB (default: 1 16 64; at most {MAX_MIB:,})",
     )
-    ap.add_argument("--json", metavar="OUT", help="write the results as JSON to this path")
+    ap.add_argument(
+        "--json",
+        metavar="OUT",
+        help="write the results as JSON to this path (a new file or an earlier result of bench_kernels)",
+    )
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available, else cpu")
     ap.add_argument("--block-size", type=int, default=2048)
     # --repeats/--rounds: a benchmark runs as long as asked (no upper bound, docs/reliability.md)
@@ -144,6 +154,12 @@ def main(argv=None) -> int:
         help="dtype of the quantized input (sizes stay fp32-logical bytes)",
     )
     args = ap.parse_args(argv)
+    if args.json:
+        try:
+            check_file(args.json, "--json", TOOL, LEGACY)
+        except OutputError as e:
+            print(clean(f"error: {e}"), file=sys.stderr)
+            return 2
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -277,7 +293,11 @@ def main(argv=None) -> int:
         }
         if device.type == "cuda":
             report["gpu"] = torch.cuda.get_device_name(device)
-        write_text(args.json, json.dumps(report, indent=1), makedirs=False)
+        try:
+            write_result(args.json, report, TOOL, makedirs=False)
+        except OSError as e:
+            print(clean(f"error: --json {args.json}: {e.strerror or e}; nothing written"), file=sys.stderr)
+            return 1
         print(f"wrote {args.json}")
     return 0
 

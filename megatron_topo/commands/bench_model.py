@@ -18,11 +18,14 @@ rounds of ``--steps`` steps; the table gives median tokens/s, per-phase medians 
 ours/plain = the median over rounds of (ours tokens/s / plain tokens/s) of the same round, which
 cancels most of the drift other processes cause; the ratio of the medians, best/best and per
 CPU-second ratios are printed too. The acceptance target is ours >= 0.95 x plain.
+
+``--json OUT`` (with ``"tool": "bench_model"``) is checked before the models are built and replaces
+only an earlier result of bench_model (megatron_topo.tool_outputs: never a link, a FIFO, a user's
+file, a --config file, or a file inside a checkpoint, an HF export or a run's log folder).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -34,13 +37,15 @@ from contextlib import nullcontext
 import torch
 
 from megatron_topo.analysis.bench.model_paths import OPT_IMPL, Ours, Plain
-from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser, bounded, schema_bounded
 from megatron_topo.config import ConfigError, ModelConfig, TrainConfig, load_config
 from megatron_topo.error_lines import clean
 from megatron_topo.metrics import flops_per_iteration
+from megatron_topo.tool_outputs import OutputError, check_file, write_result
 
 TARGET = 0.95
+TOOL = "bench_model"
+LEGACY = ("model", "tokens_per_s", "ratio_ours_over_plain", "target")  # a result before the "tool" field
 MAX_THREADS = 4096
 
 
@@ -92,7 +97,12 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=bounded(float, 0.0, 10.0), default=0.01)
     p.add_argument("--clip", type=bounded(float, 0.0, 1e6), default=1.0, help="gradient clipping for both (0: off)")
     p.add_argument("--seed", type=schema_bounded(TrainConfig, "seed"), default=1234)
-    p.add_argument("--json", default=None, metavar="OUT", help="write the results as JSON")
+    p.add_argument(
+        "--json",
+        default=None,
+        metavar="OUT",
+        help="write the results as JSON (a new file or an earlier result of bench_model, which is replaced)",
+    )
     p.add_argument("--profile", action="store_true", help="also profile a few steps of each path")
     p.add_argument("--profile-steps", type=bounded(int, 1, 1000), default=3)
     return p.parse_args(argv)
@@ -243,6 +253,12 @@ def main(argv=None) -> int:
     """Warm up, time both paths interleaved, print the table and the verdict, write --json."""
     args = parse_args(argv)
     try:
+        if args.json:
+            check_file(args.json, "--json", TOOL, LEGACY, inputs=list(args.config or []))
+    except OutputError as e:
+        print(clean(f"error: {e}"), file=sys.stderr)
+        return 2
+    try:
         cfg = model_config(args)
         check_memory(cfg, args.batch)
     except ConfigError as e:
@@ -364,6 +380,13 @@ def main(argv=None) -> int:
     if args.profile:
         result["profile"] = profile(paths, batches, args.profile_steps)
     if args.json:
-        write_text(args.json, json.dumps(result, indent=2, allow_nan=False, default=str) + "\n")
+        try:
+            write_result(args.json, result, TOOL, indent=2, allow_nan=False, default=str)
+        except (OSError, ValueError) as e:
+            print(
+                clean(f"error: --json {args.json}: {getattr(e, 'strerror', None) or e}; nothing written"),
+                file=sys.stderr,
+            )
+            return 1
         print(f"wrote {args.json}")
     return 0 if all(math.isfinite(v) for v in med.values()) else 1

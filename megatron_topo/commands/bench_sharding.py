@@ -33,7 +33,12 @@ unshaped at every count and fits the emulated-cluster model's CPU constants over
 
 Writes DIR/results.json (a list of row objects), DIR/results.md (tables with ratios against
 zero3 and zeropp), DIR/results.png, DIR/meta.json and, with the scaling series, DIR/scaling.png.
-Rank output goes to DIR/runs/<row>/launch.log. The CPU is shared: numbers are as noisy as the
+Rank output goes to DIR/runs/<row>/launch.log (a row's folder is replaced when it runs again). DIR is
+checked before anything runs (--dry-run and --pool too; megatron_topo.tool_outputs): it is refused
+when it is not a folder, is or lies inside a checkpoint, an HF export or a run's log folder, or
+holds files but is not bench_sharding's own (its tool.json, written when it claims a new or empty
+folder, or the meta.json of an earlier round); a report name there that is a link, a FIFO or a
+folder, and a --pool round's own files, are refused too. The CPU is shared: numbers are as noisy as the
 machine is busy (meta.json records the load average before and after).
 """
 
@@ -71,6 +76,12 @@ from megatron_topo.analysis.emulation.launch import install_signal_handlers, res
 from megatron_topo.cli import OneLineParser, bounded, schema_bounded
 from megatron_topo.config import TrainConfig
 from megatron_topo.error_lines import clean
+from megatron_topo.safe_files import read_small_text
+from megatron_topo.tool_outputs import OutputError, check_file, check_folder, claim_folder
+
+TOOL = "bench_sharding"
+POOL_CAP = 64 << 20  # an earlier round's results.json / meta.json
+META_KEYS = ("machine", "model_set", "steps", "warmup")  # an earlier round's meta.json before "tool"
 
 NODES = bounded(int, 1, CS.MAX_NODES, why="one /24 per emulated node")
 GPUS = bounded(int, 1, CS.MAX_GPUS_PER_NODE, why="one address per GPU package in a node's /24")
@@ -102,7 +113,11 @@ def build_parser():
         default=1,
         help="rounds over all strategies (interleaved); step times are pooled over rounds",
     )
-    ap.add_argument("--out", default="runs/bench_sharding")
+    ap.add_argument(
+        "--out",
+        default="runs/bench_sharding",
+        help="results folder: new, empty or an earlier --out of bench_sharding (its reports are replaced)",
+    )
     ap.add_argument("--strategies", nargs="+", default=list(ALL_STRATEGIES), choices=ALL_STRATEGIES + EXTRA_STRATEGIES)
     ap.add_argument("--inter-node", default=R.DEFAULT_INTER_NODE)
     ap.add_argument("--intra-node", default=R.DEFAULT_INTRA_NODE)
@@ -171,6 +186,11 @@ def main(argv=None) -> int:
         print(clean(f"error: {e}"), file=sys.stderr)
         return 2
     out = os.path.abspath(a.out)
+    try:
+        check_out(a.out, [os.path.join(d, n) for d in a.pool or [] for n in ("results.json", "meta.json")])
+    except OutputError as e:
+        print(clean(f"error: {e}"), file=sys.stderr)
+        return 2
     if a.pool:
         return pool(a, out)
     plan = []
@@ -197,7 +217,7 @@ def main(argv=None) -> int:
     if why:
         print(f"error: cannot emulate a cluster here: {why}", file=sys.stderr)
         return 2
-    os.makedirs(out, exist_ok=True)
+    claim_folder(out, TOOL)
     meta = {
         "machine": machine(),
         "model": a.model,
@@ -268,17 +288,37 @@ def main(argv=None) -> int:
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
+def check_out(path: str, inputs=()) -> None:
+    """Refuse the --out folder (OutputError) unless bench_sharding may write its reports there:
+    megatron_topo.tool_outputs' folder rule (its own, new or empty; no artifact, no run log folder;
+    runs/ a folder) and file rule for each report (not a link, FIFO or folder; not an --pool input)."""
+    from megatron_topo.analysis.bench.report import REPORTS
+    from megatron_topo.tool_outputs import MARKER
+
+    check_folder(
+        path,
+        "--out",
+        TOOL,
+        owned=True,
+        results="meta.json",
+        legacy=META_KEYS,
+        derived=[(os.path.join(path, "runs"), "each run's launch.log and logs")],
+    )
+    for name in (*REPORTS, MARKER):
+        check_file(os.path.join(path, name), "--out", TOOL, inputs=inputs, own_folder=True)
+
+
 def pool(a, out: str) -> int:
     """Rows of several runs pooled as rounds of one (``merge``); meta from the first run, with the
     pooled runs listed. A run without unshaped rows (``--no-unshaped``) adds step times only."""
     runs = []
     for d in a.pool:
-        try:
-            with open(os.path.join(d, "results.json")) as f:
-                rows = json.load(f)
-            with open(os.path.join(d, "meta.json")) as f:
-                meta = json.load(f)
-        except (OSError, ValueError) as e:
+        try:  # capped, non-blocking (a FIFO is refused, not waited on)
+            rows = json.loads(read_small_text(os.path.join(d, "results.json"), POOL_CAP, ValueError))
+            meta = json.loads(read_small_text(os.path.join(d, "meta.json"), POOL_CAP, ValueError))
+            if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows) and isinstance(meta, dict)):
+                raise ValueError("not the row list and meta object bench_sharding writes")
+        except (OSError, ValueError, RecursionError) as e:
             print(clean(f"error: --pool {d}: cannot read results.json/meta.json ({e})"), file=sys.stderr)
             return 2
         runs.append((d, rows, meta))
@@ -292,10 +332,11 @@ def pool(a, out: str) -> int:
         m["rounds"] = sum(r.get("rounds", 1) for r in rows if r.get("ok"))
         merged.append(m)
     meta = dict(runs[0][2], pooled=[d for d, _, _ in runs], repeats=sum(x[2].get("repeats", 1) for x in runs))
+    meta.pop("tool", None)
     fit = lambda m: {k: v for k, v in (m.get("cpu_fit") or {}).items() if k != "from_run"}  # noqa: E731
     if any(fit(x[2]) != fit(meta) and fit(x[2]) for x in runs[1:]):  # --cpu-fit rounds reuse a fit: the same
         meta["cpu_fit_note"] = "the pooled runs fitted different CPU constants; the first run's are shown"
-    os.makedirs(out, exist_ok=True)
+    claim_folder(out, TOOL)
     write_reports(out, merged, meta)
     print(f"bench_sharding: pooled {len(runs)} runs into {out}/results.json, results.md")
     return 0 if all(r.get("ok") for r in merged) else 1

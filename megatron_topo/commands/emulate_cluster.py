@@ -19,14 +19,16 @@ and qdisc is removed on exit, on failure and on Ctrl-C. For megatron_topo's trai
 same shape to the trainer: ``--set topology.gpus_per_node=G --set topology.gcds_per_gpu=C``.
 
 ``--stats-json`` writes exit codes, peak RSS per rank, and the bytes each package sent per link
-level as measured on the wire (tc class counters on the veths, loopback for the GCD pair).
-Needs root (network namespaces); without it the tool exits with one line.
+level as measured on the wire (tc class counters on the veths, loopback for the GCD pair), with
+``"tool": "emulate_cluster"``; FILE is checked before the cluster is built and replaces only an
+earlier stats file of this tool (megatron_topo.tool_outputs: never a link, a FIFO, a user's file, or
+a file inside a checkpoint, an HF export or a run's log folder). Needs root (network namespaces);
+without it the tool exits with one line.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 
@@ -45,9 +47,12 @@ from megatron_topo.analysis.emulation import (
 from megatron_topo.analysis.emulation import cluster_spec as CS
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
-from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser, bounded
 from megatron_topo.error_lines import clean
+from megatron_topo.tool_outputs import OutputError, check_file, write_result
+
+TOOL = "emulate_cluster"
+LEGACY = ("spec", "command", "returncodes", "packages")  # stats written before the "tool" field
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--subnet", default="10.213", help="first two octets of the private /16 used inside")
     ap.add_argument("--master-port", type=bounded(int, 1, 65535, why="a TCP port"), default=29500)
-    ap.add_argument("--stats-json", default=None, metavar="FILE")
+    ap.add_argument(
+        "--stats-json",
+        default=None,
+        metavar="FILE",
+        help="write the run's statistics here (a new file or an earlier stats file of this tool)",
+    )
     ap.add_argument(
         "--stdout-ranks",
         choices=("all", "0"),
@@ -151,7 +161,9 @@ def main(argv=None) -> int:
         return 2
     try:
         spec = spec_from_args(a)
-    except (RateError, EmulationError) as e:
+        if a.stats_json:
+            check_file(a.stats_json, "--stats-json", TOOL, LEGACY)
+    except (RateError, EmulationError, OutputError) as e:
         print(clean(f"error: {e}"), file=sys.stderr)
         return 2
     cluster = Cluster(spec)
@@ -180,7 +192,11 @@ def main(argv=None) -> int:
                 "packages": per_pkg,
                 **summarize(per_pkg),
             }
-            write_text(a.stats_json, json.dumps(stats, indent=1))
+            try:
+                write_result(a.stats_json, stats, TOOL)
+            except OSError as e:
+                print(clean(f"error: --stats-json {a.stats_json}: {e.strerror or e}; not written"), file=sys.stderr)
+                rc = rc or 1
         if rc:
             print(f"error: rank {res.first_failure} exited with {res.returncodes[res.first_failure]}", file=sys.stderr)
     except Interrupted as e:

@@ -10,12 +10,15 @@ prints time, algorithm and bus bandwidth per size, the least-squares fit of
 ``T = S(p-1)/p / beta + (p-1) * alpha`` per collective (megatron_topo.analysis.perf_sources.fit_ring) and,
 when the ranks span several nodes, the ``--set system.latency_inter_node_us=...`` that feeds the
 measured step cost to tools/predict_perf.py (docs/frontier.md §4). It writes
-``OUT/collectives.json`` atomically. Bad arguments print one line on stderr and exit 2.
+``OUT/collectives.json`` atomically (with ``"tool": "measure_collectives"``). Bad arguments print one
+line on stderr and exit 2; so does an ``--out`` that is not a folder, is or lies inside a
+checkpoint, an HF export or a run's log folder, or whose collectives.json is a link, a FIFO or a
+file that is not an earlier result of this tool (megatron_topo.tool_outputs), checked by every rank
+before anything is measured.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -26,10 +29,11 @@ import torch
 import torch.distributed as dist
 
 from megatron_topo.analysis.perf_sources import fit_ring
-from megatron_topo.atomic import write_text
 from megatron_topo.cli import OneLineParser, bounded, fail
 from megatron_topo.config import ConfigError, load_config
+from megatron_topo.error_lines import clean
 from megatron_topo.lifecycle import leave_rank
+from megatron_topo.tool_outputs import OutputError, check_file, check_folder, write_result
 from megatron_topo.topology import launcher_env
 from megatron_topo.training import setup_runtime
 
@@ -39,6 +43,9 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MIB = 2**20
 MAX_ITERS, MAX_WARMUP = 100_000, 10_000
+TOOL = "measure_collectives"
+RESULT = "collectives.json"
+LEGACY = ("world_size", "backend", "rows", "fit")  # a result written before the "tool" field
 
 
 def parse_args(argv=None):
@@ -49,7 +56,11 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=bounded(int, 0, MAX_WARMUP), default=3, help="untimed calls first")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--system", help="a YAML with a distributed: block (backend/device); default: auto")
-    p.add_argument("--out", default="runs/collectives", help="directory for collectives.json")
+    p.add_argument(
+        "--out",
+        default="runs/collectives",
+        help="directory for collectives.json (replaced only when it is an earlier result of this tool)",
+    )
     return p.parse_args(argv)
 
 
@@ -179,10 +190,15 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
+def check_out(args) -> None:
+    """Refuse ``--out`` (OutputError) before anything is measured (megatron_topo.tool_outputs)."""
+    check_folder(args.out, "--out", TOOL)
+    check_file(os.path.join(args.out, RESULT), "--out", TOOL, LEGACY, inputs=[args.system or ""])
+
+
 def write_json(r: dict, out_dir: str) -> str:
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "collectives.json")
-    write_text(path, json.dumps(r, indent=1))
+    path = os.path.join(out_dir, RESULT)
+    write_result(path, r, TOOL)
     return path
 
 
@@ -194,7 +210,20 @@ def main(argv=None) -> int:
     return rc
 
 
+def _rank() -> int:
+    try:
+        return launcher_env()["rank"]
+    except ValueError:
+        return 0
+
+
 def _measure_and_report(args) -> int:
+    try:
+        check_out(args)  # every rank: on a shared file system all refuse at once, none waits for rank 0
+    except OutputError as e:
+        if _rank() == 0:
+            print(clean(f"error: {e}"), file=sys.stderr)  # once per job
+        return 2
     try:
         r = measure(args)
         if r["rank"] == 0:

@@ -66,6 +66,8 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
         intra_gpu_bps=a.intra_gpu_bps if shaped else None,
         mtu=a.mtu,
     )
+    if os.path.islink(run_dir):  # the link goes, not what it points to
+        os.unlink(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir, exist_ok=True)
     logf = open(os.path.join(run_dir, "launch.log"), "w")

@@ -1,4 +1,6 @@
-"""The reports of a benchmark: results.json, meta.json, results.md (tables) and the plots."""
+"""The reports of a benchmark: results.json, meta.json, results.md (tables) and the plots; each
+written atomically into the --out folder that bench_sharding checked and claimed
+(megatron_topo.tool_outputs: a fresh temporary file renamed over the old one, never through a link)."""
 
 from __future__ import annotations
 
@@ -6,9 +8,12 @@ import json
 import os
 import platform
 
-from megatron_topo.atomic import write_text
+from megatron_topo.tool_outputs import save_figure, write_bytes, write_result
 
 from .runs import ROOT
+
+TOOL = "bench_sharding"
+REPORTS = ("results.json", "meta.json", "results.md", "results.png", "scaling.png", "accum.png")
 
 
 def _mb(x):
@@ -134,7 +139,7 @@ def plot_main(rows, path):
     ax2.set_title("inter-node traffic")
     ax2.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, TOOL, dpi=110)
     plt.close(fig)
     return path
 
@@ -161,7 +166,7 @@ def plot_scaling(rows, path):
     ax.set_title("weak scaling (fixed batch per rank)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, TOOL, dpi=110)
     plt.close(fig)
     return path
 
@@ -186,9 +191,10 @@ def machine() -> dict:
 
 
 def write_reports(out, rows, meta):
-    """results.json, meta.json, results.md and the plots of the series present in ``rows``."""
-    write_text(os.path.join(out, "results.json"), json.dumps(rows, indent=1))
-    write_text(os.path.join(out, "meta.json"), json.dumps(meta, indent=1))
+    """results.json, meta.json (``"tool": "bench_sharding"``), results.md and the plots of the series
+    present in ``rows``."""
+    write_bytes(os.path.join(out, "results.json"), json.dumps(rows, indent=1).encode())
+    write_result(os.path.join(out, "meta.json"), meta, TOOL)
     main = [r for r in rows if r["series"] == "main"]
     scal = [r for r in rows if r["series"] == "scaling"]
     acc = [r for r in rows if r["series"] == "accum"]
@@ -223,8 +229,7 @@ def write_reports(out, rows, meta):
 
         md += [accum_report.render(acc, meta, ROOT), ""]
         accum_report.plot(acc, os.path.join(out, "accum.png"))
-    with open(os.path.join(out, "results.md"), "w") as f:
-        f.write("\n".join(md))
+    write_bytes(os.path.join(out, "results.md"), "\n".join(md).encode())
     if main:
         plot_main(main, os.path.join(out, "results.png"))
     if scal:

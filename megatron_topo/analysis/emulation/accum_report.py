@@ -271,6 +271,8 @@ def plot(rows: list[dict], path: str) -> Optional[str]:
         ax.set_title(f"{cluster} links")
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from ...tool_outputs import save_figure
+
+    save_figure(fig, path, "bench_sharding", dpi=110)
     plt.close(fig)
     return path
