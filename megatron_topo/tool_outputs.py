@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from typing import Any, Callable, Optional, Sequence
 
@@ -104,6 +105,9 @@ def check_file(
 
     if not path or path.endswith(("/", os.sep)) or os.path.basename(path) in (".", ".."):
         raise err(f"{flag} {path!r} names no file: give a file path")
+    if own_folder:  # check_folder looked above it (its meta.json is no checkpoint's)
+        _plain_file(path, flag, inputs, err)
+        return
     parent = os.path.dirname(os.path.abspath(path)) or "."
     check_output_file(path, flag, err, force=True, inputs=inputs, artifacts=True)
     log = log_folder_above(parent)
@@ -118,6 +122,26 @@ def check_file(
         f"{flag} {path} exists and is not an earlier output of {tool} ({_what(path, tool)}); it is not "
         f'replaced: give a new path (an earlier {tool} result, a JSON object with "tool": "{tool}", is replaced)'
     )
+
+
+def _plain_file(path: str, flag: str, inputs: Sequence[str], err: type) -> None:
+    """Refuse ``path`` when it is an input, a symbolic link, or exists and is not a regular file."""
+    from .safe_files import _kind
+
+    real = os.path.realpath(path)
+    for i in inputs:
+        if i and os.path.realpath(i) == real:
+            raise err(f"{flag} {path} is an input of this run ({i}); it is not overwritten: write it elsewhere")
+    if os.path.islink(path):
+        raise err(f"{flag} {path} is a symbolic link; it is not replaced (nor what it points to): give another path")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise err(f"{flag} {path} cannot be checked ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise err(f"{flag} {path} is {_kind(st.st_mode)}, not a file; it is not replaced")
 
 
 def write_result(path: str, obj: Any, tool: str, indent: int = 1, makedirs: bool = True, **dumps) -> None:
@@ -188,12 +212,34 @@ def check_folder(
     artifact's folder or a run's log folder; ``derived`` ((folder, what goes there) that the tool
     makes inside it) a link or not a folder; ``owned``: a folder holding anything when it is not
     the tool's own (:func:`folder_is_own`)."""
-    from .safe_outputs import check_output_folder
+    from .safe_outputs import STEP_DIR, artifact_above, artifact_kind
 
     if os.path.lexists(path) and not os.path.isdir(path):
         what = "a symbolic link to nothing" if os.path.islink(path) else "not a folder"
         raise err(f"{flag} {path} exists and is {what}; {tool} writes a folder there: give a folder")
-    check_output_folder(flag, path, err, derived=derived, what=f"{tool}'s results")
+    own = os.path.isdir(path) and folder_is_own(path, tool, results, legacy)
+    real = os.path.realpath(path)
+    kind = artifact_kind(real) if os.path.isdir(real) else None
+    ours_meta = (  # bench_sharding's meta.json makes its folder look like a checkpoint step
+        own and not STEP_DIR.fullmatch(os.path.basename(real)) and is_own(os.path.join(real, "meta.json"), tool, legacy)
+    )
+    found = (real, kind) if kind and not ours_meta else artifact_above(os.path.dirname(real))
+    if found is not None:
+        at = "is" if found[0] == real else "lies inside"
+        raise err(
+            f"{flag} {path} {at} {found[0]}, {found[1]}; {tool} would write its results into it: "
+            f"give a folder of its own"
+        )
+    for d, inner in derived:
+        if os.path.islink(d):
+            raise err(
+                f"{flag} {path}: {d} is a symbolic link (to {os.readlink(d)[:200]!r}); {tool} would write {inner} "
+                f"through it into another folder: remove the link or give another {flag}"
+            )
+        if os.path.lexists(d) and not os.path.isdir(d):
+            raise err(
+                f"{flag} {path}: {d} exists and is not a folder; {tool} writes {inner} there: give another {flag}"
+            )
     log = log_folder_above(path)
     if log is not None:
         at = "is" if log == os.path.realpath(path) else "lies inside"
@@ -201,7 +247,7 @@ def check_folder(
             f"{flag} {path} {at} {log}, another run's log folder (it holds metrics.jsonl); {tool} would "
             f"write its results into it: give a folder of its own"
         )
-    if not owned or not os.path.isdir(path) or folder_is_own(path, tool, results, legacy):
+    if not owned or not os.path.isdir(path) or own:
         return
     try:
         names = sorted(os.listdir(path))
