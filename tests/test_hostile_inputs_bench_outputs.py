@@ -70,8 +70,8 @@ def world(tmp_path, monkeypatch):
     def no_cluster(*a, **k):
         raise AssertionError("the emulated cluster was about to be built")
 
-    def no_training(*a, **k):
-        raise AssertionError("bench_convergence was about to train")
+    def no_training(cmd, **k):  # a failed run: the old code had removed the variant's metrics first
+        return subprocess.CompletedProcess(cmd, 1, "", "stub: bench_convergence was about to train")
 
     monkeypatch.setattr(EC, "Cluster", no_cluster)
     monkeypatch.setattr(BC, "subprocess", types.SimpleNamespace(run=no_training))
@@ -128,16 +128,21 @@ def run_tool(tool, argv, fifo=None, timeout=30):
 
 
 def refused(capfd, tool, argv, root, *needles, fifo=None):
+    """``tool`` refuses ``argv``: exit 2, one error: line holding ``needles``, nothing under
+    ``root`` written, replaced or removed."""
     before = snapshot(root)
     capfd.readouterr()
     rc = run_tool(tool, argv, fifo=fifo)
-    line = one_error_line(capfd)
-    assert rc == 2, (rc, line)
+    after = snapshot(root)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    err = capfd.readouterr().err
+    assert rc == 2 and not changed, f"exit {rc}; changed: {changed}; stderr: {err[-300:]!r}"
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err[-2000:]
     for n in needles:
-        assert n in line, line
-    assert "Traceback" not in line and len(line) < 600
-    assert snapshot(root) == before, "a file was written, replaced or removed"
-    return line
+        assert n in lines[0], lines[0]
+    assert "Traceback" not in err and len(lines[0]) < 600
+    return lines[0]
 
 
 # ---------------------------------------------------------------- an output file: --json, --stats-json
@@ -411,3 +416,57 @@ def test_bench_convergence_reruns_in_its_own_folder_and_reuse_tolerates_a_corrup
     (world / "bc" / MARKER).unlink()
     assert run_tool("bench_convergence", [*argv, "--reuse"]) == 0  # an --out recognised by its results.json
     assert (world / "runs" / "topo" / "metrics.jsonl").read_text() == '{"step": 10, "loss": 3.5}\n'
+
+
+# ---------------------------------------------------------------- fsdp_baseline's log_dir (bench_sharding's FSDP2 rows)
+@pytest.fixture
+def fsdp_world(world):
+    from .cli_cases import BASE_CFG, write_dataset
+
+    (world / "cfg.yml").write_text(BASE_CFG)
+    write_dataset(world / "data" / "toy", 16, 0)
+    return world
+
+
+@pytest.mark.parametrize(
+    "case,sets,needle",
+    [
+        ("inside-checkpoint", ["log_dir=ck/global_step2/log"], "checkpoint"),
+        ("metrics-link", ["log_dir=lg"], "metrics.jsonl is a symbolic link"),
+    ],
+)
+def test_fsdp_baseline_checks_its_log_dir_as_train_does(case, sets, needle, fsdp_world, capfd):
+    if case == "metrics-link":
+        os.mkdir("lg")
+        os.symlink(os.path.abspath("user.json"), "lg/metrics.jsonl")
+    argv = ["cfg.yml", *[x for s in sets for x in ("--set", s)]]
+    refused(capfd, "fsdp_baseline", argv, fsdp_world, needle)
+    assert (fsdp_world / "user.json").read_text() == PRECIOUS
+
+
+def test_fsdp_baseline_moves_an_earlier_runs_metrics_aside(fsdp_world):
+    """Control: a run into a log_dir holding another run's metrics.jsonl starts a fresh one and keeps
+    the earlier records as metrics.jsonl.1 (before: appended to them, two runs' curves in one file)."""
+    import socket
+    import sys
+
+    from .cli_cases import ROOT
+
+    os.mkdir("log")
+    earlier = "".join(json.dumps({"step": s, "loss": 9.0}) + "\n" for s in (1, 2, 3))
+    (fsdp_world / "log" / "metrics.jsonl").write_text(earlier)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "fsdp_baseline.py"), "cfg.yml"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [json.loads(x)["step"] for x in open("log/metrics.jsonl")] == [1, 2]
+    assert (fsdp_world / "log" / "metrics.jsonl.1").read_text() == earlier

@@ -15,7 +15,9 @@ parameters are AdamW's masters. Works on CPU with gloo (checked with torch 2.13)
 
 Writes ``{log_dir}/metrics.jsonl`` with the trainer's keys; ``comm_bytes_*`` count every
 collective FSDP issues with the same ring formulas and level attribution as zero_topo's
-``Comm`` (scalar norm all-reduces go to ``comm_bytes_control``).
+``Comm`` (scalar norm all-reduces go to ``comm_bytes_control``). log_dir is checked as train.py's
+(config.check_run_outputs: no checkpoint, HF export or other save folder, no linked metrics.jsonl)
+and an earlier run's metrics.jsonl there is moved aside to ``metrics.jsonl.N``, never appended to.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch.distributed as dist
 
 from megatron_topo import metrics as M
 from megatron_topo.cli import OneLineParser, fail
-from megatron_topo.config import ConfigError, load_config
+from megatron_topo.config import ConfigError, check_run_outputs, load_config
 from megatron_topo.lifecycle import leave_rank
 from megatron_topo.model import build_model
 from megatron_topo.topology import Topology, launcher_env, topology_from_config
@@ -149,6 +151,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:  # everything that can refuse the run, before any rank joins a process group
         cfg = load_config(args.configs, args.overrides)
+        check_run_outputs(cfg)  # log_dir and its metrics.jsonl: as train.py's, not over others' files
         env = launcher_env()
         world, rank = env["world_size"], env["rank"]
         topo = topology_from_config(cfg.topology, world, env["local_world_size"])
@@ -190,7 +193,8 @@ def main(argv=None) -> int:
     batches = Batches(
         train_ds, t.train_micro_batch_size_per_gpu, t.gradient_accumulation_steps, world, rank, torch.device("cpu")
     )
-    writer = M.MetricsWriter(lg.log_dir, enabled=rank == 0, tensorboard=False)
+    # fresh: a new run (it never resumes); an earlier run's metrics.jsonl is moved aside, not appended to
+    writer = M.MetricsWriter(lg.log_dir, enabled=rank == 0, tensorboard=False, fresh=True)
     log(f"topology: {topo.describe()}; FSDP2 fully_shard mode={args.mode} mesh={tuple(mesh.shape)}")
     log(f"model: {nparams:,} parameters; precision {cfg.precision}; global batch {gb} x {cfg.model.seq_length} tokens")
     consumed, step = 0, 0
