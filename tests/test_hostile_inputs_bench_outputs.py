@@ -470,3 +470,28 @@ def test_fsdp_baseline_moves_an_earlier_runs_metrics_aside(fsdp_world):
     assert r.returncode == 0, r.stderr[-2000:]
     assert [json.loads(x)["step"] for x in open("log/metrics.jsonl")] == [1, 2]
     assert (fsdp_world / "log" / "metrics.jsonl.1").read_text() == earlier
+
+
+def test_bench_sharding_pool_reads_its_rounds_capped_and_non_blocking(world):
+    """--pool DIR with DIR/results.json a FIFO (before: blocked forever) or not the row list (before:
+    a traceback): one error: line, nothing written. In a subprocess: a blocked reader is killed."""
+    import sys
+
+    from .cli_cases import ROOT
+
+    for name, make in (("fifo", lambda p: os.mkfifo(p)), ("not-rows", lambda p: open(p, "w").write("[1, 2]"))):
+        os.mkdir(name)
+        make(os.path.join(name, "results.json"))
+        (world / name / "meta.json").write_text("{}")
+        tool = os.path.join(ROOT, "tools", "bench_sharding.py")
+        try:
+            r = subprocess.run(
+                [sys.executable, tool, "--pool", name, "--out", "pooled"], capture_output=True, text=True, timeout=60
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"--pool {name}: still reading after 60 s")
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: --pool {name}: cannot read"), (
+            r.stderr
+        )
+        assert not os.path.exists("pooled")
