@@ -59,7 +59,7 @@ def is_own(path: str, tool: str, legacy: Sequence[str] = ()) -> bool:
     return bool(legacy) and all(k in v for k in legacy)
 
 
-def _what(path: str, tool: str) -> str:
+def _what(path: str) -> str:
     """What the existing regular file ``path`` is, for the refusal line."""
     try:
         size = os.path.getsize(path)
@@ -119,7 +119,7 @@ def check_file(
     if own_folder or not os.path.exists(path) or is_own(path, tool, legacy):
         return
     raise err(
-        f"{flag} {path} exists and is not an earlier output of {tool} ({_what(path, tool)}); it is not "
+        f"{flag} {path} exists and is not an earlier output of {tool} ({_what(path)}); it is not "
         f'replaced: give a new path (an earlier {tool} result, a JSON object with "tool": "{tool}", is replaced)'
     )
 
@@ -215,7 +215,7 @@ def check_folder(
     from .safe_outputs import STEP_DIR, artifact_above, artifact_kind
 
     if os.path.lexists(path) and not os.path.isdir(path):
-        what = "a symbolic link to nothing" if os.path.islink(path) else "not a folder"
+        what = "a symbolic link to nothing" if not os.path.exists(path) else "not a folder"
         raise err(f"{flag} {path} exists and is {what}; {tool} writes a folder there: give a folder")
     own = os.path.isdir(path) and folder_is_own(path, tool, results, legacy)
     real = os.path.realpath(path)
