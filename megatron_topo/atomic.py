@@ -48,6 +48,50 @@ def remove_quietly(path: str) -> None:
         pass
 
 
+def _taken(tmp: str, st: os.stat_result) -> Optional[str]:
+    """Why the existing ``tmp`` may not be written as this write's temporary (None: a stale
+    temporary of a dead process that had our pid, a regular file of one name, which is reused)."""
+    import stat
+
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_nlink > 1:
+        return "a file with other names (hard links)"
+    return None
+
+
+def _refuse(tmp: str, why: str) -> None:
+    import errno
+
+    raise OSError(errno.EEXIST, f"the temporary name of this write is {why}; it is not written through: remove it", tmp)
+
+
+def _open_temp(tmp: str, mode: str) -> IO[Any]:
+    """``tmp`` opened for writing, never through a link, into a FIFO or device, or into a file that
+    has other names: those are refused (OSError naming ``tmp``), never truncated or followed."""
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(tmp, flags, 0o666)
+    except OSError as e:
+        try:
+            st = os.lstat(tmp)
+        except OSError:
+            raise e from None
+        _refuse(tmp, _taken(tmp, st) or "not writable")
+    try:
+        why = _taken(tmp, os.fstat(fd))
+        if why:
+            _refuse(tmp, why)
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _make_parent(path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
@@ -61,8 +105,9 @@ def atomic_open(path: str, mode: str = "wb", *, tmp: Optional[str] = None, maked
     if makedirs:
         _make_parent(path)
     tmp = tmp or temp_name(path)
+    f = _open_temp(tmp, mode)  # refused before anything is written: nothing of ours to remove
     try:
-        with open(tmp, mode) as f:
+        with f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -79,6 +124,12 @@ def atomic_path(path: str, *, tmp: Optional[str] = None, makedirs: bool = True) 
     if makedirs:
         _make_parent(path)
     tmp = tmp or temp_name(path)
+    try:
+        why = _taken(tmp, os.lstat(tmp))
+    except FileNotFoundError:
+        why = None
+    if why:
+        _refuse(tmp, why)
     try:
         yield tmp
         with open(tmp, "rb") as f:
