@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence, Type
 
 from .safe_files import _kind
 
-STEP_DIR = re.compile(r"(\.tmp_)?global_step\d+(\.old)?")
+STEP_DIR = re.compile(r"(\.tmp_)?global_step[0-9]+(\.old)?")
 
 
 def checkpoint_step_above(path: str) -> Optional[str]:
@@ -46,7 +46,7 @@ HF_WEIGHTS = re.compile(r".+\.safetensors|model\.safetensors\.index\.json|pytorc
 LATEST = "latest"
 
 
-STEP_FILES = re.compile(r"meta\.json|mp_rank_\d+_model_states\.pt|zero_pp_rank_.*\.pt|layer_\d+-model_.*\.pt")
+STEP_FILES = re.compile(r"meta\.json|mp_rank_[0-9]+_model_states\.pt|zero_pp_rank_.*\.pt|layer_[0-9]+-model_.*\.pt")
 
 
 def _latest_file(path: str) -> bool:
@@ -55,7 +55,7 @@ def _latest_file(path: str) -> bool:
         if os.path.islink(path) or not os.path.isfile(path) or os.path.getsize(path) > 4096:
             return False
         with open(path, "rb") as f:
-            return re.fullmatch(rb"\s*global_step\d+\s*", f.read()) is not None
+            return re.fullmatch(rb"\s*global_step[0-9]+\s*", f.read()) is not None
     except OSError:
         return False
 
@@ -80,7 +80,7 @@ def artifact_kind(folder: str) -> Optional[str]:
     if LATEST in names and _latest_file(os.path.join(folder, LATEST)):
         return "a checkpoint save folder (it has a latest file)"
     for n in names:
-        if re.fullmatch(r"global_step\d+", n) and _step_files(os.path.join(folder, n)):
+        if re.fullmatch(r"global_step[0-9]+", n) and _step_files(os.path.join(folder, n)):
             return f"a checkpoint save folder (it holds {n})"
     if "config.json" in names and any(HF_WEIGHTS.fullmatch(n) for n in names):
         return "a HuggingFace model folder (config.json and weights)"

@@ -31,8 +31,8 @@ from ..safe_files import excerpt, not_linked_out, read_small_text
 
 MAX_LATEST_BYTES = 4096  # GPT-NeoX's latest holds a step folder's name
 
-LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt$")
-MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt$")
+LAYER_FILE = re.compile(r"layer_([0-9]+)-model_([0-9]+)-model_states\.pt$")
+MP_FILE = re.compile(r"mp_rank_([0-9]+)_model_states\.pt$")
 TRANSFORMER_KEYS = tuple(
     f"{m}.{p}"
     for m in (
@@ -146,7 +146,7 @@ class NeoxWeights:
         else:
             sd = self._load("mp_rank_00_model_states.pt")
             for full in sd:
-                m = re.match(r"(?:module\.)?sequential\.(\d+)\.(.+)$", full)
+                m = re.match(r"(?:module\.)?sequential\.([0-9]+)\.(.+)$", full)
                 if m is None:
                     raise ConfigError(
                         f"{self.dir}/mp_rank_00_model_states.pt: tensor {excerpt(full)} is not a GPT-NeoX "

@@ -31,7 +31,7 @@ import torch
 from ..error_lines import clean
 
 FILE = "rank_{rank}.jsonl"
-_NAME = re.compile(r"rank_(\d+)\.jsonl$")
+_NAME = re.compile(r"rank_([0-9]+)\.jsonl$")
 
 
 def check_dir(path: str, key: str = "distributed.trace_collectives") -> Optional[str]:

@@ -122,7 +122,7 @@ def _abandon_save(root: str, tmp: str, rank: int, step: int, failed: list[int], 
     if os.path.lexists(os.path.join(root, LATEST)):  # read as a reader would: capped, not through a link out
         try:
             name = read_small_text(storage.folder_file(root, LATEST), storage.LATEST_CAP, CheckpointError).strip()
-            shown = name if re.fullmatch(r"global_step\d{1,18}", name) else excerpt(name)
+            shown = name if re.fullmatch(r"global_step[0-9]{1,18}", name) else excerpt(name)
             prev = f"the previous checkpoint ({shown}) is intact"
         except CheckpointError:
             prev = f"'{LATEST}' is left as it was"

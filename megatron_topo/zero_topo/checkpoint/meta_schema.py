@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Optional
 from .. import plan_space
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
-RANK_FILE = re.compile(r"rank_\d{5}\.pt")
+RANK_FILE = re.compile(r"rank_[0-9]{5}\.pt")
 REQUIRED = ("step", "world_size", "plan", "units", "trainer")
 MAX_COUNT = 1 << 62  # steps, samples, element counts: far beyond any run, far below int64 overflow
 

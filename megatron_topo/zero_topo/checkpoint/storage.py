@@ -167,14 +167,20 @@ def clean_leftovers(root: str, keep: str) -> None:
         if p == keep:
             continue
         # only the exact names a save writes (a user's `.tmp_global_step_x` or `latest.tmp.mine` stays)
-        if re.fullmatch(r"\.tmp_global_step\d+", d) and os.path.isdir(p) and not os.path.islink(p):
+        if re.fullmatch(r"\.tmp_global_step[0-9]+", d) and os.path.isdir(p) and not os.path.islink(p):
             shutil.rmtree(p, ignore_errors=True)
-        elif re.fullmatch(r"global_step\d+\.old", d) and os.path.isdir(p) and not os.path.islink(p):
+        elif re.fullmatch(r"global_step[0-9]+\.old", d) and os.path.isdir(p) and not os.path.islink(p):
             live = p[: -len(".old")]
             if os.path.isfile(os.path.join(live, "meta.json")):  # the new copy is complete
                 shutil.rmtree(p, ignore_errors=True)
-        elif re.fullmatch(rf"{LATEST}\.tmp\.\d+", d) and os.path.isfile(p) and not os.path.islink(p):
+        elif re.fullmatch(rf"{LATEST}\.tmp\.[0-9]+", d) and os.path.isfile(p) and not os.path.islink(p):
             _remove_quietly(p)
+
+
+def _step_name(d: str) -> bool:
+    """``global_stepN`` with N in ASCII digits: ``str.isdigit`` also takes ``٣`` (int() reads it as
+    3: a user's folder pruned as step 3) and ``²`` (int() refuses it: a traceback)."""
+    return re.fullmatch(r"global_step[0-9]+", d) is not None
 
 
 def prune(root: str, keep_last: int, protect: str = "") -> None:
@@ -183,7 +189,7 @@ def prune(root: str, keep_last: int, protect: str = "") -> None:
     steps = sorted(
         (int(d[len("global_step") :]), d)
         for d in os.listdir(root)
-        if d.startswith("global_step") and d[len("global_step") :].isdigit()
+        if _step_name(d)
     )
     for _, d in steps[:-keep_last]:
         if d != protect:
@@ -206,7 +212,7 @@ def resolve(path: str) -> str:
     if os.path.lexists(latest):
         latest = safe_files.inside(path, LATEST, latest, CheckpointError)  # no symlink out, no FIFO
         name = safe_files.read_small_text(latest, LATEST_CAP, CheckpointError).strip()
-        if not re.fullmatch(r"global_step\d{1,18}", name):
+        if not re.fullmatch(r"global_step[0-9]{1,18}", name):
             raise CheckpointError(f"{latest} holds {safe_files.excerpt(name)}, not a global_stepN directory name")
         d = os.path.join(path, name)
         if os.path.lexists(d) and not _inside(os.path.realpath(d), os.path.realpath(path)):
@@ -227,7 +233,7 @@ def resolve(path: str) -> str:
             meta = os.path.join(d, "meta.json")
             raise CheckpointError(f"{latest} points to {name}, whose meta.json {safe_files.why_not_a_file(meta)}")
         raise CheckpointError(f"{latest} points to {name}, which is missing or incomplete (no {name}/meta.json)")
-    steps = [d for d in os.listdir(path) if d.startswith("global_step") and d[len("global_step") :].isdigit()]
+    steps = [d for d in os.listdir(path) if _step_name(d)]
     hint = f" (it holds {', '.join(sorted(steps))}; pass one of them)" if steps else ""
     raise CheckpointError(f"{path}: no meta.json and no '{LATEST}' file; not a checkpoint directory{hint}")
 
@@ -248,7 +254,7 @@ def check_output_outside(checkpoint: str, output: str, flag: str = "--output", s
         inputs.add(sp)
         parent = os.path.dirname(sp)
         if os.path.isfile(os.path.join(parent, LATEST)) or re.fullmatch(
-            r"global_step\d+(\.old)?", os.path.basename(sp)
+            r"global_step[0-9]+(\.old)?", os.path.basename(sp)
         ):
             inputs.add(parent)
     except CheckpointError:
@@ -272,7 +278,7 @@ def check_output_outside(checkpoint: str, output: str, flag: str = "--output", s
                 f"export, so it is not replaced: write it elsewhere"
             )
         marks = [n for n in files if n in (LATEST, "meta.json")] + [
-            d for d in dirs if re.fullmatch(r"global_step\d+", d)
+            d for d in dirs if re.fullmatch(r"global_step[0-9]+", d)
         ]
         if marks:
             raise CheckpointError(
@@ -286,7 +292,7 @@ def holds_checkpoints(root: Optional[str]) -> bool:
     if not root or not os.path.isdir(root):
         return False
     return os.path.isfile(os.path.join(root, LATEST)) or any(
-        d.startswith("global_step") and d[len("global_step") :].isdigit() for d in os.listdir(root)
+        _step_name(d) for d in os.listdir(root)
     )
 
 
