@@ -31,7 +31,7 @@ import warnings
 from typing import Any, Iterable, Optional, Union
 
 from .config.schema import ModelConfig
-from .safe_files import why_not_a_file
+from .safe_files import NotJSON, excerpt, parse_json, why_not_a_file
 
 # torch is imported lazily so that reading metrics (tools/plot_metrics.py) does not pay for it;
 # a value can only be a tensor if torch is already loaded.
@@ -247,6 +247,12 @@ class MetricsWriter:
         self.close()
 
 
+def is_step(value) -> bool:
+    """A record's step as MetricsWriter writes it: a JSON integer (not a float such as ``1e-400`` or
+    ``5.0000000000000001``, which would read as another step, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _move_superseded(path: str, step: int) -> int:
     """Move the records of steps after ``step`` from ``path`` to ``path.superseded``; returns how many.
 
@@ -259,10 +265,10 @@ def _move_superseded(path: str, step: int) -> int:
     with open(path, encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             try:
-                rec = json.loads(line)
-                later = isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step
-            except ValueError:
-                later = False
+                rec = parse_json(line)
+            except NotJSON:  # not a record (a crash mid-write, nesting too deep ...): it stays
+                rec = None
+            later = isinstance(rec, dict) and is_step(rec.get("step")) and rec["step"] > step
             (moved if later else keep).append(line if line.endswith("\n") else line + "\n")
     if not moved:
         return 0
@@ -323,11 +329,13 @@ def metrics_path(path_or_run_dir: str) -> str:
     return path_or_run_dir
 
 
-def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict]:
+def read_metrics(path_or_run_dir: str, last_per_step: bool = False, keep_bad_steps: bool = False) -> list[dict]:
     """Records of a run's ``metrics.jsonl`` (a run directory or the file itself), in file order,
     with ``"NaN"``/``"Infinity"``/``"-Infinity"`` turned back into floats.
 
-    A line that is not valid JSON (a crash mid-write), not a record, or longer than
+    A record whose step is not a JSON integer (:func:`is_step`: ``1e-400`` would read as step 0) is
+    skipped with the same warning as a bad line, unless ``keep_bad_steps`` (plot_metrics refuses
+    such a file in one line instead). A line that is not valid JSON (a crash mid-write), not a record, or longer than
     MAX_RECORD_CHARS (read with that cap, never whole) is skipped with a warning naming the file
     and line; past SKIPS_NAMED such lines, one more warning counts the rest.
     ``last_per_step=True`` returns one record per step, sorted by step, merging the records of a
@@ -350,18 +358,23 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False) -> list[dict
             if not line:
                 continue
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                skipped.append((lineno, f"a line that is not valid JSON ({e.msg})"))
-                continue
-            except RecursionError:
-                skipped.append((lineno, "a line nested too deeply to be a record"))
-                continue
-            except ValueError as e:  # an integer of more than 4,300 digits (int_max_str_digits)
-                skipped.append((lineno, f"a line that is not a record ({str(e).split(':')[0][:80]})"))
+                rec = parse_json(line)
+            except NotJSON as e:
+                c = e.cause
+                if isinstance(c, json.JSONDecodeError):
+                    why = f"a line that is not valid JSON ({c.msg})"
+                elif isinstance(c, RecursionError):
+                    why = "a line nested too deeply to be a record"
+                else:  # an integer of more than 4,300 digits (int_max_str_digits)
+                    why = f"a line that is not a record ({str(c).split(':')[0][:80]})"
+                skipped.append((lineno, why))
                 continue
             if not isinstance(rec, dict) or "step" not in rec:
                 skipped.append((lineno, "a record without a 'step' key"))
+                continue
+            if not keep_bad_steps and not is_step(rec["step"]):
+                shown = excerpt(rec["step"]) if isinstance(rec["step"], str) else repr(rec["step"])[:40]
+                skipped.append((lineno, f"a record whose step {shown} is not a JSON integer"))
                 continue
             out.append(_restore(rec))
     for lineno, why in skipped[:SKIPS_NAMED]:

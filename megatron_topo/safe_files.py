@@ -7,14 +7,20 @@
   size cap, opening it non-blocking so a FIFO cannot hang the reader, and refusing anything but a
   regular file.
 * :func:`excerpt` renders a piece of a file's content for an error line: short and escaped.
+* :func:`parse_json` / :func:`read_json` parse JSON from a file the run did not just write: a
+  syntax error, nesting too deep for the parser (RecursionError), an integer past Python's digit
+  limit or bytes that are not UTF-8 all become one :class:`NotJSON` reason (never a traceback);
+  :func:`read_json` reads the file capped and non-blocking first.
 
 Errors are raised as ``err`` (the caller's one-line error class: CheckpointError, ConfigError...).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import sys
 from typing import Sequence, Type
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -61,6 +67,12 @@ def inside(folder: str, name, what: str, err: Type[Exception], also: Sequence[st
         raise err(f"{what}: names {excerpt(name)}, not a file name")
     if "\0" in name:
         raise err(f"{what}: names {excerpt(name)}, which holds a NUL character; no file name can")
+    bad = next((c for c in name if "\ud800" <= c <= "\udfff"), None)
+    if bad is not None:  # a JSON escape such as "\ud800": no UTF-8 file name holds a lone surrogate
+        raise err(
+            f"{what}: names {excerpt(name)}, which holds the lone surrogate U+{ord(bad):04X} (not a Unicode "
+            f"character); no file name can"
+        )
     if os.path.isabs(name) or name.startswith("~"):
         raise err(f"{what}: names {excerpt(name)}, an absolute path; only files inside {folder} are read")
     if ".." in name.replace("\\", "/").split("/"):
@@ -154,3 +166,49 @@ def read_small_text(path: str, cap: int, err: Type[Exception], what: str = "") -
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise err(f"{what or path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
+
+
+class NotJSON(ValueError):
+    """:func:`parse_json`: the text is not JSON this reader can take; ``str(e)`` is the reason,
+    ``cause`` the parser's exception."""
+
+    def __init__(self, reason: str, cause: BaseException):
+        super().__init__(reason)
+        self.cause = cause
+
+
+def json_reason(e: BaseException) -> str:
+    """A short reason, for an error line, why ``json.loads`` refused a text."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, json.JSONDecodeError):
+        return f"{e.msg} at line {e.lineno} column {e.colno}"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+    msg = str(e)
+    if "integer string conversion" in msg:
+        limit = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
+        return f"an integer of more than {limit:,} digits"
+    return (msg.splitlines() or [type(e).__name__])[0][:100]
+
+
+def parse_json(text):
+    """``json.loads(text)`` (``text``: str, or bytes that must be UTF-8, a leading BOM allowed); any
+    failure, including a nesting too deep for the parser and an integer past Python's digit limit,
+    is :class:`NotJSON`."""
+    try:
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            text = bytes(text).decode("utf-8-sig")
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
+        raise NotJSON(json_reason(e), e) from None
+
+
+def read_json(path: str, cap: int, err: Type[Exception], what: str = ""):
+    """The JSON value in the regular file ``path`` (at most ``cap`` bytes, opened non-blocking; see
+    :func:`read_small`); anything else is ``err`` naming the file and the reason."""
+    raw = read_small(path, cap, err, what)
+    try:
+        return parse_json(raw)
+    except NotJSON as e:
+        raise err(f"{what or path}: not valid JSON ({e})") from None

@@ -49,6 +49,7 @@ def parse_args(argv=None):
 
 def _not_ours(path: str):
     """Why the existing ``path`` is not a file consolidation writes (None when it is one)."""
+    from megatron_topo.safe_files import NotJSON, parse_json
     from megatron_topo.safe_outputs import head
 
     if path.endswith(".safetensors"):
@@ -57,8 +58,8 @@ def _not_ours(path: str):
         raw = head(path, 8)
         n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else 0
         try:
-            meta = json.loads(head(path, 8 + n)[8:]).get("__metadata__") if 0 < n <= 1 << 27 else None
-        except (ValueError, AttributeError):
+            meta = parse_json(head(path, 8 + n)[8:]).get("__metadata__") if 0 < n <= 1 << 27 else None
+        except (NotJSON, AttributeError):  # not JSON (too deep, too long an integer ...), not an object
             meta = None
         return (
             None

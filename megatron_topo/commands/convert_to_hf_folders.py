@@ -14,7 +14,7 @@ from megatron_topo.pids import pid_alive
 
 # the names an export holds: --force replaces a folder of these only (never a user's folder)
 EXPORT_NAMES = re.compile(
-    r"config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|"
+    r"config\.json|generation_config\.json|model(-[0-9]{5}-of-[0-9]{5})?\.safetensors|"
     r"model\.safetensors\.index\.json|tokenizer\.json|tokenizer_config\.json|"
     r"special_tokens_map\.json|vocab\.json|merges\.txt|tokenizer\.model|\.megatron_topo_convert\.json"
 )
@@ -73,17 +73,17 @@ def _marked(folder: str) -> "str | None":
     import socket
     import stat
 
-    from megatron_topo.safe_files import read_small_text
+    from megatron_topo.safe_files import NotJSON, parse_json, read_small
 
     path = os.path.join(folder, MARKER)
     try:
         st = os.lstat(path)
         if not stat.S_ISREG(st.st_mode):
             return f"its {MARKER} is not a file"
-        rec = json.loads(read_small_text(path, 4096, OSError))
+        rec = parse_json(read_small(path, 4096, OSError))
     except FileNotFoundError:
         return f"it has no {MARKER} (not made by a conversion)"
-    except (OSError, ValueError):
+    except (OSError, NotJSON):
         return f"its {MARKER} cannot be read as a conversion's record"
     if not (
         isinstance(rec, dict)
@@ -145,11 +145,11 @@ def not_an_export(folder: str) -> "str | None":
 
 def _marker_record(path: str) -> bool:
     """Whether ``path`` is a conversion's marker: a small regular file holding this tool's record."""
-    from megatron_topo.safe_files import read_small_text
+    from megatron_topo.safe_files import NotJSON, parse_json, read_small
 
     try:
-        rec = json.loads(read_small_text(path, 4096, OSError))
-    except (OSError, ValueError, RecursionError):
+        rec = parse_json(read_small(path, 4096, OSError))
+    except (OSError, NotJSON):
         return False
     return (
         isinstance(rec, dict)
@@ -167,7 +167,7 @@ def clean_stale_temporaries(output: str) -> list:
     with such a name is left alone with one line naming it."""
     parent = os.path.dirname(os.path.abspath(output))
     base = os.path.basename(os.path.abspath(output))
-    pat = re.compile(rf"\.{re.escape(base)}\.tmp\.(\d{{1,18}})(\.old)?")
+    pat = re.compile(rf"\.{re.escape(base)}\.tmp\.([0-9]{{1,18}})(\.old)?")
     try:
         names = sorted(os.listdir(parent), key=lambda n: not n.endswith(".old"))
     except OSError:

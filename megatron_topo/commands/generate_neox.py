@@ -39,12 +39,13 @@ _FLAG_ONLY = {
 
 def _ours(path: str) -> bool:
     """The file's first line is a sample record (this tool's or GPT-NeoX's generate.py's output)."""
+    from megatron_topo.safe_files import NotJSON, parse_json
     from megatron_topo.safe_outputs import head
 
     line = head(path, 1 << 20).split(b"\n", 1)[0]
     try:
-        rec = json.loads(line)
-    except ValueError:
+        rec = parse_json(line)
+    except NotJSON:  # not JSON, nested too deeply, an integer past Python's digit limit, not UTF-8
         return False
     return isinstance(rec, dict) and set(rec) >= set(FIELDS)
 

@@ -22,7 +22,7 @@ import warnings
 from megatron_topo.atomic import atomic_path
 from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.error_lines import clean
-from megatron_topo.metrics import drop_superseded, metrics_path, read_metrics
+from megatron_topo.metrics import drop_superseded, is_step, metrics_path, read_metrics
 from megatron_topo.safe_files import why_not_a_file
 
 # panel -> (title, keys tried in order: the canonical key first, then common spellings)
@@ -114,7 +114,7 @@ def load_runs(run_dirs: list[str]) -> list[list[dict]]:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                recs = read_metrics(path)
+                recs = read_metrics(path, keep_bad_steps=True)  # a bad step is refused below
             except UnicodeDecodeError as e:
                 raise PlotError(f"{path}: not UTF-8 text (byte {e.start}); is it a metrics.jsonl?") from None
             except OSError as e:
@@ -123,10 +123,11 @@ def load_runs(run_dirs: list[str]) -> list[list[dict]]:
             print(clean(f"plot_metrics: warning: {w.message}"), file=sys.stderr)
         for r in recs:
             s = r["step"]
-            if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or s != int(s):
+            if not is_step(s):  # a JSON integer: a float (1e-400 reads as 0.0, 5.0000000000000001 as 5.0) is not one
                 shown = repr(s) if len(repr(s)) <= 40 else repr(s)[:40] + "..."
+                kind = " (a JSON float)" if isinstance(s, float) else ""
                 raise PlotError(
-                    f"{path}: a record has step {shown}; steps must be integers (a metrics.jsonl "
+                    f"{path}: a record has step {shown}{kind}; steps must be integers (a metrics.jsonl "
                     f"written by megatron_topo.metrics.MetricsWriter)"
                 )
         recs, dropped = drop_superseded(recs)  # one curve per run: a resume supersedes later steps

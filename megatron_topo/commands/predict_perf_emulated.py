@@ -4,7 +4,6 @@ tools/bench_sharding.py results.json, next to the measured ones (docs/frontier.m
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 
@@ -34,13 +33,10 @@ MAX_RESULTS_BYTES = 256 << 20  # a bench_sharding results.json is kilobytes
 
 def bench_rows(path: str) -> dict:
     """The main-series training rows of a bench_sharding results.json, by strategy."""
-    from megatron_topo.safe_files import read_small_text
+    from megatron_topo.safe_files import read_json
 
-    text = read_small_text(path, MAX_RESULTS_BYTES, ConfigError)  # a FIFO or device is refused, not waited on
-    try:
-        rows = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    # a FIFO or device is refused, not waited on; nesting too deep or a 5,000-digit integer is one line
+    rows = read_json(path, MAX_RESULTS_BYTES, ConfigError)
     if not isinstance(rows, list):
         raise ConfigError(f"{path}: expected a JSON list of bench_sharding rows")
     return {

@@ -104,9 +104,7 @@ def not_a_tokenizer(path: str, model_type: str):
     """Why the existing file ``path`` is not a tokenizer of ``model_type``'s kind (None when it is,
     and --force may replace it): bpe, a tokenizers JSON (an object with a ``model`` object);
     sentencepiece, a model sentencepiece loads. An empty file (a killed earlier write) is replaced."""
-    import json
-
-    from megatron_topo.safe_files import read_small
+    from megatron_topo.safe_files import NotJSON, parse_json, read_small
 
     if not head(path, 1):
         return None
@@ -116,8 +114,8 @@ def not_a_tokenizer(path: str, model_type: str):
         return f"cannot be checked ({str(e)[:200]})"
     if model_type == "bpe":
         try:
-            doc = json.loads(raw)
-        except (ValueError, RecursionError):
+            doc = parse_json(raw)
+        except NotJSON:
             return "is not a tokenizers JSON file"
         if not (isinstance(doc, dict) and isinstance(doc.get("model"), dict)):
             return 'is not a tokenizers JSON file (no "model" object)'

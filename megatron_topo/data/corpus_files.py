@@ -4,10 +4,13 @@ checks of one record (a JSON line, a parquet/``datasets`` row, a plain-text file
 
 from __future__ import annotations
 
-import json
+import re
 from typing import Iterator, Optional
 
+from ..safe_files import NotJSON, parse_json
 from .errors import DataError
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 ZST_SUFFIX = ".zst"
 # One document (a JSON line, a plain-text file) is held whole in memory by the readers and the
@@ -109,13 +112,22 @@ def parse_json_line(line: bytes, keys: tuple[str, ...]) -> Optional[list[str]]:
     if not line.strip():
         return None
     try:
-        obj = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-        raise ValueError(f"invalid JSON ({reason})") from None
+        obj = parse_json(line)
+    except NotJSON as e:  # a syntax error, not UTF-8, nested too deeply, an integer past Python's limit
+        raise ValueError(f"invalid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-    return row_values(obj, keys)
+    values = row_values(obj, keys)
+    # only a JSON escape ("\ud800") makes a lone surrogate (the bytes are decoded as strict UTF-8)
+    if ("\\u" if isinstance(line, str) else b"\\u") in line:
+        for key, v in zip(keys, values):
+            m = _SURROGATE.search(v)
+            if m:
+                raise ValueError(
+                    f"key '{key}' holds the lone surrogate U+{ord(m.group()):04X} (a JSON escape at character "
+                    f"{m.start():,}), which is no Unicode character: not text"
+                )
+    return values
 
 
 def row_values(obj, keys: tuple[str, ...]) -> list[str]:

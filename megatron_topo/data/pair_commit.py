@@ -18,7 +18,7 @@ import stat
 import time
 
 from ..atomic import fsync_dir, remove_quietly, write_text
-from ..safe_files import KIB, read_small_text
+from ..safe_files import KIB, NotJSON, parse_json, read_small_text
 from .errors import DataError
 
 SUFFIX = ".replacing"
@@ -66,11 +66,12 @@ def finish_interrupted(prefix: str) -> bool:
     text = _read_journal(journal, prefix)
     base = re.escape(os.path.basename(prefix))
     try:
-        names = json.loads(text)
+        names = parse_json(text)
         ok = isinstance(names, dict) and all(
-            isinstance(names.get(k), str) and re.fullmatch(rf"{base}\.{k}\.tmp\.\d+", names[k]) for k in ("bin", "idx")
+            isinstance(names.get(k), str) and re.fullmatch(rf"{base}\.{k}\.tmp\.[0-9]+", names[k])
+            for k in ("bin", "idx")
         )
-    except ValueError:
+    except NotJSON:
         ok = False
     if not ok:
         raise DataError(
@@ -150,12 +151,12 @@ def sweep_leftovers(prefix: str, min_age_s: float = 30.0) -> list[str]:
 
     folder = os.path.dirname(os.path.abspath(prefix))
     base = os.path.basename(prefix)
-    pattern = re.compile(rf"{re.escape(base)}\.(bin|idx)\.tmp\.(\d{{1,10}})")
+    pattern = re.compile(rf"{re.escape(base)}\.(bin|idx)\.tmp\.([0-9]{{1,10}})")
     named: set[str] = set()
     if os.path.lexists(journal_path(prefix)):
         try:
-            named = set(json.loads(_read_journal(journal_path(prefix), prefix)).values())
-        except (DataError, ValueError, AttributeError, TypeError):
+            named = set(parse_json(_read_journal(journal_path(prefix), prefix)).values())
+        except (DataError, NotJSON, AttributeError, TypeError):
             return []  # finish_interrupted reports a journal that is not ours
     try:
         names = set(os.listdir(folder))

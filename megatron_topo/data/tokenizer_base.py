@@ -11,6 +11,29 @@ from typing import Optional
 import numpy as np
 
 EOD_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+# A tokenizer file (tokenizer.json, vocab.json, merges.txt, a sentencepiece .model) is a few MiB;
+# a larger one is refused before it is read (a 3 GiB sparse file was read and parsed for minutes).
+FILE_CAP = 1 << 30
+
+
+def read_file(path: str, kind: str) -> bytes:
+    """The bytes of the tokenizer file ``path`` (``kind``: what it should be, e.g. "GPT-2's
+    vocab.json"): a regular file of at most FILE_CAP bytes, opened non-blocking (a FIFO or device is
+    refused, not waited on). A DataError line naming the file otherwise."""
+    from ..safe_files import NotAFile, OverCap, _kind, read_capped
+    from .errors import DataError
+
+    try:
+        return read_capped(path, FILE_CAP)
+    except NotAFile as e:
+        raise DataError(f"{path} is {_kind(e.mode)}, not a file; refusing to read it ({kind})") from None
+    except OverCap as e:
+        size = f"{e.size:,} bytes" if e.size is not None else "grew past the cap while being read"
+        raise DataError(
+            f"{path}: {size}; a tokenizer file ({kind}) is at most {FILE_CAP:,} bytes (1 GiB): is it the right file?"
+        ) from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e}) ({kind})") from None
 
 
 class Tokenizer:

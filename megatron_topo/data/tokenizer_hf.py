@@ -3,14 +3,15 @@ BPE from vocab.json + merges.txt (``GPT2BPETokenizer``) and GPT-NeoX's ``HFGPT2T
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Optional
 
 import numpy as np
 
-from ..safe_files import why_not_a_file
+from ..safe_files import NotJSON, excerpt, parse_json, why_not_a_file
 from .errors import DataError
-from .tokenizer_base import EOD_NAMES, Tokenizer
+from .tokenizer_base import EOD_NAMES, Tokenizer, read_file
 
 
 class HFTokenizer(Tokenizer):
@@ -20,8 +21,9 @@ class HFTokenizer(Tokenizer):
         from tokenizers import Tokenizer as _HF
 
         self.vocab_file = vocab_file
+        text = _text(vocab_file, "a tokenizers JSON file")  # capped: not read whole when huge
         try:
-            self._tok = _HF.from_file(vocab_file)
+            self._tok = _HF.from_str(text)
         except Exception as e:  # the Rust error is multi-line JSON detail
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise DataError(f"{vocab_file}: not a HuggingFace tokenizers JSON file ({first})") from None
@@ -100,8 +102,9 @@ class HFGPT2Tokenizer(HFTokenizer):
                 raise DataError(f"{vocab_file}: folder has neither tokenizer.json nor vocab.json + merges.txt")
         self.vocab_file, self.merge_file = vocab_file, merge_file
         if vocab_file.endswith(".json") and merge_file is None:
+            text = _text(vocab_file, "a tokenizers JSON file")
             try:
-                self._tok = _HF.from_file(vocab_file)
+                self._tok = _HF.from_str(text)
             except Exception as e:
                 first = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise DataError(
@@ -123,10 +126,19 @@ class HFGPT2Tokenizer(HFTokenizer):
         self.pad = self._tok.token_to_id("<|padding|>")
 
 
+def _text(path: str, kind: str) -> str:
+    """The tokenizer file ``path`` as UTF-8 text (capped: :func:`.tokenizer_base.read_file`)."""
+    raw = read_file(path, kind)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); {kind} is UTF-8 text"
+        ) from None
+
+
 def _gpt2_bpe(name: str, vocab_file: str, merge_file: Optional[str]):
     """GPT-2's byte-level BPE (its regex pre-split, no prefix space) as a ``tokenizers`` object."""
-    import json
-
     from tokenizers import Tokenizer as _HF
     from tokenizers import decoders, models, pre_tokenizers
 
@@ -135,23 +147,29 @@ def _gpt2_bpe(name: str, vocab_file: str, merge_file: Optional[str]):
     if not os.path.isfile(merge_file):
         raise DataError(f"merge_file {merge_file}: {why_not_a_file(merge_file)} ({name} needs GPT-2's merges.txt)")
     try:
-        with open(vocab_file, encoding="utf-8") as f:
-            vocab = json.load(f)
-        if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
-            raise ValueError("expected a JSON object of token -> id")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{vocab_file}: not a GPT-2 vocab.json ({str(e).splitlines()[0]})") from None
+        vocab = parse_json(read_file(vocab_file, "GPT-2's vocab.json"))
+    except NotJSON as e:  # a syntax error, nested too deeply, a 5,000-digit integer, not UTF-8
+        raise DataError(f"{vocab_file}: not a GPT-2 vocab.json ({e})") from None
+    if not isinstance(vocab, dict):
+        raise DataError(f"{vocab_file}: not a GPT-2 vocab.json (expected a JSON object of token -> id)")
+    for token, i in vocab.items():
+        if any("\ud800" <= c <= "\udfff" for c in token):  # a JSON escape such as "\ud800"
+            raise DataError(f"{vocab_file}: not a GPT-2 vocab.json: token {excerpt(token)} holds a lone surrogate")
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1 << 32:
+            shown = repr(i) if len(repr(i)) <= 40 else repr(i)[:40] + "..."
+            raise DataError(
+                f"{vocab_file}: not a GPT-2 vocab.json: token {excerpt(token)} has id {shown}; ids are integers "
+                f"in [0, {(1 << 32) - 1:,}]"
+            )
     merges = []
-    with open(merge_file, encoding="utf-8", errors="strict") as f:
-        for n, line in enumerate(f, 1):
-            if (n == 1 and line.startswith("#version")) or not line.strip():
-                continue
-            parts = line.rstrip("\r\n").split(" ")
-            if len(parts) != 2 or parts[0] not in vocab or parts[1] not in vocab:
-                raise DataError(
-                    f"{merge_file}:{n}: not a merges.txt line of two vocabulary tokens ({line.strip()[:40]!r})"
-                )
-            merges.append((parts[0], parts[1]))
+    text = _text(merge_file, "GPT-2's merges.txt")
+    for n, line in enumerate(io.StringIO(text, newline=None), 1):  # the lines open() would give
+        if (n == 1 and line.startswith("#version")) or not line.strip():
+            continue
+        parts = line.rstrip("\r\n").split(" ")
+        if len(parts) != 2 or parts[0] not in vocab or parts[1] not in vocab:
+            raise DataError(f"{merge_file}:{n}: not a merges.txt line of two vocabulary tokens ({line.strip()[:40]!r})")
+        merges.append((parts[0], parts[1]))
     tok = _HF(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import DataError
-from .tokenizer_base import Tokenizer
+from .tokenizer_base import Tokenizer, read_file
 
 
 class SPMTokenizer(Tokenizer):
@@ -16,8 +16,9 @@ class SPMTokenizer(Tokenizer):
         import sentencepiece as spm
 
         self.vocab_file = vocab_file
+        raw = read_file(vocab_file, "a sentencepiece .model")  # capped: not read whole when huge
         try:
-            self._sp = spm.SentencePieceProcessor(model_file=vocab_file)
+            self._sp = spm.SentencePieceProcessor(model_proto=raw)
         except Exception as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise DataError(f"{vocab_file}: not a sentencepiece model ({first})") from None

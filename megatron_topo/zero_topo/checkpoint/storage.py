@@ -186,11 +186,7 @@ def _step_name(d: str) -> bool:
 def prune(root: str, keep_last: int, protect: str = "") -> None:
     if keep_last <= 0:
         return
-    steps = sorted(
-        (int(d[len("global_step") :]), d)
-        for d in os.listdir(root)
-        if _step_name(d)
-    )
+    steps = sorted((int(d[len("global_step") :]), d) for d in os.listdir(root) if _step_name(d))
     for _, d in steps[:-keep_last]:
         if d != protect:
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
@@ -291,9 +287,7 @@ def holds_checkpoints(root: Optional[str]) -> bool:
     """Whether the ``save`` folder ``root`` has a '{LATEST}' file or a global_stepN directory."""
     if not root or not os.path.isdir(root):
         return False
-    return os.path.isfile(os.path.join(root, LATEST)) or any(
-        _step_name(d) for d in os.listdir(root)
-    )
+    return os.path.isfile(os.path.join(root, LATEST)) or any(_step_name(d) for d in os.listdir(root))
 
 
 def read_meta(step_path: str, unverified: bool = False, ask: str = meta_schema.ASK_UNVERIFIED) -> meta_schema.Meta:
