@@ -125,7 +125,7 @@ def test_generate_sample_file_check_reads_a_deep_first_line_as_not_ours(tmp_path
 def test_convert_marker_deep_is_not_a_conversion_record(tmp_path):
     from megatron_topo.commands.convert_to_hf_folders import MARKER, _marked, _marker_record
 
-    (tmp_path / MARKER).write_text(DEEP)
+    (tmp_path / MARKER).write_text("[" * 2000 + "]" * 2000)  # within the marker's 4 KiB cap
     assert _marked(str(tmp_path)) == f"its {MARKER} cannot be read as a conversion's record"
     assert _marker_record(str(tmp_path / MARKER)) is False
 
