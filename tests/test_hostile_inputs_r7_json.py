@@ -323,3 +323,13 @@ def test_prune_keeps_a_step_name_in_other_digits(tmp_path):
         (tmp_path / d).mkdir()
     storage.prune(str(tmp_path), keep_last=1)
     assert sorted(os.listdir(tmp_path)) == sorted(["global_step2", "global_step\u0663", "global_step\u00b2"])
+
+
+def test_bench_cpu_fit_meta_nested_deeply_is_one_line(tmp_path):
+    """A member the probe did not list: bench_sharding's ``--cpu-fit DIR`` reads DIR/meta.json."""
+    from megatron_topo.analysis.bench import accum
+
+    (tmp_path / "meta.json").write_text(DEEP)
+    with pytest.raises(SystemExit) as e:
+        accum.earlier_fit(str(tmp_path), {})
+    assert str(e.value.code).endswith("meta.json: not valid JSON (nested too deeply))"), e.value.code

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from typing import Optional
@@ -79,10 +78,11 @@ def earlier_fit(directory: Optional[str], meta: dict) -> list:
 
     if not directory:
         return []
+    from megatron_topo.safe_files import read_json
+
     path = os.path.join(directory, "meta.json")
-    try:
-        with open(path) as f:
-            fit = json.load(f)["cpu_fit"]
+    try:  # capped and non-blocking; nesting too deep or a 5,000-digit integer is a reason, not a traceback
+        fit = read_json(path, 16 << 20, OSError)["cpu_fit"]
         cpu = emu.from_fit_record(fit)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"error: --cpu-fit {directory}: no fitted constants in {path} ({e})") from None
