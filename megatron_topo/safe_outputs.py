@@ -183,12 +183,22 @@ def check_output_file(
 
 
 def head(path: str, n: int) -> bytes:
-    """The first ``n`` bytes of the regular file ``path`` (b"" when unreadable)."""
+    """The first ``n`` bytes of the regular file ``path`` (b"" when unreadable or not a regular
+    file). Opened non-blocking: a FIFO put there (e.g. beside the file a caller checked) is never
+    waited on."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(n)
     except OSError:
         return b""
+    finally:
+        os.close(fd)
 
 
 def safetensors_source(path: str) -> Optional[str]:

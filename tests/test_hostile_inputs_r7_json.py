@@ -333,3 +333,26 @@ def test_bench_cpu_fit_meta_nested_deeply_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         accum.earlier_fit(str(tmp_path), {})
     assert str(e.value.code).endswith("meta.json: not valid JSON (nested too deeply))"), e.value.code
+
+
+def test_an_output_check_never_opens_a_fifo_beside_the_file(corpus):
+    """preprocess_data --force over PREFIX.bin checks PREFIX.idx's header: a FIFO there was opened
+    blocking (safe_outputs.head), a hang; it is now read non-blocking and is no dataset index."""
+    (corpus / "out" / "x_text_document.bin").write_bytes(b"mine")
+    os.mkfifo(corpus / "out" / "x_text_document.idx")
+    try:
+        r = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "tools", "preprocess_data.py"), *_pre(), "--force"],
+            capture_output=True,
+            text=True,
+            timeout=25,
+            cwd=corpus,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("preprocess_data waited on the FIFO out/x_text_document.idx")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "error: --output-prefix out/x_text_document.bin exists and is not part of a dataset (no dataset index "
+        "out/x_text_document.idx beside it); it is not replaced, even with --force: write it elsewhere"
+    ], r.stderr[-2000:]
+    assert (corpus / "out" / "x_text_document.bin").read_bytes() == b"mine"
