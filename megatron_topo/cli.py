@@ -6,7 +6,7 @@ import argparse
 import math
 import os
 
-from .error_lines import LINE_CAP, clean, emit
+from .error_lines import LINE_CAP, clean, emit, problem_lines
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,13 +52,14 @@ def _other_rank() -> bool:
 def fail(e: BaseException, path: str = "", status: int = 2) -> int:
     """Print the one ``error:`` line for an expected failure of a tool and return its exit status:
     an OSError as ``PATH: reason`` (``path`` when the error names no file), anything else as its
-    message; each line escaped and capped (error_lines.clean)."""
+    message; escaped and capped (error_lines.clean): a line separator in a user's value inside the
+    message is escaped, never split at. Only a config file's several problems (``problems``) are
+    several lines, one ``error:`` line each."""
     if isinstance(e, OSError):
-        text = f"{e.filename or path}: {e.strerror or e}"
+        lines = [f"{e.filename or path}: {e.strerror or e}"]
     else:
-        text = str(e)
-    # a config file's several problems: one error: line each (never a line without the prefix)
-    for line in getattr(e, "problems", None) or text.splitlines() or [type(e).__name__]:
+        lines = problem_lines(e)
+    for line in lines:
         emit("error", line)
     return status
 

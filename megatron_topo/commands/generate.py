@@ -23,6 +23,7 @@ import sys
 
 from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.commands.generate_load import GenerateError, build_tokenizer_or_none, check_device, load_model
+from megatron_topo.error_lines import first_line
 
 __all__ = ["GenerateError", "build_tokenizer_or_none", "check_device", "generate", "load_model", "main", "parse_ids"]
 
@@ -172,7 +173,7 @@ def main(argv=None) -> int:
             try:
                 ids = tok.tokenize(args.prompt)
             except DataError as e:  # a text the tokenizer cannot encode (e.g. CharLevel's ids below 256)
-                raise GenerateError(f"--prompt: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                raise GenerateError(f"--prompt: {first_line(e)}") from None
             if not ids:
                 raise GenerateError("--prompt is empty after tokenization")
             bad = [i for i in ids if not 0 <= i < cfg.model.vocab_size]

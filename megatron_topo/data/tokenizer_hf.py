@@ -8,6 +8,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..error_lines import first_line
 from ..safe_files import why_not_a_file
 from .errors import DataError
 from .tokenizer_base import EOD_NAMES, Tokenizer
@@ -23,7 +24,7 @@ class HFTokenizer(Tokenizer):
         try:
             self._tok = _HF.from_file(vocab_file)
         except Exception as e:  # the Rust error is multi-line JSON detail
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            first = first_line(e)
             raise DataError(f"{vocab_file}: not a HuggingFace tokenizers JSON file ({first})") from None
         self._eod = next((i for i in map(self._tok.token_to_id, EOD_NAMES) if i is not None), None)
 
@@ -103,7 +104,7 @@ class HFGPT2Tokenizer(HFTokenizer):
             try:
                 self._tok = _HF.from_file(vocab_file)
             except Exception as e:
-                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                first = first_line(e)
                 raise DataError(
                     f"{vocab_file}: not a HuggingFace tokenizers JSON file ({first}); for a GPT-2 "
                     f"vocab.json also give --merge-file"
@@ -140,7 +141,7 @@ def _gpt2_bpe(name: str, vocab_file: str, merge_file: Optional[str]):
         if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
             raise ValueError("expected a JSON object of token -> id")
     except (ValueError, UnicodeDecodeError) as e:
-        raise DataError(f"{vocab_file}: not a GPT-2 vocab.json ({str(e).splitlines()[0]})") from None
+        raise DataError(f"{vocab_file}: not a GPT-2 vocab.json ({first_line(e)})") from None
     merges = []
     with open(merge_file, encoding="utf-8", errors="strict") as f:
         for n, line in enumerate(f, 1):
