@@ -1,0 +1,214 @@
+"""Hostile inputs, probe 7 (issue 29), the families fixed by the session that ran it:
+
+* F5: a line separator (``\\n``, ``\\r``, ``\\x0b``, ``\\x85``, U+2028, U+2029) inside an echoed value
+  split the error line in two (``error: ... c`` + ``error: k``) or cut it (the reason lost): the
+  printers split every message with ``str.splitlines``; now one message is one line with the
+  separator escaped, and only an error carrying several ``problems`` is several lines;
+* F6: preprocess_data wrote its dataset (``--output-prefix``) or the datasets cache
+  (``--hf-cache-dir``) into a HuggingFace export or a checkpoint's folder (exit 0);
+* F8 and the sampling family: ``--top-p 1e-310`` (and other tiny or huge top-p / temperature values)
+  crashed sampling with a NaN probability tensor;
+* small ones: ``--prompt-ids 1,,2``, ``--latency a,b,c``, sizes that round to 0 bytes, trace-folder
+  messages, the trace's temporary name, a key repeated in an HF config.json.
+"""
+
+import json
+import os
+
+import pytest
+
+from megatron_topo import error_lines
+from megatron_topo.cli import fail
+from megatron_topo.commands import convert_to_hf as H
+from megatron_topo.commands import generate as G
+from megatron_topo.commands import inspect_data as ID
+from megatron_topo.commands import plot_metrics as PM
+from megatron_topo.commands import predict_perf as PP
+from megatron_topo.commands import preprocess_data as PD
+from megatron_topo.commands import train as train_cli
+from megatron_topo.config import ConfigError, ConfigErrors
+from megatron_topo.data.errors import DataError, error_line
+
+from .cli_cases import build_hostile_world, call, one_error_line, scratch, snapshot
+
+SEPS = {"nl": "\n", "cr": "\r", "vt": "\x0b", "nel": "\x85", "ls": "\u2028", "ps": "\u2029"}
+ESC = {"nl": "\\x0a", "cr": "\\x0d", "vt": "\\x0b", "nel": "\\x85", "ls": "\\u2028", "ps": "\\u2029"}
+TEXT = ["the quick brown fox", "jumps over the lazy dog", "hello world"] * 14
+PRE = ["--tokenizer-type", "CharLevelTokenizer", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = build_hostile_world(tmp_path_factory.mktemp("r7lines"))
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        assert H.main(["--checkpoint", "ck", "--output", "hf"]) == 0
+        (d / "text").mkdir()
+        (d / "text" / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXT))
+        (d / "mr").mkdir()
+        (d / "mr" / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s, "loss": 4.0 - s / 10}) + "\n" for s in range(1, 5))
+        )
+        (d / "m.yml").write_text(
+            "".join(ln + "\n" for ln in (d / "cfg.yml").read_text().splitlines() if not ln.startswith("distributed:"))
+        )
+    finally:
+        os.chdir(cwd)
+    return d
+
+
+# ------------------------------------------------------------------ F5: one message is one line
+FRONTIER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "frontier.yml")
+
+# (entry point, argv with {v} for the value, the value around the separator, the reason the line must keep)
+ECHO = {
+    "train-load": (train_cli.main, ["cfg.yml", "--set", "load={v}", "--set", "train_iters=1"], "c|k", "does not exist"),
+    "train-data-path": (
+        train_cli.main,
+        ["cfg.yml", "--set", "data_path={v}", "--set", "train_iters=1"],
+        "data/t|oy",
+        ".idx: file not found",
+    ),
+    "train-config-name": (train_cli.main, ["{v}"], "cf|g.yml", "config file not found"),
+    "inspect-prefix": (ID.main, ["{v}"], "data/t|oy", ".idx: file not found"),
+    "generate-checkpoint": (
+        G.main,
+        ["--checkpoint", "{v}", "--prompt-ids", "1", "--max-new-tokens", "1"],
+        "c|k",
+        "does not exist",
+    ),
+    "convert-checkpoint": (H.main, ["--checkpoint", "{v}", "--output", "hf2"], "c|k", "does not exist"),
+    "preprocess-input": (
+        PD.main,
+        ["--input", "{v}", "--output-prefix", "out/x"] + PRE,
+        "te|xt.jsonl",
+        "no such file or directory",
+    ),
+    "plot-run": (PM.main, ["{v}", "--out", "p.png"], "m|r", "no such run directory"),
+    "perf-model": (PP.main, ["--model", "{v}", "--system", FRONTIER, "--gcds", "8"], "m|.yml", "not found"),
+    "perf-system": (PP.main, ["--model", "m.yml", "--system", "{v}", "--gcds", "8"], "s|.yml", "not found"),
+}
+
+
+@pytest.mark.parametrize("sep", list(SEPS))
+@pytest.mark.parametrize("case", list(ECHO))
+def test_a_line_separator_in_an_echoed_value_is_escaped_in_one_line(case, sep, world, tmp_path, monkeypatch, capfd):
+    entry, argv, value, reason = ECHO[case]
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snapshot(d)
+    raw = value.replace("|", SEPS[sep])
+    rc = call(entry, [a.replace("{v}", raw) for a in argv])
+    assert rc not in (0, None), rc
+    line = one_error_line(capfd)  # one line: the separator neither splits it nor cuts it
+    assert value.replace("|", ESC[sep]) in line, line
+    assert reason in line, line
+    assert snapshot(d) == before
+
+
+def test_a_line_separator_in_a_yaml_value_is_escaped_in_one_line(world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    (d / "c2.yml").write_text(
+        "".join(ln + "\n" for ln in (d / "cfg.yml").read_text().splitlines() if "data_path" not in ln)
+    )
+    (d / "y.yml").write_text('train_data_paths: ["data/toy\\n", "data/o\\u2028ther"]\n')
+    assert call(train_cli.main, ["c2.yml", "y.yml", "--set", "train_iters=1"]) == 2
+    line = one_error_line(capfd)
+    assert "data/toy\\x0a.idx: file not found" in line, line
+
+
+@pytest.mark.parametrize("sep", list(SEPS))
+def test_emit_and_fail_never_split_a_message(sep, capfd):
+    msg = f"checkpoint path does not exist: c{SEPS[sep]}k"
+    assert fail(ConfigError(msg)) == 2
+    assert fail(OSError(2, "No such file or directory", f"a{SEPS[sep]}b")) == 2
+    error_lines.emit("warning", msg)
+    err = capfd.readouterr().err
+    assert err == (
+        f"error: checkpoint path does not exist: c{ESC[sep]}k\n"
+        f"error: a{ESC[sep]}b: No such file or directory\n"
+        f"warning: checkpoint path does not exist: c{ESC[sep]}k\n"
+    )
+
+
+def test_only_a_problems_list_is_several_lines(capfd):
+    e = ConfigErrors(["a.yml: key x\u2028y unknown", "b.yml: key z unknown"])
+    assert fail(e) == 2
+    train_cli.print_errors(e)
+    one = "error: a.yml: key x\\u2028y unknown\nerror: b.yml: key z unknown\n"
+    assert capfd.readouterr().err == one + one
+    long = ConfigError("v=" + "a\n" * 2000)  # escaped and capped like any other line
+    fail(long)
+    (line,) = capfd.readouterr().err.splitlines()
+    assert len(line) <= error_lines.LINE_CAP and "cut:" in line and "\\x0a" in line
+
+
+def test_first_line_keeps_our_messages_whole_and_summarises_a_library_s():
+    assert error_line(DataError("data/t\u2028oy.idx: file not found")) == "data/t\u2028oy.idx: file not found"
+    assert error_lines.first_line(DataError("x\ny: reason")) == "x\ny: reason"
+    assert error_lines.first_line(ConfigErrors(["one", "two"])) == "one"
+    assert error_lines.first_line(ValueError("summary\nparagraph two")) == "summary"
+    assert error_lines.first_line(ValueError("a\u2028b\rc")) == "a\u2028b\rc"  # never cut at another separator
+    assert error_lines.first_line(ValueError("")) == "ValueError"
+
+
+# ------------------------------------------------------------------ F6: preprocess outputs
+@pytest.mark.parametrize(
+    "prefix, words",
+    [
+        ("hf/x", ["a HuggingFace model folder"]),
+        ("hf/sub/x", ["a HuggingFace model folder"]),
+        ("ck/x", ["a checkpoint save folder"]),
+    ],
+)
+def test_preprocess_output_prefix_inside_another_artifact_is_refused(
+    prefix, words, world, tmp_path, monkeypatch, capfd
+):
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snapshot(d)
+    rc = call(PD.main, ["--input", "text/in.jsonl", "--output-prefix", prefix] + PRE)
+    assert rc == 1
+    line = one_error_line(capfd)
+    assert f"--output-prefix {prefix}_text_document.bin lies inside" in line, line
+    for w in words:
+        assert w in line, line
+    assert snapshot(d) == before
+    assert not (d / "hf" / "sub").exists()
+
+
+@pytest.mark.parametrize(
+    "cache, words",
+    [
+        ("ck/global_step2/c", ["lies inside", "a checkpoint step folder"]),
+        ("ck", ["is ", "a checkpoint save folder"]),
+        ("hf/c", ["lies inside", "a HuggingFace model folder"]),
+    ],
+)
+def test_preprocess_hf_cache_dir_inside_another_artifact_is_refused(cache, words, world, tmp_path, monkeypatch, capfd):
+    pytest.importorskip("datasets")
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snapshot(d)
+    argv = ["--output-prefix", "out/x"] + PRE + ["--hf-dataset", "text", "--hf-data-files", "text/in.jsonl"]
+    rc = call(PD.main, argv + ["--hf-cache-dir", cache])
+    assert rc == 1
+    line = one_error_line(capfd)
+    assert line.startswith(f"error: --hf-cache-dir {cache} "), line
+    for w in words:
+        assert w in line, line
+    assert snapshot(d) == before
+    assert not (d / "out").exists()
+
+
+@pytest.mark.parametrize("prefix", ["out/x", "mr/x"])
+def test_preprocess_into_a_plain_folder_still_writes(prefix, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    assert call(PD.main, ["--input", "text/in.jsonl", "--output-prefix", prefix] + PRE) == 0
+    assert (d / f"{prefix}_text_document.idx").is_file()
+
+
+def test_preprocess_hf_cache_dir_of_its_own_still_works(world, tmp_path, monkeypatch):
+    pytest.importorskip("datasets")
+    d = scratch(world, tmp_path, monkeypatch)
+    argv = ["--output-prefix", "out/x"] + PRE + ["--hf-dataset", "text", "--hf-data-files", "text/in.jsonl"]
+    assert call(PD.main, argv + ["--hf-cache-dir", "hfc"]) == 0
+    assert (d / "out" / "x_text_document.idx").is_file() and (d / "hfc").is_dir()
