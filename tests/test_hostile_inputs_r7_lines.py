@@ -212,3 +212,104 @@ def test_preprocess_hf_cache_dir_of_its_own_still_works(world, tmp_path, monkeyp
     argv = ["--output-prefix", "out/x"] + PRE + ["--hf-dataset", "text", "--hf-data-files", "text/in.jsonl"]
     assert call(PD.main, argv + ["--hf-cache-dir", "hfc"]) == 0
     assert (d / "out" / "x_text_document.idx").is_file() and (d / "hfc").is_dir()
+
+
+# ------------------------------------------------------------------ F8: sampling with tiny / huge values
+TINY_P = [5e-324, 1e-310, 1e-300, 1e-46, 1e-45, 1e-39, 1e-30, 1e-9]
+TEMPS = [5e-324, 1e-310, 1e-7, 1e-6, 0.5, 1.0, 1e30, 3.5e38, 1e300, 1.7976931348623157e308]
+
+
+def _logit_family():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    yield torch.randn(64, generator=g)
+    yield torch.randn(64, generator=g) * 1e30  # spans past what a division by a small temperature keeps finite
+    yield torch.tensor([3e38, -3e38, 0.0, 1e38])  # float32's extremes
+    yield torch.zeros(64)  # all tied
+    yield torch.tensor([1.0, 1.0, 0.5, -1.0])  # a tie at the top
+
+
+@pytest.mark.parametrize("top_p", TINY_P)
+def test_a_tiny_top_p_keeps_exactly_the_most_likely_token(top_p):
+    import torch
+
+    from megatron_topo.model.sampling import filter_logits, next_token
+
+    for logits in _logit_family():
+        kept = torch.isfinite(filter_logits(logits, top_p=top_p))
+        first = int(torch.sort(torch.softmax(logits, -1), descending=True, stable=True).indices[0])
+        assert kept.tolist() == [i == first for i in range(logits.numel())], (top_p, logits)
+        g = torch.Generator().manual_seed(1)
+        assert {next_token(logits, False, 1.0, 0, top_p, g) for _ in range(20)} == {first}
+
+
+@pytest.mark.parametrize("temperature", TEMPS)
+@pytest.mark.parametrize("top_k, top_p", [(0, 0.0), (1, 0.0), (3, 0.5), (0, 1e-310), (10**9, 0.999999)])
+def test_sampling_never_sees_nan_at_extreme_temperatures(temperature, top_k, top_p):
+    """Every draw is a token in range (torch.multinomial raises on a NaN or all-zero probability
+    vector); top_k 1 or a tiny top_p draws a most likely token of the scaled logits."""
+    import torch
+
+    from megatron_topo.model.sampling import next_token
+
+    g = torch.Generator().manual_seed(2)
+    for logits in _logit_family():
+        draws = {next_token(logits, False, temperature, top_k, top_p, g) for _ in range(8)}
+        assert all(0 <= t < logits.numel() for t in draws), (temperature, logits)
+        if top_k == 1 or top_p == 1e-310:
+            best = float(logits.max())
+            assert all(float(logits[t]) == best for t in draws) or temperature > 1e29, (draws, logits)
+
+
+@pytest.mark.parametrize("temperature", TEMPS)
+def test_scale_logits_is_never_nan(temperature):
+    import torch
+
+    from megatron_topo.model.sampling import filter_logits, scale_logits
+
+    for logits in _logit_family():
+        scaled = scale_logits(logits, temperature)
+        assert not torch.isnan(scaled).any() and float(scaled.max()) == 0.0
+        for top_k, top_p in [(0, 0.0), (3, 0.5), (0, 1e-310)]:
+            probs = torch.softmax(filter_logits(scaled, top_k, top_p), -1)
+            assert not torch.isnan(probs).any() and float(probs.sum()) == pytest.approx(1.0, abs=1e-5)
+            # a most likely token (after scaling: a huge temperature ties them all) can always be drawn
+            full = torch.softmax(scaled, -1)
+            assert bool(((full == full.max()) & (probs > 0)).any())
+
+
+def test_scale_logits_is_the_old_division_for_ordinary_values():
+    import torch
+
+    from megatron_topo.model.sampling import scale_logits
+
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    for t in (0.3, 0.8, 1.0, 2.0):
+        assert torch.allclose(torch.softmax(scale_logits(x, t), -1), torch.softmax(x / t, -1), atol=1e-7)
+
+
+def _ids(capsys, argv):
+    rc = call(G.main, argv)
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    (line,) = [ln for ln in out.out.splitlines() if ln.startswith("ids:")]
+    return [int(t) for t in line.split()[1:]]
+
+
+@pytest.mark.parametrize("flags", [["--top-p", "1e-310"], ["--top-p", "5e-324"], ["--top-p", "1e-45"]])
+def test_generate_with_a_subnormal_top_p_is_greedy(flags, world, tmp_path, monkeypatch, capsys):
+    scratch(world, tmp_path, monkeypatch)
+    base = ["--checkpoint", "ck", "--prompt-ids", "1,2", "--max-new-tokens", "6"]
+    greedy = _ids(capsys, base + ["--greedy"])
+    assert _ids(capsys, base + flags + ["--seed", "5"]) == greedy
+    assert len(greedy) == 6 and all(0 <= t < 64 for t in greedy)
+
+
+@pytest.mark.parametrize("temperature", ["5e-324", "1e-300", "1e300", "1.7976931348623157e308"])
+def test_generate_at_an_extreme_temperature_gives_tokens_in_range(temperature, world, tmp_path, monkeypatch, capsys):
+    scratch(world, tmp_path, monkeypatch)
+    ids = _ids(
+        capsys, ["--checkpoint", "ck", "--prompt-ids", "1,2", "--max-new-tokens", "6", "--temperature", temperature]
+    )
+    assert len(ids) == 6 and all(0 <= t < 64 for t in ids)
