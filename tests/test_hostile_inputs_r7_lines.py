@@ -313,3 +313,138 @@ def test_generate_at_an_extreme_temperature_gives_tokens_in_range(temperature, w
         capsys, ["--checkpoint", "ck", "--prompt-ids", "1,2", "--max-new-tokens", "6", "--temperature", temperature]
     )
     assert len(ids) == 6 and all(0 <= t < 64 for t in ids)
+
+
+# ------------------------------------------------------------------ small ones (probe 7's debatable list)
+@pytest.mark.parametrize("ids, item", [("1,,2", "item 2 of 3"), ("1,2,", "item 3 of 3"), (",1", "item 1 of 2")])
+def test_generate_prompt_ids_with_an_empty_item_is_refused(ids, item, world, tmp_path, monkeypatch, capfd):
+    scratch(world, tmp_path, monkeypatch)
+    assert call(G.main, ["--checkpoint", "ck", "--prompt-ids", ids, "--max-new-tokens", "1"]) == 2
+    line = one_error_line(capfd)
+    assert f"--prompt-ids '{ids}': {item} is empty" in line, line
+
+
+def test_generate_prompt_ids_with_spaces_still_read(world, tmp_path, monkeypatch, capsys):
+    scratch(world, tmp_path, monkeypatch)
+    base = ["--checkpoint", "ck", "--max-new-tokens", "3", "--greedy"]
+    assert _ids(capsys, base + ["--prompt-ids", " 1, 2"]) == _ids(capsys, base + ["--prompt-ids", "1,2"])
+
+
+def test_emulate_cluster_latency_takes_at_most_two_values(capfd):
+    from megatron_topo.analysis.emulation import RateError
+    from megatron_topo.analysis.emulation.rates import parse_latency_pair
+    from megatron_topo.commands import emulate_cluster as EC
+
+    a = EC.build_parser().parse_args(["--latency", "1us,2us,3us", "--", "true"])
+    with pytest.raises(RateError, match=r"latency '1us,2us,3us' gives 3 values; give INTER\[,INTRA\]"):
+        EC.spec_from_args(a)
+    a = EC.build_parser().parse_args(["--latency", "50us,1ms", "--", "true"])
+    spec = EC.spec_from_args(a)
+    assert (spec.latency_inter_us, spec.latency_intra_us) == (50.0, 1000.0)
+    assert parse_latency_pair("2ms") == (2000.0, 0.0)
+    assert call(EC.main, ["--latency", "1us,2us,3us", "--", "true"]) == 2
+    assert "gives 3 values" in one_error_line(capfd)
+
+
+@pytest.mark.parametrize("text, unit", [("5e-324", "MiB"), ("1e-7", "MB"), ("1e-300", "GiB"), ("0.5", "B")])
+def test_a_positive_size_below_one_byte_is_refused(text, unit):
+    import argparse
+
+    from megatron_topo.cli import bounded
+
+    parse = bounded(float, 0.0, 1e6, lo_open=True, unit=unit)
+    with pytest.raises(argparse.ArgumentTypeError, match=f"{text} {unit} is less than one byte"):
+        parse(text)
+    assert parse("1") == 1.0  # one unit is at least a byte
+    assert bounded(float, 0.0, 1e6, lo_open=True, unit="MB")("1e-6") == 1e-6  # exactly one byte
+    assert bounded(float, 0.0, 1e6, unit=unit)(text) == float(text)  # 0 allowed: so is what rounds to it
+
+
+def test_bench_kernels_sizes_below_one_byte_is_one_line(capfd):
+    from megatron_topo.commands import bench_kernels as BK
+
+    assert call(BK.main, ["--sizes-mib", "1", "5e-324"]) == 2
+    assert "argument --sizes-mib: 5e-324 MiB is less than one byte" in one_error_line(capfd)
+
+
+TRACE = ["cfg.yml", "--set", "train_iters=1", "--set"]
+
+
+@pytest.mark.parametrize(
+    "make, path, words",
+    [
+        (lambda d: os.symlink("nowhere", d / "tr"), "tr", ["symbolic link (to 'nowhere') that leads nowhere"]),
+        (lambda d: os.symlink("tr", d / "tr"), "tr", ["symbolic link (to 'tr') that leads nowhere", "loop"]),
+        (lambda d: None, "tr/../cfg.yml", ["leads to", "cfg.yml, which exists and is not a directory"]),
+    ],
+)
+def test_a_trace_folder_that_cannot_be_one_names_the_key_and_why(
+    make, path, words, world, tmp_path, monkeypatch, capfd
+):
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snapshot(d)
+    make(d)
+    names = sorted(os.listdir(d))
+    link = os.readlink(d / "tr") if os.path.islink(d / "tr") else None
+    assert call(train_cli.main, TRACE + [f"distributed.trace_collectives={path}"]) == 2
+    line = one_error_line(capfd)
+    assert line.startswith(f"error: distributed.trace_collectives {path} "), line
+    for w in words:
+        assert w in line, line
+    assert sorted(os.listdir(d)) == names  # no tr/ made for tr/../cfg.yml
+    if link is not None:
+        assert os.readlink(d / "tr") == link
+        os.unlink(d / "tr")
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize("path", ["/proc/self/fd", "/sys/kernel"])
+def test_a_trace_folder_where_no_file_can_be_made_names_the_key(path, world, tmp_path, monkeypatch, capfd):
+    if not os.path.isdir(path):
+        pytest.skip(f"no {path} here")
+    try:
+        fd = os.open(os.path.join(path, "probe.new"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError:
+        pass
+    else:
+        os.close(fd)
+        os.unlink(os.path.join(path, "probe.new"))
+        pytest.skip(f"{path} takes new files on this machine")
+    scratch(world, tmp_path, monkeypatch)
+    assert call(train_cli.main, TRACE + [f"distributed.trace_collectives={path}"]) == 2
+    line = one_error_line(capfd)
+    assert line.startswith(f"error: distributed.trace_collectives {path}: cannot create rank_0.jsonl there ("), line
+    assert ".new" not in line, line
+
+
+def test_the_trace_temporary_never_touches_a_user_file(world, tmp_path, monkeypatch, capfd):
+    """The temporary was rank_0.jsonl.PID.new, unlinked before use: a user's file of that name was
+    deleted without a word. Now a random name, made with O_EXCL; a name taken is left alone."""
+    import secrets
+
+    d = scratch(world, tmp_path, monkeypatch)
+    (d / "tr").mkdir()
+    mine = d / "tr" / f"rank_0.jsonl.{os.getpid()}.new"
+    mine.write_text("my notes\n")
+    drawn = iter(["aaaa", "aaaa", "bbbb"])
+    monkeypatch.setattr(secrets, "token_hex", lambda n=None: next(drawn))
+    taken = d / "tr" / f"rank_0.jsonl.{os.getpid()}.aaaa.new"
+    taken.write_text("also mine\n")
+    assert call(train_cli.main, TRACE + ["distributed.trace_collectives=tr"]) == 0
+    assert mine.read_text() == "my notes\n" and taken.read_text() == "also mine\n"
+    assert sorted(p.name for p in (d / "tr").iterdir()) == sorted(["rank_0.jsonl", mine.name, taken.name])
+    assert (d / "tr" / "rank_0.jsonl").is_file() and not (d / "tr" / "rank_0.jsonl").is_symlink()
+
+
+def test_an_hf_config_with_a_repeated_key_names_it(world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    cfg = d / "hf" / "config.json"
+    text = cfg.read_text()
+    assert text.count('"hidden_size": 32') == 1
+    cfg.write_text(text.replace('"hidden_size": 32', '"hidden_size": 32, "hidden_size": 64'))
+    before = snapshot(d)
+    assert call(train_cli.main, ["cfg.yml", "--set", "finetune_from=hf", "--set", "train_iters=1"]) == 2
+    line = one_error_line(capfd)
+    assert "hf/config.json: key 'hidden_size' is given twice (int 32, then int 64); state each key once" in line
+    assert "intermediate_size" not in line
+    assert snapshot(d) == before
