@@ -6,7 +6,7 @@ import argparse
 import math
 import os
 
-from .error_lines import LINE_CAP, clean, emit
+from .error_lines import LINE_CAP, clean, emit, problem_lines
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -52,13 +52,14 @@ def _other_rank() -> bool:
 def fail(e: BaseException, path: str = "", status: int = 2) -> int:
     """Print the one ``error:`` line for an expected failure of a tool and return its exit status:
     an OSError as ``PATH: reason`` (``path`` when the error names no file), anything else as its
-    message; each line escaped and capped (error_lines.clean)."""
+    message; escaped and capped (error_lines.clean): a line separator in a user's value inside the
+    message is escaped, never split at. Only a config file's several problems (``problems``) are
+    several lines, one ``error:`` line each."""
     if isinstance(e, OSError):
-        text = f"{e.filename or path}: {e.strerror or e}"
+        lines = [f"{e.filename or path}: {e.strerror or e}"]
     else:
-        text = str(e)
-    # a config file's several problems: one error: line each (never a line without the prefix)
-    for line in getattr(e, "problems", None) or text.splitlines() or [type(e).__name__]:
+        lines = problem_lines(e)
+    for line in lines:
         emit("error", line)
     return status
 
@@ -70,12 +71,17 @@ def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:
     return f"in {'(' if lo_open else '['}{show(lo)}, {show(hi)}{')' if hi_open else ']'}"
 
 
+# a size flag's unit in bytes: a positive size (lower bound 0 excluded) below one byte is refused
+BYTE_UNITS = {"B": 1, "KB": 1e3, "KiB": 1024, "MB": 1e6, "MiB": 2**20, "GB": 1e9, "GiB": 2**30}
+
+
 def bounded(kind, lo, hi=None, *, lo_open: bool = False, hi_open: bool = False, unit: str = "", why: str = ""):
     """An argparse ``type=`` for a number of ``kind`` (int or float) in [lo, hi] (``lo_open`` /
     ``hi_open``: the bound itself excluded; ``hi`` None: no upper bound, only for a benchmark's
     --steps/--repeats/--rounds, docs/reliability.md). A value outside, a non-finite float or a
     non-number is the parser's one ``error:`` line: ``argument --mb: 1e+09 must lie in (0, 65536]
-    MB (...why)``. Each item of an ``nargs`` list is checked."""
+    MB (...why)``. Each item of an ``nargs`` list is checked. A size (``unit`` in
+    :data:`BYTE_UNITS`) that must be positive must also be at least one byte (5e-324 MiB is 0 bytes)."""
     from .error_lines import brief
 
     name = "an integer" if kind is int else "a number"
@@ -93,6 +99,8 @@ def bounded(kind, lo, hi=None, *, lo_open: bool = False, hi_open: bool = False, 
         high = hi is not None and (v >= hi if hi_open else v > hi)
         if low or high:
             raise argparse.ArgumentTypeError(f"{brief(text, 40)} {rule}")
+        if lo_open and lo == 0 and unit in BYTE_UNITS and v * BYTE_UNITS[unit] < 1:  # 5e-324 MiB: 0 bytes
+            raise argparse.ArgumentTypeError(f"{brief(text, 40)} {unit} is less than one byte; it {rule}")
         return v
 
     parse.__name__ = kind.__name__  # argparse names the type in its own messages

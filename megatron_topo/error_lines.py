@@ -6,6 +6,11 @@ characters (a 100,000-character value is cut in the middle, naming how much was 
 
 Messages should already show such values as short excerpts (:func:`megatron_topo.safe_files.excerpt`);
 :func:`clean` is applied on top, by every printer of those lines, so nothing escapes it.
+
+One message is one line: a line separator inside it (``\\n``, ``\\r``, ``\\x0b``, ``\\x85``, U+2028,
+U+2029, all of which ``str.splitlines`` splits at) is a user's value (a file name, a ``--set``
+argument) and is shown escaped, never split at. Only an error that carries several problems (a
+``problems`` list, :func:`problem_lines`) becomes several lines, one each.
 """
 
 from __future__ import annotations
@@ -42,10 +47,36 @@ def clean(line: str, cap: int = LINE_CAP) -> str:
 
 
 def emit(prefix: str, text, file=None, flush: bool = False) -> None:
-    """Print ``PREFIX: TEXT`` as one clean line (``text`` holding several lines: one each)."""
+    """Print ``PREFIX: TEXT`` as one clean line: a line separator inside ``text`` is escaped, not
+    split at (several problems are several calls, :func:`problem_lines`)."""
     out = sys.stderr if file is None else file
-    for part in str(text).splitlines() or [""]:
-        print(clean(f"{prefix}: {part}" if prefix else part), file=out, flush=flush)
+    text = str(text)
+    print(clean(f"{prefix}: {text}" if prefix else text), file=out, flush=flush)
+
+
+def problem_lines(e: BaseException) -> list:
+    """The messages of ``e``, one per line to print: its ``problems`` list when it carries several
+    (a config file's problems, reported at once), else its message as one line."""
+    problems = getattr(e, "problems", None)
+    if problems:
+        return [str(p) for p in problems]
+    return [str(e) or type(e).__name__]
+
+
+def first_line(e: BaseException) -> str:
+    """A short summary of ``e`` for embedding in a message: this project's errors are one line
+    already (the whole message, or the first of its ``problems``); a library's message, which may
+    run to paragraphs, up to its first newline only (never cut at ``\\r``, ``\\x85``, U+2028 or
+    another separator that a file name may hold; :func:`clean` escapes those)."""
+    problems = getattr(e, "problems", None)
+    if problems:
+        return str(problems[0])
+    text = str(e)
+    if not text:
+        return type(e).__name__
+    if type(e).__module__.split(".")[0] == "megatron_topo":
+        return text
+    return text.split("\n", 1)[0] or text.strip().split("\n", 1)[0] or type(e).__name__
 
 
 def brief(text, limit: int = 60) -> str:

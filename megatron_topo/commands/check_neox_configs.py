@@ -16,7 +16,7 @@ import os
 import sys
 
 from megatron_topo.cli import OneLineParser
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, first_line
 
 
 def check_file(path: str, vocab_size: int, world_size: int) -> list[str]:
@@ -30,7 +30,7 @@ def check_file(path: str, vocab_size: int, world_size: int) -> list[str]:
     except ConfigError as e:
         return list(getattr(e, "problems", None) or [str(e)])
     except (ValueError, OSError) as e:
-        return [str(e).splitlines()[0] if str(e) else type(e).__name__]
+        return [first_line(e)]
     return []
 
 

@@ -52,7 +52,7 @@ from megatron_topo.commands.convert_to_hf_folders import (  # noqa: F401 (tests 
     temporary_name,
     write_marker,
 )
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, first_line
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -266,7 +266,7 @@ def _tokenizer(st, mcfg, overrides: dict):
             return None, None, f"{tok.name} has {tok.vocab_size} ids, more than the model's {mcfg.vocab_size}"
         return tok, hf_special_ids(tok), None
     except (ConfigError, DataError, ImportError, OSError) as e:
-        return None, None, str(e).splitlines()[0] if str(e) else type(e).__name__
+        return None, None, first_line(e)
 
 
 def main(argv=None) -> int:

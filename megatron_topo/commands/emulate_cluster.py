@@ -40,7 +40,7 @@ from megatron_topo.analysis.emulation import (
     RateError,
     cleanup_leftovers,
     launch,
-    parse_latency_us,
+    parse_latency_pair,
     parse_rate,
     summarize,
 )
@@ -120,11 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(a) -> ClusterSpec:
-    lat_inter = lat_intra = 0.0
-    if a.latency:
-        parts = a.latency.split(",")
-        lat_inter = parse_latency_us(parts[0])
-        lat_intra = parse_latency_us(parts[1]) if len(parts) > 1 else 0.0
+    lat_inter, lat_intra = parse_latency_pair(a.latency) if a.latency else (0.0, 0.0)
     if a.unshaped:
         inter = intra = gpu = None
     else:

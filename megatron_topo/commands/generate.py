@@ -23,6 +23,7 @@ import sys
 
 from megatron_topo.cli import OneLineParser, fail
 from megatron_topo.commands.generate_load import GenerateError, build_tokenizer_or_none, check_device, load_model
+from megatron_topo.error_lines import brief, first_line
 
 __all__ = ["GenerateError", "build_tokenizer_or_none", "check_device", "generate", "load_model", "main", "parse_ids"]
 
@@ -100,12 +101,21 @@ def check_max_new(n: int, seq_length: int) -> None:
 
 
 def parse_ids(text: str, vocab: int) -> list[int]:
-    try:
-        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise GenerateError(f"--prompt-ids {text!r}: expected comma-separated integers, e.g. 1,2,3") from None
-    if not ids:
+    items = text.replace(" ", "").split(",")
+    if items == [""]:
         raise GenerateError("--prompt-ids is empty; give at least one token id")
+    empty = [n for n, x in enumerate(items, 1) if x == ""]
+    if empty:  # 1,,2 or 1,2, : a token id left out, not silently skipped
+        raise GenerateError(
+            f"--prompt-ids '{brief(text, 40)}': item {empty[0]} of {len(items)} is empty; "
+            f"expected comma-separated integers, e.g. 1,2,3"
+        )
+    try:
+        ids = [int(x) for x in items]
+    except ValueError:
+        raise GenerateError(
+            f"--prompt-ids '{brief(text, 40)}': expected comma-separated integers, e.g. 1,2,3"
+        ) from None
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
         raise GenerateError(f"--prompt-ids: token id {bad[0]} is outside the model's vocabulary 0..{vocab - 1}")
@@ -172,7 +182,7 @@ def main(argv=None) -> int:
             try:
                 ids = tok.tokenize(args.prompt)
             except DataError as e:  # a text the tokenizer cannot encode (e.g. CharLevel's ids below 256)
-                raise GenerateError(f"--prompt: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+                raise GenerateError(f"--prompt: {first_line(e)}") from None
             if not ids:
                 raise GenerateError("--prompt is empty after tokenization")
             bad = [i for i in ids if not 0 <= i < cfg.model.vocab_size]

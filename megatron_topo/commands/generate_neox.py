@@ -23,7 +23,7 @@ import sys
 import time
 
 from megatron_topo.cli import fail
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, first_line
 
 FIELDS = ("context", "text", "length", "finished", "message", "duration_seconds")
 MAX_INPUT_BYTES = 64 << 20
@@ -110,7 +110,7 @@ class Sampler:
         try:
             ids = self.tok.tokenize(raw) if raw else []
         except DataError as e:  # a text the tokenizer cannot encode (e.g. CharLevel's ids below 256)
-            raise self.err(f"prompt {raw[:40]!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            raise self.err(f"prompt {raw[:40]!r}: {first_line(e)}") from None
         ids = ids or [self.tok.eod]  # an empty context is the end-of-document token (GPT-NeoX)
         bad = [i for i in ids if not 0 <= i < self.vocab]
         if bad:

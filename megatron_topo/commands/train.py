@@ -13,7 +13,7 @@ import os
 import sys
 
 from megatron_topo.cli import OneLineParser
-from megatron_topo.error_lines import clean, emit
+from megatron_topo.error_lines import clean, emit, problem_lines
 
 
 def main(argv=None) -> int:
@@ -314,7 +314,7 @@ def report_once(e, rt) -> None:
 
 def print_errors(e) -> None:
     """One ``error:`` line per problem (a config file's problems are all reported at once)."""
-    for line in getattr(e, "problems", None) or [str(e)]:
+    for line in problem_lines(e):
         emit("error", line)
 
 

@@ -13,7 +13,7 @@ import re
 import typing
 from typing import Any, Optional
 
-from ..error_lines import brief
+from ..error_lines import brief, first_line
 from ..safe_files import excerpt
 from .checks import mentions, reset_out_of_bounds, validate
 from .deepspeed import AUTO, BATCH_KEYS, HF_AUTO_KEYS, apply_scheduler, resolve_autos
@@ -422,7 +422,7 @@ def resolve_vocab_size(cfg: Config, explicit: bool, tokenizer_explicit: bool) ->
             return  # the data pipeline reports an unusable tokenizer when it needs one
         raise ConfigError(
             f"vocab_size is unset and the tokenizer ({d.tokenizer_type}) cannot be built to derive it: "
-            f"{str(e).splitlines()[0]}; fix the tokenizer files or set vocab_size"
+            f"{first_line(e)}; fix the tokenizer files or set vocab_size"
         ) from None
     n = tok.vocab_size
     if not explicit:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
+from ..error_lines import first_line
 from .corpus_files import ZST_SUFFIX, _lines, iter_lines, parse_json_line, read_text_file, row_values
 from .corpus_sources import (
     COMPRESSED,
@@ -118,7 +119,7 @@ def _dataset_chunks(src: Source, keys, chunk_rows: int) -> Iterator[Chunk]:
     except DataError:
         raise
     except Exception as e:  # FileNotFoundError, DatasetNotFoundError, ValueError (bad split), ...
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         raise DataError(f"{src.path}: cannot open as a HuggingFace dataset ({type(e).__name__}: {first})") from None
     if isinstance(ds, (datasets.DatasetDict, datasets.IterableDatasetDict)):
         split = opts.get("split") or "train"
@@ -135,7 +136,7 @@ def _dataset_chunks(src: Source, keys, chunk_rows: int) -> Iterator[Chunk]:
     except DataError:
         raise
     except Exception as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         raise DataError(f"{src.path}: reading failed ({type(e).__name__}: {first})") from None
 
 
@@ -154,9 +155,9 @@ def _parquet_chunks(src: Source, keys, chunk_rows: int) -> Iterator[Chunk]:
     except OSError as e:
         if e.filename:
             raise
-        raise DataError(f"{src.path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        raise DataError(f"{src.path}: not a readable parquet file ({first_line(e)})") from None
     except Exception as e:  # pyarrow.lib.ArrowInvalid on a damaged file
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         raise DataError(f"{src.path}: not a readable parquet file ({type(e).__name__}: {first})") from None
 
 

@@ -214,7 +214,8 @@ DATASET_IMPLS = {
 # ------------------------------------------------------------------------------ main side
 def check_outputs(prefix: str, inputs, force: bool) -> None:
     """PREFIX.bin/.idx may be written: not over an input, a FIFO, a link or a file that is not a
-    dataset (even with --force), and over an existing dataset only with --force."""
+    dataset (even with --force), not inside another artifact's folder (a checkpoint save folder or
+    step, a HuggingFace model folder), and over an existing dataset only with --force."""
     from ..safe_outputs import check_output_file, head
 
     def not_a_dataset(path):
@@ -225,7 +226,9 @@ def check_outputs(prefix: str, inputs, force: bool) -> None:
         return None
 
     for ext in (".bin", ".idx"):
-        check_output_file(prefix + ext, "--output-prefix", DataError, force, kind=not_a_dataset, inputs=inputs)
+        check_output_file(
+            prefix + ext, "--output-prefix", DataError, force, kind=not_a_dataset, inputs=inputs, artifacts=True
+        )
 
 
 def output_prefix_for(output_prefix: str, key: str) -> str:
@@ -283,6 +286,10 @@ def preprocess(
     tok = build_tokenizer(tokenizer_type, vocab_file, vocab_size, merge_file)
     if append_eod:
         tok.eod  # noqa: B018 - raises a DataError now if the tokenizer has none
+    if hf_dataset and hf_dataset.get("cache_dir"):  # the datasets cache: never into another artifact's folder
+        from ..safe_outputs import check_output_folder
+
+        check_output_folder("--hf-cache-dir", hf_dataset["cache_dir"], DataError, what="the datasets cache")
     sources = expand_sources(inputs, hf_dataset, hf_split)
     if len(keys) > 1 and any(s.kind == "text" for s in sources):
         raise DataError(f"plain-text inputs hold one field; use one --jsonl-keys value, not {' '.join(keys)}")

@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..error_lines import first_line
 from ..safe_files import NotJSON, excerpt, parse_json, why_not_a_file
 from .errors import DataError
 from .tokenizer_base import EOD_NAMES, Tokenizer, read_file
@@ -25,7 +26,7 @@ class HFTokenizer(Tokenizer):
         try:
             self._tok = _HF.from_str(text)
         except Exception as e:  # the Rust error is multi-line JSON detail
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            first = first_line(e)
             raise DataError(f"{vocab_file}: not a HuggingFace tokenizers JSON file ({first})") from None
         self._eod = next((i for i in map(self._tok.token_to_id, EOD_NAMES) if i is not None), None)
 
@@ -106,7 +107,7 @@ class HFGPT2Tokenizer(HFTokenizer):
             try:
                 self._tok = _HF.from_str(text)
             except Exception as e:
-                first = str(e).splitlines()[0] if str(e) else type(e).__name__
+                first = first_line(e)
                 raise DataError(
                     f"{vocab_file}: not a HuggingFace tokenizers JSON file ({first}); for a GPT-2 "
                     f"vocab.json also give --merge-file"

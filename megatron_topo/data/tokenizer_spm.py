@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..error_lines import first_line
 from .errors import DataError
 from .tokenizer_base import Tokenizer, read_file
 
@@ -20,7 +21,7 @@ class SPMTokenizer(Tokenizer):
         try:
             self._sp = spm.SentencePieceProcessor(model_proto=raw)
         except Exception as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            first = first_line(e)
             raise DataError(f"{vocab_file}: not a sentencepiece model ({first})") from None
         eod = self._sp.piece_to_id("<|endoftext|>")
         self._eod = eod if eod != self._sp.unk_id() else self._sp.eos_id()

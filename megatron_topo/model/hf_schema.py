@@ -13,6 +13,7 @@ import math
 import os
 
 from ..config.options import ConfigError
+from ..error_lines import brief
 from ..safe_files import MIB, excerpt, inside, read_small_text
 
 CONFIG_CAP = 4 * MIB
@@ -38,10 +39,30 @@ def _show(v) -> str:
     return f"{type(v).__name__} {excerpt(v) if isinstance(v, str) else repr(v)[:40]}"
 
 
+class _Repeated(Exception):
+    """A key given twice in one JSON object (json keeps the last silently)."""
+
+
+def _pairs(pairs: list) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Repeated(k, out[k], v)
+        out[k] = v
+    return out
+
+
 def _load_json(path: str, cap: int, what: str):
+    """The JSON in ``path`` (at most ``cap`` bytes); a key given twice in one object is refused,
+    naming the key (json would keep the last value without a word)."""
     text = read_small_text(path, cap, ConfigError)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_pairs)
+    except _Repeated as e:
+        k, first, last = e.args
+        raise ConfigError(
+            f"{path}: key '{brief(k)}' is given twice ({_show(first)}, then {_show(last)}); state each key once"
+        ) from None
     except (ValueError, RecursionError) as e:
         raise ConfigError(f"{path}: not valid JSON ({str(e).splitlines()[0][:100]}); is it the {what}?") from None
 

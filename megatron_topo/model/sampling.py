@@ -11,7 +11,9 @@ import torch
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 0.0) -> torch.Tensor:
     """1-D ``logits`` with -inf for every token outside the ``top_k`` most likely (0: none left
     out) and outside the nucleus: the smallest set of most likely tokens whose probabilities sum
-    to >= ``top_p`` (0 or 1: none left out)."""
+    to >= ``top_p`` (0 or 1: none left out). The most likely token is always kept, whatever
+    ``top_p`` (a subnormal 1e-310 is 0 in float32: compared in float64, and the first token is kept
+    by its rank, not by a comparison)."""
     if top_k > 0:
         kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -19,9 +21,21 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 0.0) -> t
         probs = torch.softmax(logits, -1)
         sorted_p, order = torch.sort(probs, descending=True, stable=True)
         before = torch.cumsum(sorted_p, 0) - sorted_p  # the mass of the tokens more likely than each
-        drop = torch.zeros_like(order, dtype=torch.bool).scatter(0, order, before >= top_p)
-        logits = logits.masked_fill(drop, float("-inf"))  # the most likely token is always kept
+        drop_sorted = before.double() >= top_p
+        drop_sorted[0] = False  # the nucleus holds at least the most likely token
+        drop = torch.zeros_like(order, dtype=torch.bool).scatter(0, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits`` divided by ``temperature`` (below 1e-6 counts as 1e-6) after shifting them so the
+    largest is 0 (the softmax is unchanged), in float64: with finite logits the result is never NaN,
+    whatever the temperature (float32 would turn a temperature past 3.4e38 or a shift across its
+    whole range into inf, and inf / inf is NaN). A huge temperature gives all zeros (the uniform
+    distribution); a tiny one sends all but the largest towards -inf (argmax)."""
+    x = logits.double()
+    return ((x - x.max()) / max(temperature, 1e-6)).to(logits.dtype)
 
 
 def next_token(
@@ -32,7 +46,7 @@ def next_token(
     if greedy:
         return int(torch.argmax(logits))
     if temperature > 0:
-        logits = logits / max(temperature, 1e-6)
+        logits = scale_logits(logits, temperature)
     logits = filter_logits(logits, top_k, top_p)
     return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
 

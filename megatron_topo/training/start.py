@@ -40,15 +40,21 @@ def new_comm(rt: Runtime, dcfg: Optional[DistributedConfig] = None) -> Comm:
         bad = trace.check_dir(dcfg.trace_collectives)
         if bad:
             raise ConfigError(bad)
-    return Comm(
-        rt.topo,
-        rt.rank,
-        distributed=rt.distributed,
-        device=rt.device,
-        strict=rt.strict,
-        timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
-        trace_dir=dcfg.trace_collectives,
-    )
+    try:
+        return Comm(
+            rt.topo,
+            rt.rank,
+            distributed=rt.distributed,
+            device=rt.device,
+            strict=rt.strict,
+            timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
+            trace_dir=dcfg.trace_collectives,
+        )
+    except OSError as e:  # the trace file cannot be made there (/proc/self/fd, /sys/kernel): name the key
+        raise ConfigError(
+            f"distributed.trace_collectives {dcfg.trace_collectives}: cannot create "
+            f"{trace.FILE.format(rank=rt.rank)} there ({e.strerror or e}); point it at a writable directory"
+        ) from None
 
 
 def build_engine(cfg: Config, rt: Runtime, plan: Optional[Plan] = None, model=None, comm: Optional[Comm] = None):

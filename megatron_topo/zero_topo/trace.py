@@ -28,7 +28,7 @@ from typing import IO, Optional, Sequence
 
 import torch
 
-from ..error_lines import clean
+from ..error_lines import brief, clean
 
 FILE = "rank_{rank}.jsonl"
 _NAME = re.compile(r"rank_([0-9]+)\.jsonl$")
@@ -36,9 +36,23 @@ _NAME = re.compile(r"rank_([0-9]+)\.jsonl$")
 
 def check_dir(path: str, key: str = "distributed.trace_collectives") -> Optional[str]:
     """The reason ``path`` cannot hold the trace files (None when it can): it must be a directory,
-    or not exist yet under a writable directory."""
-    if os.path.exists(path) and not os.path.isdir(path):
+    or not exist yet under a writable directory. A symbolic link that leads nowhere (dangling, a
+    loop) and a path whose ``..`` lands on a file (``tr/../cfg.yml``) are named as such, before
+    anything is created."""
+    if os.path.islink(path) and not os.path.exists(path):
+        try:
+            target = brief(os.readlink(path))
+        except OSError:
+            target = "?"
+        return (
+            f"{key} {path} is a symbolic link (to '{target}') that leads nowhere: its target is missing "
+            f"or a loop of links; point it at a directory"
+        )
+    if os.path.lexists(path) and not os.path.isdir(path):
         return f"{key} {path} exists and is not a directory; point it at a directory"
+    norm = os.path.abspath(path)  # tr/../cfg.yml: the folders would be made before the file is met
+    if not os.path.lexists(path) and os.path.lexists(norm) and not os.path.isdir(norm):
+        return f"{key} {path} leads to {norm}, which exists and is not a directory; point it at a directory"
     parent = os.path.dirname(os.path.abspath(path))
     while parent and not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -90,20 +104,25 @@ def check_folder_owner(
 
 class CollectiveTrace:
     """Appends this rank's collectives to ``DIR/rank_{rank}.jsonl``: a new file per process, made
-    under a name of its own (O_EXCL, O_NOFOLLOW) and renamed onto rank_N.jsonl. An earlier trace
-    there is replaced, never written into: a link is not followed, and a file hard-linked elsewhere
-    keeps its bytes under its other name."""
+    under a fresh name of its own (a random suffix, O_EXCL, O_NOFOLLOW: a file already there under
+    that name is never touched, another name is drawn) and renamed onto rank_N.jsonl. An earlier
+    trace there is replaced, never written into: a link is not followed, and a file hard-linked
+    elsewhere keeps its bytes under its other name. Nothing this process did not create is removed."""
 
     def __init__(self, directory: str, rank: int) -> None:
+        import secrets
+
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, FILE.format(rank=rank))
-        tmp = f"{self.path}.{os.getpid()}.new"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        try:
-            os.unlink(tmp)  # a name only this process uses: left by an earlier process of this pid
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, flags, 0o644)
+        for attempt in range(100):
+            tmp = f"{self.path}.{os.getpid()}.{secrets.token_hex(8)}.new"
+            try:
+                fd = os.open(tmp, flags, 0o644)
+                break
+            except FileExistsError:  # someone's file under that name: left alone, another name drawn
+                if attempt == 99:
+                    raise
         try:
             os.replace(tmp, self.path)
         except OSError:

@@ -6,7 +6,7 @@ strategy benchmark uses it.
 
 from .cluster import Cluster, ClusterSpec, EmulationError, check_privileges, cleanup_leftovers, summarize
 from .launch import Interrupted, LaunchResult, launch
-from .rates import RateError, format_rate, parse_latency_us, parse_rate
+from .rates import RateError, format_rate, parse_latency_pair, parse_latency_us, parse_rate
 
 __all__ = [
     "Cluster",
@@ -19,6 +19,7 @@ __all__ = [
     "cleanup_leftovers",
     "format_rate",
     "launch",
+    "parse_latency_pair",
     "parse_latency_us",
     "parse_rate",
     "summarize",

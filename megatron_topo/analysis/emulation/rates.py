@@ -83,3 +83,14 @@ def parse_latency_us(text: str | float | None) -> float:
         raise RateError(f"latency '{text}' is not a duration; examples: 50us, 1ms")
     v = float(m.group(1))
     return v * {"us": 1.0, None: 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+
+
+def parse_latency_pair(text: str | None) -> tuple[float, float]:
+    """``--latency INTER[,INTRA]``: (inter-node, intra-node) one-way delays in microseconds; one
+    value sets the inter-node delay only. More than two values is refused (a third was dropped)."""
+    if text is None:
+        return 0.0, 0.0
+    parts = str(text).split(",")
+    if len(parts) > 2:
+        raise RateError(f"latency '{text}' gives {len(parts)} values; give INTER[,INTRA] (at most two, e.g. 50us,10us)")
+    return parse_latency_us(parts[0]), parse_latency_us(parts[1]) if len(parts) > 1 else 0.0
