@@ -89,11 +89,11 @@ def _coerce(value, tp, where: str):
         if isinstance(value, float) and value.is_integer() and _names_an_integer(getattr(value, "text", None)):
             return int(value)
         if isinstance(value, str):  # "5e8" quoted in JSON/YAML (DeepSpeed files do this)
-            text = value.strip().replace("_", "")
-            if re.fullmatch(r"[-+]?[0-9]+", text):
+            text = value.strip()  # '_' only between digits, as Python's int() and float() say ("1_" is not 1)
+            if re.fullmatch(r"[-+]?[0-9]+(?:_[0-9]+)*", text):
                 if len(text) > 1000:  # int() refuses over 4,300 digits; no count or size has this many
                     raise ConfigError(f"{where}: an integer of {len(text):,} digits; expected {_type_name(base)}")
-                return int(text)
+                return int(text.replace("_", ""))
             try:
                 f = float(text)
             except ValueError:

@@ -126,6 +126,7 @@ def parse_yaml(text: str, name: str):
     try:
         loader = _UniqueKeyLoader(text)
         loader.name = name
+        loader.paths = {}  # id(node) -> the dotted key it is the value of
         try:
             data = loader.get_single_data()
         finally:
@@ -179,8 +180,10 @@ def load_yaml(path: str) -> dict:
         def no_nan(c):
             raise ValueError(f"{c} is not a JSON number")
 
-        try:
-            data = json.loads(text, object_pairs_hook=pairs, parse_constant=no_nan)
+        try:  # numbers keep their text, as YAML's do: `1e-400` is not an integer (loader._names_an_integer)
+            data = json.loads(
+                text, object_pairs_hook=pairs, parse_constant=no_nan, parse_int=_json_int(path), parse_float=_json_float
+            )
         except RecursionError:
             raise ConfigError(f"{path}: invalid JSON: nested too deeply") from None
         except ValueError as e:
@@ -195,15 +198,60 @@ def load_yaml(path: str) -> dict:
     return parse_yaml(text, path) or {}
 
 
+# the numbers' grammar (YAML 1.2 core, and Python's rule for '_': only between digits, as int()/float() say)
+_DIGITS = r"[0-9]+(?:_[0-9]+)*"
+_INT_TEXT = re.compile(rf"[-+]?(?:{_DIGITS}|0o[0-7]+(?:_[0-7]+)*|0x[0-9a-fA-F]+(?:_[0-9a-fA-F]+)*)")
+_FLOAT_TEXT = re.compile(
+    rf"[-+]?(?:{_DIGITS}(?:\.(?:{_DIGITS})?)?|\.{_DIGITS})(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)"
+)
+_VALID = {
+    "int": "an integer; valid: digits with an optional sign, 0x hex or 0o octal, '_' only between digits (5, -3, 0x10)",
+    "float": "a number; valid: e.g. 6e-4, 1.5, 10, .inf ('_' only between digits)",
+    "bool": "a boolean; valid: true or false",
+}
+
+
+class YamlValueError(ConfigError):
+    """A scalar that its explicit tag (``!!int``, ``!!float``, ``!!bool``, ``!!timestamp`` ...) cannot
+    read: refused with the file, line and key, also for a ``--set`` value (never taken as text)."""
+
+
+class _BadScalar(ValueError):
+    """Raised by a constructor: the scalar's text is not ``kind`` (a key of _VALID)."""
+
+    def __init__(self, kind: str):
+        super().__init__(kind)
+        self.kind = kind
+
+
+def _too_many_digits(where: str, body: str) -> None:
+    if len(body) > MAX_INT_DIGITS:  # Python refuses to convert more than 4,300 digits: say so, one line
+        raise ConfigError(f"{where}an integer of {len(body):,} digits; a config value has at most {MAX_INT_DIGITS}")
+
+
+def _json_int(path: str):
+    def parse(text: str) -> _Int:
+        _too_many_digits(f"{path}: ", text.lstrip("-"))
+        out = _Int(int(text))
+        out.text = text
+        return out
+
+    return parse
+
+
+def _json_float(text: str) -> _Float:
+    out = _Float(float(text))
+    out.text = text
+    return out
+
+
 def _yaml_int(loader, node):
     text = loader.construct_scalar(node)
+    if not _INT_TEXT.fullmatch(text):
+        raise _BadScalar("int")
     t = text.replace("_", "")
     sign, body = (-1, t[1:]) if t[:1] == "-" else (1, t.lstrip("+"))
-    if len(body) > MAX_INT_DIGITS:  # Python refuses to convert more than 4,300 digits: say so, one line
-        raise ConfigError(
-            f"{loader.name}: line {node.start_mark.line + 1}: an integer of {len(body):,} digits; "
-            f"a config value has at most {MAX_INT_DIGITS}"
-        )
+    _too_many_digits(f"{loader.name}: line {node.start_mark.line + 1}: ", body)
     v = int(body[2:], 8) if body.startswith("0o") else int(body[2:], 16) if body.startswith("0x") else int(body, 10)
     out = _Int(sign * v)
     out.text = text
@@ -212,9 +260,18 @@ def _yaml_int(loader, node):
 
 def _yaml_float(loader, node):
     text = loader.construct_scalar(node)
+    if not _FLOAT_TEXT.fullmatch(text):
+        raise _BadScalar("float")
     out = _Float(float(text.replace("_", "").lower().replace(".inf", "inf").replace(".nan", "nan")))
     out.text = text
     return out
+
+
+def _yaml_bool(loader, node):
+    text = loader.construct_scalar(node)
+    if text not in ("true", "True", "TRUE", "false", "False", "FALSE"):  # YAML 1.2: not yes/on/1
+        raise _BadScalar("bool")
+    return text.lower() == "true"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -233,6 +290,34 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             )
         return super().compose_node(parent, index)
 
+    def construct_object(self, node, deep=False):
+        """Any constructor's failure (an explicit tag whose text it cannot read: ``!!int 1e-400``,
+        ``!!bool 1``, ``!!timestamp 2024-13-45``) is one YamlValueError naming where it is."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ConfigError, yaml.YAMLError, RecursionError):
+            raise
+        except Exception as e:
+            raise self._bad_value(node, e) from None
+
+    def _bad_value(self, node, e: Exception) -> YamlValueError:
+        tag = str(node.tag)
+        short = "!!" + tag[len("tag:yaml.org,2002:") :] if tag.startswith("tag:yaml.org,2002:") else tag
+        value = (node.value or "''") if isinstance(node.value, str) else ""  # an empty value shown as written
+        at = "" if self.name.startswith("--set ") else f" line {node.start_mark.line + 1}:"
+        key = self.paths.get(id(node))
+        what = f"is not {_VALID[e.kind]}" if isinstance(e, _BadScalar) else f"cannot be read as {short}: {e}"
+        return YamlValueError(f"{self.name}:{at}{f' {key}:' if key else ''} {excerpt(f'{short} {value}', 60)} {what}")
+
+    def _child_path(self, node, name: str) -> str:
+        parent = self.paths.get(id(node), "")
+        return f"{parent}.{name}" if parent and not name.startswith("[") else f"{parent}{name}"
+
+    def construct_sequence(self, node, deep=False):
+        for i, child in enumerate(getattr(node, "value", ())):
+            self.paths.setdefault(id(child), self._child_path(node, f"[{i}]"))
+        return super().construct_sequence(node, deep=deep)
+
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
@@ -246,6 +331,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     f"(first set on line {seen[k] + 1})"
                 )
             seen[k] = key_node.start_mark.line
+        if isinstance(node, yaml.MappingNode):  # the keys merged in (<<: *base) too, for naming a bad value
+            self.flatten_mapping(node)
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    self.paths.setdefault(id(value_node), self._child_path(node, str(key_node.value)))
         return super().construct_mapping(node, deep=deep)
 
 
@@ -266,15 +356,11 @@ _UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:int", re.compile(r"^(?:[-+]?[0-9]+(?:_[0-9]+)*|0o[0-7]+|0x[0-9a-fA-F]+)$"), list("-+0123456789")
 )
 _UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:[0-9]+(?:_[0-9]+)*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+0123456789."),
+    "tag:yaml.org,2002:float", re.compile(rf"^(?:{_FLOAT_TEXT.pattern})$"), list("-+0123456789.")
 )
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:bool", _yaml_bool)
 
 
 def parse_set(expr: str, is_text=None) -> dict:
@@ -302,7 +388,7 @@ def parse_set(expr: str, is_text=None) -> dict:
     else:
         try:
             value = parse_yaml(raw, f"--set {brief(expr)}") if raw != "" else ""
-        except YamlBoundError:
+        except (YamlBoundError, YamlValueError):
             raise
         except ConfigError:
             value = raw  # not YAML: the text itself
