@@ -49,12 +49,30 @@ def _other_rank() -> bool:
     return r.isdigit() and n.isdigit() and 0 < int(r) < int(n)
 
 
+def other_rank_of_job() -> bool:
+    """For an error about a job-wide launcher variable (``e.job_wide``: MASTER_ADDR, MASTER_PORT,
+    WORLD_SIZE ..., given to every rank with the same value): whether this process is a rank other than
+    0 of a job whose rank 0 reads the same variables and prints the line. A rank >0 of a launched job
+    (:func:`_other_rank`), or a process whose own variables make it rank 1..WORLD_SIZE-1 of a world of
+    several ranks meeting at MASTER_ADDR:MASTER_PORT (ranks started by hand): such a process cannot run
+    without its rank 0. Without all four variables, the process prints its line."""
+    if _other_rank():
+        return True
+    env = os.environ
+    r, n = env.get("RANK", ""), env.get("WORLD_SIZE", "")
+    has_master = bool(env.get("MASTER_ADDR") and env.get("MASTER_PORT"))
+    return has_master and r.isdigit() and n.isdigit() and 0 < int(r) < int(n)
+
+
 def fail(e: BaseException, path: str = "", status: int = 2) -> int:
     """Print the one ``error:`` line for an expected failure of a tool and return its exit status:
     an OSError as ``PATH: reason`` (``path`` when the error names no file), anything else as its
     message; escaped and capped (error_lines.clean): a line separator in a user's value inside the
     message is escaped, never split at. Only a config file's several problems (``problems``) are
-    several lines, one ``error:`` line each."""
+    several lines, one ``error:`` line each. An error about a job-wide launcher variable
+    (``job_wide``) is printed by rank 0 of the job only (:func:`other_rank_of_job`)."""
+    if getattr(e, "job_wide", False) and other_rank_of_job():
+        return status
     if isinstance(e, OSError):
         lines = [f"{e.filename or path}: {e.strerror or e}"]
     else:

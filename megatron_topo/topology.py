@@ -76,16 +76,34 @@ def _divisors_str(world: int, gcds: int) -> str:
     return ", ".join(map(str, ds)) if ds else "none (gcds_per_gpu does not divide the world size)"
 
 
+class JobWideError(ConfigError):
+    """A launcher variable that every rank of the job is given with the same value (WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT, SLURM_NTASKS, SLURM_NNODES ...) is wrong: every rank would print the
+    same line, so only rank 0 of a job prints it (``job_wide``: cli.fail, train.report_once, via
+    cli.other_rank_of_job). A variable of one rank or node (RANK, LOCAL_RANK, LOCAL_WORLD_SIZE) is
+    a plain ConfigError, printed by the rank that has it."""
+
+    job_wide = True
+
+
+_JOB_WIDE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES")
+
+
 def launcher_env(env: Optional[Mapping[str, str]] = None) -> dict:
-    """Rank, world size, local rank and local world size from torchrun or Slurm variables."""
+    """Rank, world size, local rank and local world size from torchrun or Slurm variables; a
+    variable that is not a whole number is one ConfigError naming it (JobWideError for the job's)."""
     env = os.environ if env is None else env
 
     def first(*names, default=None):
         for n in names:
             if env.get(n) not in (None, ""):
-                text = str(env[n]).split("(")[0].split(",")[0]
-                if not (text.strip().lstrip("+-").isdigit() and len(text) <= 24):
-                    raise ValueError(f"{n}={excerpt(env[n], 24)} is not an integer of at most 24 digits")
+                text = str(env[n]).split("(")[0].split(",")[0]  # SLURM_NTASKS_PER_NODE: "2(x3),1"
+                if not (text.strip().lstrip("+-").isdecimal() and len(text) <= 24):
+                    err = JobWideError if n in _JOB_WIDE_VARS else ConfigError
+                    raise err(
+                        f"launcher environment: {n}={excerpt(env[n], 24)} is not an integer of at most 24 digits "
+                        f"(WORLD_SIZE, RANK, LOCAL_RANK must be integers)"
+                    )
                 return int(text)
         return default
 
@@ -94,7 +112,13 @@ def launcher_env(env: Optional[Mapping[str, str]] = None) -> dict:
     local_rank = first("LOCAL_RANK", "SLURM_LOCALID", default=0)
     local_world = first("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", default=None)
     if local_world is None and env.get("SLURM_NNODES"):
-        local_world = world // max(1, int(env["SLURM_NNODES"]))
+        nodes = first("SLURM_NNODES")
+        if not 1 <= nodes <= world:  # -1 was taken as 1; more nodes than tasks gave 0 ranks per node
+            raise JobWideError(
+                f"launcher environment: SLURM_NNODES={show_int(nodes)} is not a node count of this job; "
+                f"valid: 1..{show_int(world)} (at most one node per task)"
+            )
+        local_world = world // nodes
     _check_launcher_env(env, world, local_rank, local_world)
     return {"world_size": world, "rank": rank, "local_rank": local_rank, "local_world_size": local_world}
 
@@ -114,7 +138,7 @@ def _check_launcher_env(env: Mapping[str, str], world: int, local_rank: int, loc
     forever), and the local rank lies within the ranks of this node."""
     has = lambda *names: any(env.get(n) not in (None, "") for n in names)  # noqa: E731
     if not 1 <= world <= MAX_WORLD_SIZE:
-        raise ConfigError(
+        raise JobWideError(
             f"launcher environment: WORLD_SIZE={show_int(world)} must lie in 1..{MAX_WORLD_SIZE:,} (2**20)"
         )
     if local_world is not None and local_world > world:

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from megatron_topo.cli import OneLineParser
+from megatron_topo.cli import OneLineParser, other_rank_of_job
 from megatron_topo.error_lines import clean, emit, problem_lines
 
 
@@ -268,7 +268,9 @@ def report_once(e, rt) -> None:
     a launcher that kills the remaining ranks (srun --kill-on-bad-exit, torchrun) does not cut
     rank 0's line. Without a store every rank prints."""
     if rt is None or not rt.distributed:
-        if e is not None:
+        # an error about a job-wide launcher variable (MASTER_PORT=29500.0) before the ranks met: every
+        # rank has it, rank 0 prints it (cli.other_rank_of_job)
+        if e is not None and not (getattr(e, "job_wide", False) and other_rank_of_job()):
             print_errors(e)
         return
     import datetime

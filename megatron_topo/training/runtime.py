@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config, ConfigError
-from ..topology import Topology, launcher_env, show_int, topology_from_config
+from ..topology import JobWideError, Topology, launcher_env, show_int, topology_from_config
 from .heartbeat import Heartbeat
 
 
@@ -60,10 +60,10 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
         backend = dcfg.backend if dcfg.backend != "auto" else ("nccl" if use_cuda else "gloo")
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if not os.environ.get(var):
-                raise ConfigError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
+                raise JobWideError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
         port = str(os.environ["MASTER_PORT"])
         if not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ConfigError(
+            raise JobWideError(
                 f"MASTER_PORT={port!r} is not a port number (valid: 1..65535; the Slurm scripts pick one per job)"
             )
         try:  # an unknown host: torch would retry the rendezvous until its timeout
@@ -71,7 +71,7 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
 
             socket.getaddrinfo(os.environ["MASTER_ADDR"], int(port))
         except (OSError, UnicodeError) as e:
-            raise ConfigError(
+            raise JobWideError(
                 f"MASTER_ADDR={os.environ['MASTER_ADDR'][:80]!r} cannot be resolved ({e}); set it to "
                 f"the host name or address of rank 0's node"
             ) from None
