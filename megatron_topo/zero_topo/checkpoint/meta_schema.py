@@ -329,7 +329,7 @@ def validate(meta: dict, supported_formats: tuple, unverified: bool = False, ask
     """The typed :class:`Meta` of ``meta`` (a parsed meta.json), or MetaError for the first bad field;
     ``ask`` is how the reading tool asks for an unverified load (its key or flag)."""
     fmt = meta.get("format", 1)
-    if isinstance(fmt, bool) or fmt not in supported_formats:
+    if isinstance(fmt, bool) or not isinstance(fmt, int) or fmt not in supported_formats:  # 2e0 is not format 2
         raise MetaError(
             f"format: checkpoint format {fmt!r} is not supported; this megatron_topo reads formats "
             f"{', '.join(map(str, supported_formats))} (saved by another version?)"
