@@ -494,3 +494,13 @@ def test_control_a_good_master_port_still_trains_two_ranks(cfg_dir):
 
     rcs, lines, errs = _two_ranks(cfg_dir, {}, "by-hand", port=str(free_port()))
     assert rcs == [0, 0] and lines == [], errs
+
+
+@pytest.mark.parametrize("form", ["!!map [1]", "!!set [1, 2]", "!!map [[1, 2]]"])
+def test_a_mapping_tag_on_a_list_is_one_line(cfg_dir, form):
+    """Before: TypeError (the repeated-key check unpacked a list's items as key/value pairs)."""
+    (cfg_dir / "y.yml").write_text(f"zero_topo: {form}\n")
+    assert _problems(["cfg.yml", "y.yml"]) == [
+        "y.yml: line 1: invalid YAML: expected a mapping node, but found sequence"
+    ]
+    assert _problems(["cfg.yml"], [f"zero_topo={form}"]) == ["zero_topo: expected a mapping, got str"]  # the text

@@ -138,6 +138,10 @@ def parse_yaml(text: str, name: str):
         raise ConfigError(f"{name}:{at} invalid YAML: {problem}") from None
     except RecursionError:
         raise YamlBoundError(f"{name}: invalid YAML: nested too deeply") from None
+    except ConfigError:
+        raise
+    except Exception as e:  # a construction step outside construct_object (PyYAML's deferred generators)
+        raise YamlValueError(f"{name}: invalid YAML: {type(e).__name__}: {e}") from None
     check_bounds(data, name)
     return data
 
@@ -314,11 +318,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return f"{parent}.{name}" if parent and not name.startswith("[") else f"{parent}{name}"
 
     def construct_sequence(self, node, deep=False):
-        for i, child in enumerate(getattr(node, "value", ())):
-            self.paths.setdefault(id(child), self._child_path(node, f"[{i}]"))
+        if isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                self.paths.setdefault(id(child), self._child_path(node, f"[{i}]"))
         return super().construct_sequence(node, deep=deep)
 
     def construct_mapping(self, node, deep=False):
+        if not isinstance(node, yaml.MappingNode):  # `!!map [1]`: PyYAML's one-line ConstructorError
+            return super().construct_mapping(node, deep=deep)
         seen = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -331,11 +338,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     f"(first set on line {seen[k] + 1})"
                 )
             seen[k] = key_node.start_mark.line
-        if isinstance(node, yaml.MappingNode):  # the keys merged in (<<: *base) too, for naming a bad value
-            self.flatten_mapping(node)
-            for key_node, value_node in node.value:
-                if isinstance(key_node, yaml.ScalarNode):
-                    self.paths.setdefault(id(value_node), self._child_path(node, str(key_node.value)))
+        self.flatten_mapping(node)  # the keys merged in (<<: *base) too, for naming a bad value
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                self.paths.setdefault(id(value_node), self._child_path(node, str(key_node.value)))
         return super().construct_mapping(node, deep=deep)
 
 
