@@ -504,3 +504,46 @@ def test_a_mapping_tag_on_a_list_is_one_line(cfg_dir, form):
         "y.yml: line 1: invalid YAML: expected a mapping node, but found sequence"
     ]
     assert _problems(["cfg.yml"], [f"zero_topo={form}"]) == ["zero_topo: expected a mapping, got str"]  # the text
+
+
+def _float_keys():
+    cfg = Config(system=SystemConfig(), zero_optimization=ZeroOptimizationBlock())
+    cfg.train.scheduler = SchedulerBlock()
+    out = []
+    for path, _value, _meta, tp in _declared(cfg, with_type=True):
+        t = _strip_optional(tp)
+        if typing.get_origin(t) in (list, tuple):
+            continue
+        if t is float:
+            out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("literal", ["1e-400", "-2e-330", "0.1e-323"])
+def test_a_float_literal_that_underflows_to_0_is_refused_for_every_float_key(cfg_dir, literal):
+    """Before: read as 0.0 without a word (hidden_dropout 1e-400 = 0) or refused by a bound quoting a
+    value the user never wrote (``optimizer.params.eps must lie in (0, 1], got 0``)."""
+    keys = _float_keys()
+    assert len(keys) > 30 and "optimizer.params.eps" in keys and "hidden_dropout" in keys
+    bad = []
+    want = f"{literal} is below the smallest float (about 5e-324) and would be read as 0; write 0 if zero is meant"
+    for key in keys:
+        (cfg_dir / "k.json").write_text(json.dumps(_nested(key, "@")).replace('"@"', literal))
+        for how, args in (("json", (["k.json"], [])), ("set", ([], [f"{key}={literal}"]))):
+            try:
+                load_config(*args, require=False)
+                bad.append((key, how, "accepted"))
+            except ConfigError as e:
+                lines = str(e).splitlines()
+                if not any(ln.endswith(f"{key}: {want}") for ln in lines):
+                    bad.append((key, how, lines))
+    assert not bad, bad[:6]
+
+
+@pytest.mark.parametrize(
+    "literal, value", [("0.0", 0.0), ("-0e5", 0.0), ("0", 0.0), ("5e-324", 5e-324), ("1e-5", 1e-5)]
+)
+def test_control_zero_and_subnormal_float_literals_still_read(cfg_dir, literal, value):
+    (cfg_dir / "k.json").write_text(f'{{"hidden_dropout": {literal}}}')
+    assert load_config(["k.json"], require=False).model.hidden_dropout == value
+    assert load_config([], [f"hidden_dropout={literal}"], require=False).model.hidden_dropout == value

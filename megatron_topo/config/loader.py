@@ -106,14 +106,15 @@ def _coerce(value, tp, where: str):
             raise bad
         if isinstance(value, (int, float)):
             try:
-                return float(value)
+                return _not_underflowed(float(value), getattr(value, "text", None), where)
             except OverflowError:  # an integer past float's range (hundreds of digits)
                 raise ConfigError(f"{where}: {_fmt(value)} is too large; expected {_type_name(base)}") from None
         if isinstance(value, str):  # e.g. 1_000.5 or "6e-4" quoted
             try:
-                return float(value)
+                f = float(value)
             except ValueError:
                 raise bad from None
+            return _not_underflowed(f, value.strip(), where)
         raise bad
     if base is str:
         if isinstance(value, (_Int, _Float)):  # a path such as 0755 or 1e3 stays as written
@@ -122,6 +123,22 @@ def _coerce(value, tp, where: str):
             return str(value)
         raise bad
     return value
+
+
+def _not_underflowed(f: float, text, where: str) -> float:
+    """``f``, unless its literal ``text`` names a number other than 0 that a float reads as 0
+    (``1e-400``): refused, rather than a value the user did not write (or a bound's "got 0")."""
+    if f == 0 and text:
+        try:
+            d = decimal.Decimal(str(text).strip().replace("_", ""))
+        except decimal.InvalidOperation:
+            return f
+        if d.is_finite() and d != 0:
+            raise ConfigError(
+                f"{where}: {text} is below the smallest float (about 5e-324) and would be read as 0; "
+                f"write 0 if zero is meant"
+            )
+    return f
 
 
 def _names_an_integer(text) -> bool:
