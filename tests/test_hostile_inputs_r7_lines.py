@@ -177,6 +177,32 @@ def test_preprocess_output_prefix_inside_another_artifact_is_refused(
 
 
 @pytest.mark.parametrize(
+    "tool, argv",
+    [
+        ("consolidate_checkpoint", ["--checkpoint", "ck", "--output", "hf/o.pt"]),
+        ("consolidate_checkpoint", ["--checkpoint", "ck", "--output", "hf/o.safetensors"]),
+        ("consolidate_checkpoint", ["--checkpoint", "ck", "--output", "ck/o.pt"]),
+        ("predict_perf", ["--model", "m.yml", "--gcds", "8", "--plot", "hf/p.png"]),
+        ("predict_perf", ["--model", "m.yml", "--gcds", "8", "--plot", "ck/p.png"]),
+    ],
+)
+def test_consolidate_and_predict_perf_outputs_inside_another_artifact_are_refused(
+    tool, argv, world, tmp_path, monkeypatch, capfd
+):
+    """Probe 7's recheck: consolidate --output and predict_perf --plot were checked only against a
+    checkpoint step, so both wrote into an HF export (exit 0)."""
+    import importlib
+
+    d = scratch(world, tmp_path, monkeypatch)
+    before = snapshot(d)
+    rc = call(importlib.import_module(f"megatron_topo.commands.{tool}").main, argv)
+    assert rc == 2
+    line = one_error_line(capfd)
+    assert f"{argv[-1]} lies inside" in line and ("HuggingFace model folder" in line or "checkpoint" in line), line
+    assert snapshot(d) == before
+
+
+@pytest.mark.parametrize(
     "cache, words",
     [
         ("ck/global_step2/c", ["lies inside", "a checkpoint step folder"]),

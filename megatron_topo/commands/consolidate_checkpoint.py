@@ -95,7 +95,7 @@ def consolidate(checkpoint: str, output: str, force: bool = False, unverified: b
     for o in outs:
         if os.path.isdir(o):
             raise CheckpointError(f"--output {o} is a directory; give a file name")
-        check_output_file(o, "--output", CheckpointError, force, kind=_not_ours)
+        check_output_file(o, "--output", CheckpointError, force, kind=_not_ours, artifacts=True)
         check_output_parent(o)
     sp, meta, config_yaml = open_checkpoint(
         checkpoint, unverified, "pass --load-unverified"

@@ -23,6 +23,7 @@ def check_plot_path(path: str) -> None:
         ConfigError,
         ours=lambda p: PLOT_SOFTWARE.encode() in head(p, 1 << 12),
         kind=lambda p: None if head(p, 8) == b"\x89PNG\r\n\x1a\n" else "is not a PNG image",
+        artifacts=True,  # never into a checkpoint save folder, an HF export or a run's log folder
     )
 
 
