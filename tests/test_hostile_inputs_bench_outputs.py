@@ -495,3 +495,24 @@ def test_bench_sharding_pool_reads_its_rounds_capped_and_non_blocking(world):
             r.stderr
         )
         assert not os.path.exists("pooled")
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"series": "main", "strategy": "topo", "ok": True}],  # no timed_s, step_times_s ...
+        [{"series": "main", "strategy": "topo", "ok": True, "timed_s": 5}],  # a number, not a list
+    ],
+)
+def test_bench_sharding_pool_of_rows_of_another_shape_is_one_line(world, capfd, rows):
+    """Rows that are objects but lack the fields bench_sharding writes were a KeyError/TypeError
+    traceback from merge(); now one line naming them, and nothing written."""
+    from megatron_topo.commands import bench_sharding
+
+    os.mkdir("odd")
+    (world / "odd" / "results.json").write_text(json.dumps(rows))
+    (world / "odd" / "meta.json").write_text("{}")
+    assert bench_sharding.main(["--pool", "odd", "--out", "pooled"]) == 2
+    err = [x for x in capfd.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("error: --pool: the rows of odd are not the rows bench_sharding writes")
+    assert not os.path.exists("pooled")

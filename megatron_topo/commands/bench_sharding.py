@@ -327,10 +327,18 @@ def pool(a, out: str) -> int:
         for r in rows:
             groups.setdefault(row_key(r), []).append(r)
     merged = []
-    for rows in groups.values():
-        m = merge(rows, a)
-        m["rounds"] = sum(r.get("rounds", 1) for r in rows if r.get("ok"))
-        merged.append(m)
+    try:  # rows of another shape (a field missing or of another type): one line, nothing written
+        for rows in groups.values():
+            m = merge(rows, a)
+            m["rounds"] = sum(r.get("rounds", 1) for r in rows if r.get("ok"))
+            merged.append(m)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        what = f"field {e.args[0]!r} missing" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        print(
+            clean(f"error: --pool: the rows of {', '.join(a.pool)} are not the rows bench_sharding writes ({what})"),
+            file=sys.stderr,
+        )
+        return 2
     meta = dict(runs[0][2], pooled=[d for d, _, _ in runs], repeats=sum(x[2].get("repeats", 1) for x in runs))
     meta.pop("tool", None)
     fit = lambda m: {k: v for k, v in (m.get("cpu_fit") or {}).items() if k != "from_run"}  # noqa: E731
