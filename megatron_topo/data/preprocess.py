@@ -19,12 +19,10 @@ renamed into place after the whole run succeeded: a failed run leaves existing o
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import sys
 import time
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Optional
@@ -49,6 +47,7 @@ from .errors import DataError
 from .indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from .pair_commit import sweep_leftovers
 from .tokenizer import Tokenizer, build_tokenizer
+from .worker_pool import start_pool
 
 MAX_WARNINGS = 20
 
@@ -309,15 +308,8 @@ def preprocess(
     try:
         for k in keys:
             builders[k] = MMapIndexedDatasetBuilder(stats.outputs[k], dtype)
-        if workers > 1:  # spawn: no forked tokenizer state; a worker that dies fails the run (no hang)
-            pool = ProcessPoolExecutor(
-                workers,
-                mp_context=mp.get_context("spawn"),
-                initializer=init_worker,
-                initargs=init_args + (os.getpid(),),
-            )  # workers die with this process
-            for f in [pool.submit(os.getpid) for _ in range(workers)]:
-                f.result()
+        if workers > 1:  # a worker that dies fails the run (no hang); workers die with this process
+            pool = start_pool(workers, init_worker, init_args + (os.getpid(),))
             stats.startup_seconds = time.perf_counter() - t0
         else:
             init_worker(*init_args)
