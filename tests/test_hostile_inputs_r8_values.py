@@ -18,7 +18,7 @@ import typing
 
 import pytest
 
-from megatron_topo.cli import comma_items
+from megatron_topo import cli
 from megatron_topo.commands import generate as generate_cli
 from megatron_topo.commands import measure_collectives, predict_perf
 from megatron_topo.commands import train as train_cli
@@ -29,7 +29,6 @@ from megatron_topo.config.schema import Config, SystemConfig, _declared
 from megatron_topo.data.corpus_sources import split_inputs
 from megatron_topo.data.errors import DataError
 from megatron_topo.data.gpt_dataset import parse_split
-from megatron_topo.error_lines import MAX_PROBLEM_LINES
 from megatron_topo.model.hf_schema import check_config
 
 from .cli_cases import call, one_error_line
@@ -247,9 +246,9 @@ def test_preprocess_input_list_refuses_an_empty_item(tmp_path):
 
 def test_comma_items_names_flag_value_and_position():
     with pytest.raises(ValueError) as e:
-        comma_items("1,2,,3", "--x", "integers")
+        cli.comma_items("1,2,,3", "--x", "integers")
     assert str(e.value) == "--x '1,2,,3': item 3 of 4 is empty; expected integers"
-    assert comma_items(" 1, 2 ", "--x", "integers") == ["1", "2"]
+    assert cli.comma_items(" 1, 2 ", "--x", "integers") == ["1", "2"]
 
 
 # ------------------------------------------------------------------------------ D1: ASCII digits only
@@ -295,9 +294,14 @@ def test_generate_number_flags_take_ascii_digits_only(cfg_dir, capfd, argv):
     assert argv[0] in line and "ASCII" in line, line
 
 
-def test_prompt_ids_in_other_digits_are_refused(cfg_dir, capfd):
-    assert call(generate_cli.main, ["cfg.yml", "--prompt-ids", "١,2"]) == 2
-    assert "--prompt-ids" in one_error_line(capfd)
+def test_prompt_ids_in_other_digits_are_refused():
+    from megatron_topo.commands.generate_load import GenerateError
+
+    with pytest.raises(GenerateError, match="--prompt-ids '١,2': expected comma-separated integers"):
+        generate_cli.parse_ids("١,2", 100)
+    assert generate_cli.parse_ids(" 1, 2 ", 100) == [1, 2]  # control
+    with pytest.raises(GenerateError, match="item 2 of 3 is empty"):  # round 7's rule kept
+        generate_cli.parse_ids("1,,2", 100)
 
 
 def test_bounded_flags_take_ascii_digits_only(capfd):
@@ -313,7 +317,7 @@ def test_a_config_with_thousands_of_problems_prints_a_capped_list(cfg_dir, capfd
     (cfg_dir / "x.json").write_text(json.dumps(doc))
     assert call(train_cli.main, ["x.json", "--dry-run"]) == 2
     lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.strip()]
-    assert len(lines) == MAX_PROBLEM_LINES + 1, len(lines)
+    assert len(lines) == 20 + 1  # error_lines.MAX_PROBLEM_LINES, len(lines)
     assert all(ln.startswith("error: ") for ln in lines)
     assert re.fullmatch(r"error: \.\.\. and 1,98\d more problems", lines[-1]), lines[-1]
 
