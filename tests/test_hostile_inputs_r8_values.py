@@ -351,3 +351,25 @@ def test_an_hf_value_outside_our_key_names_the_file_and_the_hf_field(key, value)
 
 def test_control_hf_values_inside_our_keys_pass():
     check_config({**HF, "layer_norm_eps": 1e-5, "rope_theta": 10000.0, "rms_norm_eps": 1.0}, "hf/config.json")
+
+
+# ------------------------------------------------------------------------------ D1: launcher variables
+@pytest.mark.parametrize("var", ["RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_NTASKS", "SLURM_LOCALID"])
+def test_launcher_variables_take_ascii_digits_only(var):
+    """Before: ``RANK=٠`` was rank 0 (isdecimal takes other scripts' digits); the rule is the config's."""
+    from megatron_topo.topology import launcher_env
+
+    base = {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0"} if not var.startswith("SLURM") else {}
+    with pytest.raises(ConfigError, match=f"{var}=.* is not an integer"):
+        launcher_env({**base, var: "١"})
+    assert launcher_env({**base, var: "1"}) is not None  # control
+
+
+@pytest.mark.parametrize("port", ["٢٩٥٠٠", "²"])
+def test_master_port_takes_ascii_digits_only(cfg_dir, capfd, monkeypatch, port):
+    """Before: ``٢٩٥٠٠`` was handed to torch as is; ``²`` (isdigit, but int() refuses) a traceback."""
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    for k, v in {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}.items():
+        monkeypatch.setenv(k, v)
+    assert call(train_cli.main, ["cfg.yml", "--set", "train_iters=1"]) == 2
+    assert f"MASTER_PORT={port!r} is not a port number" in one_error_line(capfd)
