@@ -102,15 +102,14 @@ def bounded(kind, lo, hi=None, *, lo_open: bool = False, hi_open: bool = False, 
     :data:`BYTE_UNITS`) that must be positive must also be at least one byte (5e-324 MiB is 0 bytes)."""
     from .error_lines import brief
 
-    name = "an integer" if kind is int else "a number"
     span = _interval(lo, hi, lo_open, hi_open)
     rule = f"must {'be' if hi is None else 'lie'} {span}{' ' + unit if unit else ''}{f' ({why})' if why else ''}"
 
     def parse(text: str):
         try:
-            v = kind(text)
-        except (ValueError, OverflowError):
-            raise argparse.ArgumentTypeError(f"'{brief(text, 40)}' is not {name}; it {rule}") from None
+            v = number(kind)(text)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e}; it {rule}") from None
         if kind is float and not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"{brief(text, 40)} is not finite; it {rule}")
         low = v <= lo if lo_open else v < lo
@@ -122,6 +121,29 @@ def bounded(kind, lo, hi=None, *, lo_open: bool = False, hi_open: bool = False, 
         return v
 
     parse.__name__ = kind.__name__  # argparse names the type in its own messages
+    return parse
+
+
+def number(kind):
+    """An argparse ``type=`` for an ``int`` or ``float`` written in ASCII (``٣``, ``１`` or a no-break
+    space, which int()/float() read, are refused, as in config values); a finite literal past float's
+    range (``1e400``) is refused quoting it, never read as inf."""
+    from .error_lines import brief
+
+    name = "an integer" if kind is int else "a number"
+
+    def parse(text: str):
+        if not ascii_number(text):
+            raise argparse.ArgumentTypeError(f"'{brief(text, 40)}' is not {name} in ASCII digits 0-9")
+        try:
+            v = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"'{brief(text, 40)}' is not {name}") from None
+        if kind is float and math.isinf(v) and "inf" not in text.lower():
+            raise argparse.ArgumentTypeError(f"{brief(text, 40)} is beyond the largest float (about 1.8e308)")
+        return v
+
+    parse.__name__ = kind.__name__
     return parse
 
 
@@ -137,3 +159,44 @@ def schema_bounded(section, key: str, why: str = ""):
     assert hi is not None, f"{section.__name__}.{key} declares no upper bound"
     kind = float if "float" in str(f.type) else int
     return bounded(kind, lo, hi, lo_open=lo_open, hi_open=hi_open, why=why or f"as the config key {key}")
+
+
+def comma_items(
+    text: str, name: str, expect: str, *, error=ValueError, seps: str = ",", strip: bool = True
+) -> list[str]:
+    """The items of the comma-separated value ``text`` of the flag, key or variable ``name``,
+    stripped of spaces. An empty value, or an empty item (``8,,16``, ``,8``, ``8,``: a value
+    left out, never silently skipped) is ``error`` with one line naming ``name``, the value,
+    the item's position and ``expect`` (what is valid, e.g. ``comma-separated integers, e.g. 8,16``).
+    ``seps``: the characters that separate items (``split`` also takes ``949/50/1``); ``strip``
+    False: the items as written (file names), only the emptiness check ignores spaces."""
+    from .error_lines import brief
+
+    items, why = split_items(text, seps)
+    if why:
+        raise error(f"{name} '{brief(text, 40)}'{'' if why == 'is empty' else ':'} {why}; expected {expect}")
+    if strip:
+        return items
+    raw = str(text)
+    for c in seps[1:]:
+        raw = raw.replace(c, seps[0])
+    return raw.split(seps[0])
+
+
+def split_items(text: str, seps: str = ",") -> tuple[list[str], str]:
+    """``text`` split at ``seps`` into stripped items, and why it is not a list of items ("" when it
+    is): ``is empty`` or ``item 2 of 3 is empty`` (:func:`comma_items`'s rule)."""
+    s = str(text)
+    for c in seps[1:]:
+        s = s.replace(c, seps[0])
+    items = [x.strip() for x in s.split(seps[0])]
+    if items == [""]:
+        return items, "is empty"
+    empty = [n for n, x in enumerate(items, 1) if x == ""]
+    return items, f"item {empty[0]} of {len(items)} is empty" if empty else ""
+
+
+def ascii_number(text: str) -> bool:
+    """Whether ``text`` (spaces around it aside) is written in ASCII only: numbers in config values
+    and tool flags are ASCII digits (``٣``, ``１``, a no-break space are refused, not read as 3, 1)."""
+    return str(text).strip(" \t\r\n").isascii()

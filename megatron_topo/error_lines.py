@@ -54,12 +54,20 @@ def emit(prefix: str, text, file=None, flush: bool = False) -> None:
     print(clean(f"{prefix}: {text}" if prefix else text), file=out, flush=flush)
 
 
+# a config error prints at most this many problems, then one line with the count of the rest
+MAX_PROBLEM_LINES = 20
+
+
 def problem_lines(e: BaseException) -> list:
     """The messages of ``e``, one per line to print: its ``problems`` list when it carries several
-    (a config file's problems, reported at once), else its message as one line."""
+    (a config file's problems, reported at once; the first :data:`MAX_PROBLEM_LINES`, then
+    ``... and N more problems``), else its message as one line."""
     problems = getattr(e, "problems", None)
     if problems:
-        return [str(p) for p in problems]
+        lines = [str(p) for p in problems[:MAX_PROBLEM_LINES]]
+        if len(problems) > MAX_PROBLEM_LINES:  # 20,000 unknown keys: the first ones, then a count
+            lines.append(f"... and {len(problems) - MAX_PROBLEM_LINES:,} more problems")
+        return lines
     return [str(e) or type(e).__name__]
 
 

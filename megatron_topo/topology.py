@@ -98,7 +98,8 @@ def launcher_env(env: Optional[Mapping[str, str]] = None) -> dict:
         for n in names:
             if env.get(n) not in (None, ""):
                 text = str(env[n]).split("(")[0].split(",")[0]  # SLURM_NTASKS_PER_NODE: "2(x3),1"
-                if not (text.strip().lstrip("+-").isdecimal() and len(text) <= 24):
+                # ASCII digits only, as config values and tool flags (isdecimal also takes '٣')
+                if not (text.strip().lstrip("+-").isdecimal() and text.isascii() and len(text) <= 24):
                     err = JobWideError if n in _JOB_WIDE_VARS else ConfigError
                     raise err(
                         f"launcher environment: {n}={excerpt(env[n], 24)} is not an integer of at most 24 digits "

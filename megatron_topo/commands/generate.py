@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
-from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.cli import OneLineParser, ascii_number, comma_items, fail, number
 from megatron_topo.commands.generate_load import GenerateError, build_tokenizer_or_none, check_device, load_model
 from megatron_topo.error_lines import brief, first_line
 
@@ -43,16 +43,18 @@ def parse_args(argv=None):
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the config's tokenizer)")
     src.add_argument("--prompt-ids", metavar="I,J,K", help="prompt as comma-separated token ids")
-    p.add_argument("--max-new-tokens", type=int, metavar="N", help="new tokens, at most 64 x the model's seq_length")
+    p.add_argument(
+        "--max-new-tokens", type=number(int), metavar="N", help="new tokens, at most 64 x the model's seq_length"
+    )
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default: sampling)")
-    p.add_argument("--temperature", type=float, help="divide the logits by it (default 1.0)")
-    p.add_argument("--top-k", type=int, help="sample from the k most likely tokens (default 0: all)")
+    p.add_argument("--temperature", type=number(float), help="divide the logits by it (default 1.0)")
+    p.add_argument("--top-k", type=number(int), help="sample from the k most likely tokens (default 0: all)")
     p.add_argument(
         "--top-p",
-        type=float,
+        type=number(float),
         help="sample from the smallest set of most likely tokens whose probabilities sum to >= p (default 0: all)",
     )
-    p.add_argument("--seed", type=int, help="sampling seed (default 0; with CONFIG.yml: the config's seed)")
+    p.add_argument("--seed", type=number(int), help="sampling seed (default 0; with CONFIG.yml: the config's seed)")
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--load-unverified",
@@ -101,16 +103,13 @@ def check_max_new(n: int, seq_length: int) -> None:
 
 
 def parse_ids(text: str, vocab: int) -> list[int]:
-    items = text.replace(" ", "").split(",")
-    if items == [""]:
+    if not text.strip():
         raise GenerateError("--prompt-ids is empty; give at least one token id")
-    empty = [n for n, x in enumerate(items, 1) if x == ""]
-    if empty:  # 1,,2 or 1,2, : a token id left out, not silently skipped
-        raise GenerateError(
-            f"--prompt-ids '{brief(text, 40)}': item {empty[0]} of {len(items)} is empty; "
-            f"expected comma-separated integers, e.g. 1,2,3"
-        )
+    # 1,,2 or 1,2, : a token id left out, not silently skipped (cli.comma_items' rule)
+    items = comma_items(text, "--prompt-ids", "comma-separated integers, e.g. 1,2,3", error=GenerateError)
     try:
+        if not all(ascii_number(x) for x in items):
+            raise ValueError
         ids = [int(x) for x in items]
     except ValueError:
         raise GenerateError(

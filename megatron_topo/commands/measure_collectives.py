@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from megatron_topo.analysis.perf_sources import fit_ring
-from megatron_topo.cli import OneLineParser, bounded, fail
+from megatron_topo.cli import OneLineParser, ascii_number, bounded, comma_items, fail
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.error_lines import clean
 from megatron_topo.lifecycle import leave_rank
@@ -65,13 +65,16 @@ def parse_args(argv=None):
 
 
 def check(args) -> tuple[list[float], list[str]]:
+    items = comma_items(args.sizes_mb, "--sizes-mb", "comma-separated numbers like 16,64,256", error=ConfigError)
     try:
-        sizes = [float(x) for x in args.sizes_mb.split(",") if x.strip()]
+        if not all(ascii_number(x) for x in items):
+            raise ValueError
+        sizes = [float(x) for x in items]
     except ValueError:
         raise ConfigError(f"--sizes-mb '{args.sizes_mb}': expected comma-separated numbers like 16,64,256") from None
     if not sizes or min(sizes) <= 0:
         raise ConfigError(f"--sizes-mb '{args.sizes_mb}': sizes must be positive")
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    ops = comma_items(args.ops, "--ops", f"collectives from {', '.join(OPS)}", error=ConfigError)
     bad = [o for o in ops if o not in OPS]
     if bad or not ops:
         raise ConfigError(f"--ops: '{','.join(bad) or args.ops}' is not valid; use {', '.join(OPS)}")

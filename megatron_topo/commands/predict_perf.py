@@ -38,7 +38,7 @@ import sys
 from megatron_topo.analysis import perf_model as pm
 from megatron_topo.analysis import perf_sources as sources
 from megatron_topo.analysis.emulation import predict as emu
-from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.cli import OneLineParser, ascii_number, comma_items, fail
 from megatron_topo.commands.predict_perf_emulated import (
     BENCH_KEYS,
     EMULATED_STRATEGIES,
@@ -51,6 +51,7 @@ from megatron_topo.commands.predict_perf_emulated import (
 )
 from megatron_topo.commands.predict_perf_render import GB, PLOT_SOFTWARE, check_plot_path, plot, render, render_sources
 from megatron_topo.config import ConfigError, load_config
+from megatron_topo.zero_topo.sharding import PRESETS
 
 # the emulated comparison and the output side are re-exported: callers import them from here
 __all__ = [
@@ -139,8 +140,12 @@ MAX_GCDS = 1_000_000
 
 
 def _ints(text: str) -> list[int]:
+    expect = "comma-separated positive integers like 8,16,384"
+    items = comma_items(text, "--gcds", expect, error=ConfigError)  # 8,,16: the empty item named
     try:
-        vals = sorted({int(x) for x in text.split(",") if x.strip()})
+        if not all(ascii_number(x) for x in items):
+            raise ValueError
+        vals = sorted({int(x) for x in items})
     except ValueError:
         raise ConfigError(f"--gcds '{text}': expected comma-separated integers like 8,16,384") from None
     if not vals or vals[0] < 1:
@@ -184,7 +189,7 @@ def run(args) -> dict:
     if cfg.system is None:
         raise ConfigError(f"{args.system}: no 'system:' block; use a system YAML such as configs/frontier.yml")
     gcds = _ints(args.gcds)
-    presets = [p.strip() for p in args.presets.split(",") if p.strip()]
+    presets = comma_items(args.presets, "--presets", f"preset names from {', '.join(PRESETS)}", error=ConfigError)
     est = pm.predict(cfg, presets, gcds, args.nic_sharing, stack=args.stack)
     lo, hi = gcds[0], gcds[-1]
     return {

@@ -86,9 +86,12 @@ def _coerce(value, tp, where: str):
             raise bad
         if isinstance(value, int):
             return int(value)
+        if isinstance(value, float):
+            _not_overflowed(float(value), getattr(value, "text", None), where)  # 1e400: the literal quoted
         if isinstance(value, float) and value.is_integer() and _names_an_integer(getattr(value, "text", None)):
             return int(value)
         if isinstance(value, str):  # "5e8" quoted in JSON/YAML (DeepSpeed files do this)
+            _ascii_number(value, where, base)
             text = value.strip()  # '_' only between digits, as Python's int() and float() say ("1_" is not 1)
             if re.fullmatch(r"[-+]?[0-9]+(?:_[0-9]+)*", text):
                 if len(text) > 1000:  # int() refuses over 4,300 digits; no count or size has this many
@@ -98,6 +101,7 @@ def _coerce(value, tp, where: str):
                 f = float(text)
             except ValueError:
                 raise bad from None
+            _not_overflowed(f, text, where)
             if math.isfinite(f) and f.is_integer() and _names_an_integer(text):
                 return int(f)
         raise bad
@@ -110,6 +114,7 @@ def _coerce(value, tp, where: str):
             except OverflowError:  # an integer past float's range (hundreds of digits)
                 raise ConfigError(f"{where}: {_fmt(value)} is too large; expected {_type_name(base)}") from None
         if isinstance(value, str):  # e.g. 1_000.5 or "6e-4" quoted
+            _ascii_number(value, where, base)
             try:
                 f = float(value)
             except ValueError:
@@ -125,9 +130,32 @@ def _coerce(value, tp, where: str):
     return value
 
 
+def _ascii_number(value: str, where: str, base) -> None:
+    """A number written as text in a config value is ASCII: other scripts' digits (``٣``, ``１``)
+    and Unicode spaces (a no-break space), which Python's float() reads, are refused."""
+    from ..cli import ascii_number
+
+    if not ascii_number(value):
+        raise ConfigError(
+            f"{where}: {_short(value)} is not written in ASCII; expected {_type_name(base)} "
+            f"in the digits 0-9 (e.g. {'3, 5e8' if base is int else '0.1, 6e-4'})"
+        )
+
+
+def _not_overflowed(f: float, text, where: str) -> None:
+    """Refuse ``f`` = inf read from a finite literal ``text`` (``1e400``), quoting the literal."""
+    if math.isinf(f) and text and not any(w in str(text).lower() for w in ("inf", "nan")):
+        raise ConfigError(  # 1e400 (also 1e99999999999999999999, past even Decimal's exponents)
+            f"{where}: {str(text).strip()} is beyond the largest float (about 1.8e308) and would be read as "
+            f"{'-' if f < 0 else ''}inf; a finite number is needed"
+        )
+
+
 def _not_underflowed(f: float, text, where: str) -> float:
     """``f``, unless its literal ``text`` names a number other than 0 that a float reads as 0
-    (``1e-400``): refused, rather than a value the user did not write (or a bound's "got 0")."""
+    (``1e-400``) or a finite number that a float reads as inf (``1e400``): refused, rather than a
+    value the user did not write (or a bound's "got 0" / "got inf")."""
+    _not_overflowed(f, text, where)
     if f == 0 and text:
         try:
             d = decimal.Decimal(str(text).strip().replace("_", ""))

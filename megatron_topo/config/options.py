@@ -223,12 +223,23 @@ def _collect(problems: Optional[list], fn, *args) -> None:
 
 # ------------------------------------------------------------------------------ single-field checks
 def _check_split(split: str) -> Optional[str]:
-    parts = [s.strip() for s in str(split).replace("/", ",").split(",")]
+    from ..cli import ascii_number, split_items
+
+    expect = "up to 3 non-negative numbers with a positive sum, e.g. 949,50,1"
+    parts, why = split_items(split, ",/")  # 969,,30: the empty share named (skipping it would shift the test share)
+    if why:
+        return f"{why}; expected {expect}"
     try:
-        nums = [float(s) for s in parts if s != ""]
+        nums = [float(s) for s in parts if ascii_number(s)]  # ASCII digits only ('١٠٠' is not 100)
     except ValueError:
         nums = []
-    if not nums or len(nums) > 3 or any(not (math.isfinite(x) and x >= 0) for x in nums) or sum(nums) <= 0:
+    if (
+        len(nums) != len(parts)
+        or not nums
+        or len(nums) > 3
+        or any(not (math.isfinite(x) and x >= 0) for x in nums)
+        or sum(nums) <= 0
+    ):
         return "expected up to 3 non-negative numbers with a positive sum, e.g. 949,50,1"
     return None
 

@@ -26,14 +26,19 @@ class Source:
 
 def split_inputs(inputs: Iterable[str]) -> list[str]:
     """GPT-NeoX's ``--input a.jsonl,b.jsonl.zst``: comma-separated lists (a name that exists as
-    given is kept whole, commas and all)."""
+    given is kept whole, commas and all); an empty item (``a.jsonl,,b.jsonl``, ``a.jsonl,``) is refused
+    naming its position, not skipped (cli.comma_items' rule)."""
+    from ..cli import comma_items
+
     out = []
     for item in inputs:
         item = str(item)
         if os.path.exists(item) or "," not in item:
             out.append(item)
         else:
-            out += [p for p in item.split(",") if p]
+            out += comma_items(
+                item, "--input", "comma-separated input files, e.g. a.jsonl,b.jsonl.zst", error=DataError, strip=False
+            )
     return out
 
 

@@ -31,12 +31,19 @@ LAST_EPOCH_THRESHOLD = 0.80
 
 
 def parse_split(split: str) -> list[float]:
-    """``"949,50,1"`` (or ``"949/50/1"``, fewer parts padded with 0) -> normalised weights."""
-    bad = DataError(f"split '{split}': expected up to 3 non-negative numbers with a positive sum, e.g. 949,50,1")
+    """``"949,50,1"`` (or ``"949/50/1"``, fewer parts padded with 0) -> normalised weights; an empty
+    item (``969,,30``) is refused, not skipped (it would shift the later shares)."""
+    from ..cli import ascii_number, comma_items
+
+    expect = "up to 3 non-negative numbers with a positive sum, e.g. 949,50,1"
+    bad = DataError(f"split '{split}': expected {expect}")
+    items = comma_items(split, "split", expect, error=DataError, seps=",/")  # 969,,30: an empty share named
     try:
-        parts = [float(s) for s in str(split).replace("/", ",").split(",") if s.strip() != ""]
+        parts = [float(s) for s in items if ascii_number(s)]  # ASCII digits only: '١٠٠' is refused
     except ValueError:
         raise bad from None
+    if len(parts) != len(items):
+        raise bad
     if not parts or len(parts) > 3 or any(p < 0 or p != p for p in parts) or sum(parts) <= 0:
         raise bad
     parts += [0.0] * (3 - len(parts))

@@ -33,6 +33,20 @@ OPTIONAL_BOOLS = ("use_parallel_residual", "tie_word_embeddings", "attention_bia
 OPTIONAL_STRS = ("model_type", "hidden_act")
 BOUNDS = {"rotary_pct": (0.0, 1.0), "partial_rotary_factor": (0.0, 1.0)}
 INT_MAX = 2**31 - 1
+# the ModelConfig key each HF field sets: its schema bounds are checked here, so that a value out of
+# them is refused naming the file and the HF field (not "layernorm_epsilon must lie in (0, 1], got 2")
+OURS = {
+    "hidden_size": "hidden_size",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_attention_heads",
+    "max_position_embeddings": "max_position_embeddings",
+    "intermediate_size": "intermediate_size",
+    "num_key_value_heads": "num_kv_heads",
+    "layer_norm_eps": "layernorm_epsilon",
+    "rms_norm_eps": "layernorm_epsilon",
+    "rotary_emb_base": "rotary_emb_base",
+    "rope_theta": "rotary_emb_base",
+}
 
 
 def _show(v) -> str:
@@ -99,6 +113,7 @@ def check_config(hf: dict, where: str) -> None:
             ):
                 rng = f"in [{lo:g}, {hi:g}]" if k in BOUNDS else "> 0"
                 raise ConfigError(f"{where}: {k}: expected a finite number {rng}, got {_show(v)}")
+    _check_schema_bounds(hf, where)
     for k in OPTIONAL_BOOLS:
         if k in hf and not isinstance(hf[k], bool):
             raise ConfigError(f"{where}: {k}: expected true or false, got {_show(hf[k])}")
@@ -113,6 +128,28 @@ def check_config(hf: dict, where: str) -> None:
             f"{where}: hidden_size {hf['hidden_size']} is not a multiple of num_attention_heads "
             f"{hf['num_attention_heads']}"
         )
+
+
+def _check_schema_bounds(hf: dict, where: str) -> None:
+    """Each numeric HF field inside the bounds of the ModelConfig key it sets (:data:`OURS`)."""
+    import dataclasses
+
+    from ..config.schema_model import ModelConfig
+
+    fields = {f.name: f.metadata for f in dataclasses.fields(ModelConfig)}
+    for k, ours in OURS.items():
+        v = hf.get(k)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or ours not in fields:
+            continue
+        meta = fields[ours]
+        lo, lo_open = (meta["ge"], False) if meta.get("ge") is not None else (meta.get("gt"), True)
+        hi, hi_open = (meta["le"], False) if meta.get("le") is not None else (meta.get("lt"), True)
+        low = lo is not None and (v <= lo if lo_open else v < lo)
+        high = hi is not None and (v >= hi if hi_open else v > hi)
+        if low or high:
+            lo_s, hi_s = ("-inf" if lo is None else f"{lo:g}"), ("inf" if hi is None else f"{hi:g}")
+            span = f"{'(' if lo_open else '['}{lo_s}, {hi_s}{')' if hi_open else ']'}"
+            raise ConfigError(f"{where}: {k}: {_show(v)} is outside {span}, the range of {ours} it sets")
 
 
 def link_roots(folder: str) -> list:

@@ -62,7 +62,7 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
             if not os.environ.get(var):
                 raise JobWideError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
         port = str(os.environ["MASTER_PORT"])
-        if not port.isdigit() or not 1 <= int(port) <= 65535:
+        if not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:  # '²' isdigit, int() refuses
             raise JobWideError(
                 f"MASTER_PORT={port!r} is not a port number (valid: 1..65535; the Slurm scripts pick one per job)"
             )
