@@ -62,10 +62,25 @@ def _taken(tmp: str, st: os.stat_result) -> Optional[str]:
     return None
 
 
+class TempRefused(OSError):
+    """The temporary name of a write is taken by something it may not write through (named as is)."""
+
+
+def _as_target(e: OSError, tmp: str, path: str) -> OSError:
+    """``e`` naming the target ``path`` instead of this write's internal temporary ``tmp`` (a
+    failure to create or write it, e.g. a folder that cannot take files or a full disk, is the
+    target's), so the one error line a tool prints names the file the user asked for."""
+    if isinstance(e, TempRefused) or e.filename != tmp:
+        return e
+    return OSError(e.errno, e.strerror, path)
+
+
 def _refuse(tmp: str, why: str) -> None:
     import errno
 
-    raise OSError(errno.EEXIST, f"the temporary name of this write is {why}; it is not written through: remove it", tmp)
+    raise TempRefused(
+        errno.EEXIST, f"the temporary name of this write is {why}; it is not written through: remove it", tmp
+    )
 
 
 def _open_temp(tmp: str, mode: str) -> IO[Any]:
@@ -105,13 +120,19 @@ def atomic_open(path: str, mode: str = "wb", *, tmp: Optional[str] = None, maked
     if makedirs:
         _make_parent(path)
     tmp = tmp or temp_name(path)
-    f = _open_temp(tmp, mode)  # refused before anything is written: nothing of ours to remove
+    try:
+        f = _open_temp(tmp, mode)  # refused before anything is written: nothing of ours to remove
+    except OSError as e:
+        raise _as_target(e, tmp, path) from None
     try:
         with f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         commit(tmp, path)
+    except OSError as e:
+        remove_quietly(tmp)
+        raise _as_target(e, tmp, path) from None
     except BaseException:
         remove_quietly(tmp)
         raise
@@ -135,6 +156,9 @@ def atomic_path(path: str, *, tmp: Optional[str] = None, makedirs: bool = True) 
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         commit(tmp, path)
+    except OSError as e:
+        remove_quietly(tmp)
+        raise _as_target(e, tmp, path) from None
     except BaseException:
         remove_quietly(tmp)
         raise

@@ -102,6 +102,39 @@ def artifact_above(path: str, own: Sequence[str] = ()) -> Optional[tuple]:
         p = parent
 
 
+PROBE = ".megatron_topo_write_probe"
+
+
+def cannot_write_in(folder: str) -> Optional[str]:
+    """Why nothing can be created in ``folder`` (a phrase), or None. The check is real: a probe file
+    (a probe folder, where ``folder`` does not exist yet: it is made in its nearest existing folder)
+    with a name of our own is created exclusively and removed, so /proc, /sys and read-only mounts
+    are caught before any work, not only permission bits."""
+    import secrets
+
+    p = os.path.abspath(folder or ".")
+    missing = False
+    while not os.path.isdir(p):
+        if os.path.lexists(p):
+            return f"{p} exists and is not a folder"
+        parent = os.path.dirname(p)
+        if parent == p:
+            return "no folder of it exists"
+        p, missing = parent, True
+    probe = os.path.join(p, f"{PROBE}.{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        if missing:
+            os.mkdir(probe, 0o700)
+            os.rmdir(probe)
+        else:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+            os.close(fd)
+            os.remove(probe)
+    except OSError as e:
+        return f"cannot create {'a folder' if missing else 'a file'} in {p} ({e.strerror or e})"
+    return None
+
+
 def check_output_folder(
     key: str,
     path: str,
@@ -131,6 +164,9 @@ def check_output_folder(
             raise err(
                 f"{key} {path}: {d} exists and is not a folder; the run writes {inner} there: set {key} elsewhere"
             )
+    why = cannot_write_in(path)
+    if why:
+        raise err(f"{key} {path}: {why}; the run writes {what} there: set {key} to a folder it can write")
 
 
 def check_output_file(
@@ -170,6 +206,7 @@ def check_output_file(
     try:
         st = os.stat(path)
     except FileNotFoundError:
+        _check_writable(path, flag, err)
         return
     except OSError as e:
         raise err(f"{flag} {path} cannot be checked ({e.strerror or e})") from None
@@ -180,6 +217,14 @@ def check_output_file(
         raise err(f"{flag} {path} exists and {why}; it is not replaced, even with --force: write it elsewhere")
     if not force and not (ours is not None and ours(path)):
         raise err(f"{flag} {path} already exists; pass --force to replace it")
+    _check_writable(path, flag, err)
+
+
+def _check_writable(path: str, flag: str, err: Type[Exception]) -> None:
+    """Refuse ``path`` before any work when no file can be created in its folder (:func:`cannot_write_in`)."""
+    why = cannot_write_in(os.path.dirname(os.path.abspath(path)))
+    if why:
+        raise err(f"{flag} {path}: {why}; write it elsewhere")
 
 
 def head(path: str, n: int) -> bytes:

@@ -46,10 +46,15 @@ def check_model_table(step_path: str, meta: Meta, model_cfg) -> None:
 
 
 def check_output_parent(path: str, flag: str = "--output") -> None:
-    """The folder an output goes into must exist (CheckpointError)."""
+    """The folder an output goes into must exist and take new files (CheckpointError)."""
+    from ...safe_outputs import cannot_write_in
+
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise CheckpointError(f"{flag} {path}: directory {parent} does not exist")
+    why = cannot_write_in(parent)
+    if why:
+        raise CheckpointError(f"{flag} {path}: {why}; write it elsewhere")
 
 
 def iter_checkpoint_units(step_path: str, meta: Meta, keys=("master",), verify: bool = True):
