@@ -230,6 +230,22 @@ def check_outputs(prefix: str, inputs, force: bool) -> None:
         )
 
 
+def check_prefix(prefix: str, flag: str) -> None:
+    """A path prefix must end in a file-name part of its own: not empty, not blank, not ending in a
+    folder separator (the outputs would be named ``_text_document.bin`` in some folder)."""
+    seps = os.sep + (os.altsep or "")
+    if not prefix.strip():
+        raise DataError(
+            f"{flag} {prefix!r}: empty; give a path prefix such as data/corpus "
+            f"(writes data/corpus_text_document.bin/.idx)"
+        )
+    if prefix[-1] in seps or not os.path.basename(prefix).strip():
+        raise DataError(
+            f"{flag} {prefix!r}: no file-name part after the last folder; give a path prefix such as "
+            f"{prefix.rstrip(seps + ' ') or '.'}/corpus"
+        )
+
+
 def output_prefix_for(output_prefix: str, key: str) -> str:
     return f"{output_prefix}_{key}_document"
 
@@ -263,6 +279,7 @@ def preprocess(
     dataset is replaced only with ``force``, and never a file that is not a dataset or an input."""
     warn = warn or _warn
     log = log or _log
+    check_prefix(output_prefix, "--output-prefix")
     keys = tuple(keys)
     if not keys:
         raise DataError("--jsonl-keys: give at least one key (e.g. text)")
