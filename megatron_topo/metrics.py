@@ -31,7 +31,7 @@ import warnings
 from typing import Any, Iterable, Optional, Union
 
 from .config.schema import ModelConfig
-from .safe_files import NotJSON, excerpt, parse_json, why_not_a_file
+from .safe_files import NotJSON, RepeatedKey, excerpt, parse_json, why_not_a_file
 
 # torch is imported lazily so that reading metrics (tools/plot_metrics.py) does not pay for it;
 # a value can only be a tensor if torch is already loaded.
@@ -265,7 +265,7 @@ def _move_superseded(path: str, step: int) -> int:
     with open(path, encoding="utf-8", errors="surrogateescape") as f:
         for line in f:
             try:
-                rec = parse_json(line)
+                rec = parse_json(line, unique_keys=True)
             except NotJSON:  # not a record (a crash mid-write, nesting too deep ...): it stays
                 rec = None
             later = isinstance(rec, dict) and is_step(rec.get("step")) and rec["step"] > step
@@ -358,10 +358,12 @@ def read_metrics(path_or_run_dir: str, last_per_step: bool = False, keep_bad_ste
             if not line:
                 continue
             try:
-                rec = parse_json(line)
+                rec = parse_json(line, unique_keys=True)
             except NotJSON as e:
                 c = e.cause
-                if isinstance(c, json.JSONDecodeError):
+                if isinstance(c, RepeatedKey):  # {"step": 9, "step": 1}: which one is meant is unknown
+                    why = f"a line that is not a record ({c})"
+                elif isinstance(c, json.JSONDecodeError):
                     why = f"a line that is not valid JSON ({c.msg})"
                 elif isinstance(c, RecursionError):
                     why = "a line nested too deeply to be a record"

@@ -192,14 +192,28 @@ def json_reason(e: BaseException) -> str:
     return (msg.splitlines() or [type(e).__name__])[0][:100]
 
 
-def parse_json(text):
+class RepeatedKey(ValueError):
+    """:func:`parse_json` with ``unique_keys``: an object names one key twice (``str(e)`` says which)."""
+
+
+def _unique_pairs(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise RepeatedKey(f"the key {excerpt(k)} appears twice in one object")
+        out[k] = v
+    return out
+
+
+def parse_json(text, unique_keys: bool = False):
     """``json.loads(text)`` (``text``: str, or bytes that must be UTF-8, a leading BOM allowed); any
     failure, including a nesting too deep for the parser and an integer past Python's digit limit,
-    is :class:`NotJSON`."""
+    is :class:`NotJSON`. ``unique_keys``: an object naming a key twice (which json.loads reads as
+    the last one, silently) is refused too (the cause a :class:`RepeatedKey`)."""
     try:
         if isinstance(text, (bytes, bytearray, memoryview)):
             text = bytes(text).decode("utf-8-sig")
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_pairs if unique_keys else None)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError are ValueErrors
         raise NotJSON(json_reason(e), e) from None
 
