@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 import warnings
 
@@ -187,6 +188,7 @@ def _check_distinct(run_dirs) -> None:
 
 MAX_TEXT = 200  # --title, each --labels and --metrics name: longer ones only slow the layout down (200k: minutes)
 MAX_METRICS = 16  # one panel each, side by side
+CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # C0 but the line break, DEL, C1, line separators
 
 
 def _check_texts(labels, metrics, title) -> None:
@@ -200,6 +202,12 @@ def _check_texts(labels, metrics, title) -> None:
         for t in texts:
             if len(t) > MAX_TEXT:
                 raise PlotError(f"{flag} {excerpt(t, 40)} is too long: at most {MAX_TEXT} characters")
+            bad = CONTROL.search(t)
+            if bad:  # drawn as a missing glyph, and matplotlib's warning prints it raw to the terminal
+                raise PlotError(
+                    f"{flag} {excerpt(t, 40)}: holds the control character U+{ord(bad.group()):04X}; "
+                    f"give plain text (a line break is the only control allowed)"
+                )
     if metrics and len(metrics) > MAX_METRICS:
         raise PlotError(f"--metrics: {len(metrics)} keys; at most {MAX_METRICS} (one panel each)")
 
