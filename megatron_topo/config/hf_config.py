@@ -37,12 +37,15 @@ def weights_source(cfg) -> Optional[str]:
 
 
 def is_hf_folder(path: Optional[str]) -> bool:
-    """A folder with an HF ``config.json`` and weights (safetensors or bin, single or sharded)."""
+    """A folder with an HF ``config.json`` and weights (safetensors or bin, single or sharded).
+    The names decide, not what they are: a ``config.json`` or weight file that is a device, a FIFO
+    or a dangling link makes it an HF folder whose reader then names that file and what it is
+    (not a checkpoint folder lacking a meta.json)."""
     return (
         bool(path)
         and os.path.isdir(path)
-        and os.path.isfile(os.path.join(path, "config.json"))
-        and any(os.path.isfile(os.path.join(path, f)) for f in WEIGHT_FILES)
+        and os.path.lexists(os.path.join(path, "config.json"))
+        and any(os.path.lexists(os.path.join(path, f)) for f in WEIGHT_FILES)
     )
 
 

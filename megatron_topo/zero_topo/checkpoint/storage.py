@@ -231,6 +231,12 @@ def resolve(path: str) -> str:
         raise CheckpointError(f"{latest} points to {name}, which is missing or incomplete (no {name}/meta.json)")
     steps = [d for d in os.listdir(path) if _step_name(d)]
     hint = f" (it holds {', '.join(sorted(steps))}; pass one of them)" if steps else ""
+    if not steps:
+        from ...safe_outputs import artifact_kind
+
+        kind = artifact_kind(path)
+        if kind and kind.startswith("a HuggingFace"):  # by its names: a config.json may be a device
+            hint = f"; it is {kind}: this tool reads checkpoints written by train.py"
     raise CheckpointError(f"{path}: no meta.json and no '{LATEST}' file; not a checkpoint directory{hint}")
 
 
