@@ -110,8 +110,6 @@ def cannot_write_in(folder: str) -> Optional[str]:
     (a probe folder, where ``folder`` does not exist yet: it is made in its nearest existing folder)
     with a name of our own is created exclusively and removed, so /proc, /sys and read-only mounts
     are caught before any work, not only permission bits."""
-    import secrets
-
     p = os.path.abspath(folder or ".")
     missing = False
     while not os.path.isdir(p):
@@ -121,7 +119,7 @@ def cannot_write_in(folder: str) -> Optional[str]:
         if parent == p:
             return "no folder of it exists"
         p, missing = parent, True
-    probe = os.path.join(p, f"{PROBE}.{os.getpid()}.{secrets.token_hex(4)}")
+    probe = os.path.join(p, f"{PROBE}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
         if missing:
             os.mkdir(probe, 0o700)
@@ -142,6 +140,7 @@ def check_output_folder(
     own: Sequence[str] = (),
     derived: Sequence[tuple] = (),
     what: str = "its outputs",
+    writable: bool = True,
 ) -> None:
     """Refuse the output folder ``path`` (named by the config key ``key``) when it is or lies inside
     another artifact's folder (:func:`artifact_above`; ``own``: the run's own save folder), or when
@@ -164,7 +163,7 @@ def check_output_folder(
             raise err(
                 f"{key} {path}: {d} exists and is not a folder; the run writes {inner} there: set {key} elsewhere"
             )
-    why = cannot_write_in(path)
+    why = cannot_write_in(path) if writable else None  # (False: the caller checks that itself)
     if why:
         raise err(f"{key} {path}: {why}; the run writes {what} there: set {key} to a folder it can write")
 

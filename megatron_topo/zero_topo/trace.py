@@ -86,7 +86,9 @@ def check_folder_owner(
     holding a metrics.jsonl that is not this run's ``log_dir``)."""
     from ..safe_outputs import check_output_folder
 
-    check_output_folder(key, path, err, own=[own_save] if own_save else [], what="rank_N.jsonl trace files")
+    check_output_folder(  # (whether rank_N.jsonl can be made there: checked below, in its own words)
+        key, path, err, own=[own_save] if own_save else [], what="rank_N.jsonl trace files", writable=False
+    )
     mine = os.path.realpath(log_dir) if log_dir else None
     p = os.path.realpath(path)
     while True:
