@@ -113,8 +113,8 @@ def cannot_write_in(folder: str) -> Optional[str]:
     p = os.path.abspath(folder or ".")
     missing = False
     while not os.path.isdir(p):
-        if os.path.lexists(p):
-            return f"{p} exists and is not a folder"
+        if os.path.lexists(p):  # a file where a folder goes: the callers' own checks name that
+            return None
         parent = os.path.dirname(p)
         if parent == p:
             return "no folder of it exists"
