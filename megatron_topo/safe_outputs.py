@@ -121,6 +121,10 @@ def cannot_write_in(folder: str) -> Optional[str]:
         p, missing = parent, True
     probe = os.path.join(p, f"{PROBE}.{os.getpid()}.{os.urandom(4).hex()}")
     try:
+        st = os.stat(p)
+    except OSError:
+        st = None
+    try:
         if missing:
             os.mkdir(probe, 0o700)
             os.rmdir(probe)
@@ -130,6 +134,11 @@ def cannot_write_in(folder: str) -> Optional[str]:
             os.remove(probe)
     except OSError as e:
         return f"cannot create {'a folder' if missing else 'a file'} in {p} ({e.strerror or e})"
+    if st is not None:  # the probe leaves no trace: a refused run touches nothing, not even the folder's times
+        try:
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        except OSError:
+            pass
     return None
 
 
