@@ -142,6 +142,34 @@ def cannot_write_in(folder: str) -> Optional[str]:
     return None
 
 
+def check_derived(head: str, derived: Sequence[tuple], writer: str, elsewhere: str, err: Type[Exception]) -> None:
+    """Refuse a ``derived`` folder ((folder, what ``writer`` writes there): one an output folder's
+    writer names itself inside it) that is a symbolic link or not a folder; ``head`` opens the line
+    (the key or flag and its value), ``elsewhere`` ends it (what to do instead)."""
+    for d, inner in derived:
+        if os.path.islink(d):
+            raise err(
+                f"{head}: {d} is a symbolic link (to {os.readlink(d)[:200]!r}); {writer} would write {inner} "
+                f"through it into another folder: remove the link or {elsewhere}"
+            )
+        if os.path.lexists(d) and not os.path.isdir(d):
+            raise err(f"{head}: {d} exists and is not a folder; {writer} writes {inner} there: {elsewhere}")
+
+
+def log_folder_above(path: str, skip: Optional[str] = None) -> Optional[str]:
+    """The run log folder (one holding ``metrics.jsonl``) that ``path`` is or lies inside, links
+    resolved, or None; ``skip``: a log folder that does not count (the run's own)."""
+    mine = os.path.realpath(skip) if skip else None
+    p = os.path.realpath(path)
+    while True:
+        if p != mine and os.path.isfile(os.path.join(p, "metrics.jsonl")):
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
 def check_output_folder(
     key: str,
     path: str,
@@ -162,16 +190,7 @@ def check_output_folder(
         raise err(
             f"{key} {path} {at} {folder}, {kind}; the run would write {what} into it: set {key} to a folder of its own"
         )
-    for d, inner in derived:
-        if os.path.islink(d):
-            raise err(
-                f"{key} {path}: {d} is a symbolic link (to {os.readlink(d)[:200]!r}); the run would write {inner} "
-                f"through it into another folder: remove the link or set {key} elsewhere"
-            )
-        if os.path.lexists(d) and not os.path.isdir(d):
-            raise err(
-                f"{key} {path}: {d} exists and is not a folder; the run writes {inner} there: set {key} elsewhere"
-            )
+    check_derived(f"{key} {path}", derived, "the run", f"set {key} elsewhere", err)
     why = cannot_write_in(path) if writable else None  # (False: the caller checks that itself)
     if why:
         raise err(f"{key} {path}: {why}; the run writes {what} there: set {key} to a folder it can write")

@@ -27,10 +27,11 @@ import json
 import os
 import stat
 import tempfile
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 from .atomic import commit, remove_quietly
 from .safe_files import NotAFile, OverCap, read_capped
+from .safe_outputs import check_derived, log_folder_above
 
 MARKER = "tool.json"  # {"tool": NAME} in a folder the tool created or found empty
 READ_CAP = 64 << 20  # an earlier result of ours is at most a few MB (bench_model --profile: tables)
@@ -75,18 +76,6 @@ def _what(path: str) -> str:
         t = v.get("tool")
         return f"{n}, a JSON object of {t!r}" if isinstance(t, str) else f"{n}, a JSON object without its fields"
     return f"{n}, JSON but not an object"
-
-
-def log_folder_above(path: str) -> Optional[str]:
-    """The run log folder (one holding ``metrics.jsonl``) that ``path`` is or lies inside, or None."""
-    p = os.path.realpath(path)
-    while True:
-        if os.path.isfile(os.path.join(p, "metrics.jsonl")):
-            return p
-        parent = os.path.dirname(p)
-        if parent == p:
-            return None
-        p = parent
 
 
 def check_file(
@@ -230,16 +219,7 @@ def check_folder(
             f"{flag} {path} {at} {found[0]}, {found[1]}; {tool} would write its results into it: "
             f"give a folder of its own"
         )
-    for d, inner in derived:
-        if os.path.islink(d):
-            raise err(
-                f"{flag} {path}: {d} is a symbolic link (to {os.readlink(d)[:200]!r}); {tool} would write {inner} "
-                f"through it into another folder: remove the link or give another {flag}"
-            )
-        if os.path.lexists(d) and not os.path.isdir(d):
-            raise err(
-                f"{flag} {path}: {d} exists and is not a folder; {tool} writes {inner} there: give another {flag}"
-            )
+    check_derived(f"{flag} {path}", derived, tool, f"give another {flag}", err)
     log = log_folder_above(path)
     if log is not None:
         at = "is" if log == os.path.realpath(path) else "lies inside"

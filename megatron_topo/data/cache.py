@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..safe_files import NotAFile, OverCap, _kind, read_capped
+from ..safe_files import NotAFile, NotJSON, OverCap, _kind, parse_json, read_capped
 from .atomic import remove_quietly, save_json, save_npy
 from .errors import DataError
 
@@ -41,14 +41,14 @@ def _read_json(path: str) -> Optional[dict]:
     unreadable, not JSON, larger than MAX_RECORD_BYTES, or not a regular file. Read non-blocking and
     capped, so a FIFO or /dev/zero put there is neither waited on nor read into memory."""
     try:
-        return json.loads(read_capped(path, MAX_RECORD_BYTES))
+        return parse_json(read_capped(path, MAX_RECORD_BYTES))
     except FileNotFoundError:
         return None
     except NotAFile as e:
         _warn(f"cache {path} is {_kind(e.mode)}, not a file: building the record again")
     except OverCap:
         _warn(f"cache {path} is over {MAX_RECORD_BYTES:,} bytes, not a record of ours: building it again")
-    except (OSError, ValueError, RecursionError):
+    except (OSError, NotJSON):
         pass
     return None
 

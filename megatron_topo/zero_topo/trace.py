@@ -84,24 +84,18 @@ def check_folder_owner(
     owns (a checkpoint step or save folder other than the run's own ``own_save``, a HuggingFace model
     folder: as log_dir and tensorboard_dir are checked), or inside another run's log folder (one
     holding a metrics.jsonl that is not this run's ``log_dir``)."""
-    from ..safe_outputs import check_output_folder
+    from ..safe_outputs import check_output_folder, log_folder_above
 
     check_output_folder(  # (whether rank_N.jsonl can be made there: checked below, in its own words)
         key, path, err, own=[own_save] if own_save else [], what="rank_N.jsonl trace files", writable=False
     )
-    mine = os.path.realpath(log_dir) if log_dir else None
-    p = os.path.realpath(path)
-    while True:
-        if p != mine and os.path.isfile(os.path.join(p, "metrics.jsonl")):
-            at = "is" if p == os.path.realpath(path) else "lies inside"
-            raise err(
-                f"{key} {path} {at} {p}, another run's log folder (it holds metrics.jsonl); the run would "
-                f"write its rank_N.jsonl trace files into it: set {key} to a folder of its own"
-            )
-        parent = os.path.dirname(p)
-        if parent == p:
-            return
-        p = parent
+    p = log_folder_above(path, skip=log_dir)
+    if p is not None:
+        at = "is" if p == os.path.realpath(path) else "lies inside"
+        raise err(
+            f"{key} {path} {at} {p}, another run's log folder (it holds metrics.jsonl); the run would "
+            f"write its rank_N.jsonl trace files into it: set {key} to a folder of its own"
+        )
 
 
 class CollectiveTrace:
