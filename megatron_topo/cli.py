@@ -46,7 +46,14 @@ def _other_rank() -> bool:
         r, n = env.get("SLURM_PROCID", ""), env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", ""))
     else:
         return False
-    return r.isdigit() and n.isdigit() and 0 < int(r) < int(n)
+    return _rank_above_0(r, n)
+
+
+def _rank_above_0(rank: str, world: str) -> bool:
+    """Whether the texts of a rank and a world size (ASCII digits only: '²' is a digit to
+    str.isdigit but not to int()) make a rank 1..world-1."""
+    ok = all(t.isascii() and t.isdigit() for t in (rank, world))
+    return ok and 0 < int(rank) < int(world)
 
 
 def other_rank_of_job() -> bool:
@@ -61,7 +68,7 @@ def other_rank_of_job() -> bool:
     env = os.environ
     r, n = env.get("RANK", ""), env.get("WORLD_SIZE", "")
     has_master = bool(env.get("MASTER_ADDR") and env.get("MASTER_PORT"))
-    return has_master and r.isdigit() and n.isdigit() and 0 < int(r) < int(n)
+    return has_master and _rank_above_0(r, n)
 
 
 def fail(e: BaseException, path: str = "", status: int = 2) -> int:

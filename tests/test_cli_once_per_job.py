@@ -42,6 +42,8 @@ def test_a_bad_argument_under_torchrun_is_one_line(tool, args, want):
         ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "4"}, False),
         ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4"}, True),
         ({"TORCHELASTIC_RUN_ID": "j", "RANK": "9", "WORLD_SIZE": "8"}, True),  # not a rank of that job
+        ({"TORCHELASTIC_RUN_ID": "j", "RANK": "\u00b2", "WORLD_SIZE": "8"}, True),  # '²': int() refuses it
+        ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "\u0663", "SLURM_STEP_NUM_TASKS": "4"}, True),  # Arabic-Indic 3
     ],
 )
 def test_only_rank_0_of_a_launched_job_prints_the_argument_error(monkeypatch, capsys, env, prints):
