@@ -184,7 +184,7 @@ def load_yaml(path: str) -> dict:
         def no_nan(c):
             raise ValueError(f"{c} is not a JSON number")
 
-        try:  # numbers keep their text, as YAML's do: `1e-400` is not an integer (loader._names_an_integer)
+        try:  # numbers keep their text, as YAML's do: `1e-400` is not an integer (coerce.names_an_integer)
             data = json.loads(
                 text, object_pairs_hook=pairs, parse_constant=no_nan, parse_int=_json_int(path), parse_float=_json_float
             )
