@@ -180,8 +180,8 @@ def main(argv=None) -> int:
         print(f"error: --steps {a.steps} must exceed --warmup {a.warmup}", file=sys.stderr)
         return 2
     try:
-        a.inter_bps, a.intra_bps = parse_rate(a.inter_node), parse_rate(a.intra_node)
-        a.intra_gpu_bps = parse_rate(a.intra_gpu)
+        a.inter_bps, a.intra_bps = parse_rate(a.inter_node, "--inter-node"), parse_rate(a.intra_node, "--intra-node")
+        a.intra_gpu_bps = parse_rate(a.intra_gpu, "--intra-gpu")
     except ValueError as e:
         print(clean(f"error: {e}"), file=sys.stderr)
         return 2

@@ -120,12 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def spec_from_args(a) -> ClusterSpec:
-    lat_inter, lat_intra = parse_latency_pair(a.latency) if a.latency else (0.0, 0.0)
+    lat_inter, lat_intra = parse_latency_pair(a.latency, "--latency")  # None: not given ('' is refused)
+    given = {"--inter-node": a.inter_node, "--intra-node": a.intra_node, "--intra-gpu": a.intra_gpu}
+    rates = {k: parse_rate(v, k) for k, v in given.items() if v is not None}  # each given value is checked
     if a.unshaped:
         inter = intra = gpu = None
     else:
-        given = (a.inter_node, a.intra_node, a.intra_gpu)
-        inter, intra, gpu = (parse_rate(x if x is not None else d) for x, d in zip(given, R.PROFILES[a.profile]))
+        defaults = dict(zip(given, R.PROFILES[a.profile]))
+        inter, intra, gpu = (rates[k] if k in rates else parse_rate(defaults[k], k) for k in given)
     return ClusterSpec(
         a.nodes,
         a.gpus_per_node,

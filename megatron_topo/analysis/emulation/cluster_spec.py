@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from megatron_topo.error_lines import brief
+
 from .netns import EmulationError
 from .rates import format_rate
 
@@ -37,8 +39,13 @@ class ClusterSpec:
                 raise EmulationError(f"--{k.replace('_', '-')} must be >= 1, got {getattr(self, k)}")
         if self.nodes > 254 or self.gpus_per_node > 253:
             raise EmulationError("at most 254 nodes and 253 GPUs per node (one /24 per node)")
-        if not re.fullmatch(r"(10\.\d{1,3}|172\.(1[6-9]|2\d|3[01])|192\.168)", self.subnet):
-            raise EmulationError(f"subnet '{self.subnet}' must be the first two octets of a private /16")
+        # ASCII digits only (re's \d takes '٣'), and 10.x's second octet 0..255
+        m = re.fullmatch(r"(10\.([0-9]{1,3})|172\.(1[6-9]|2[0-9]|3[01])|192\.168)", self.subnet)
+        if not m or (m.group(2) is not None and int(m.group(2)) > 255):
+            raise EmulationError(
+                f"--subnet '{brief(self.subnet, 40)}' must be the first two octets of a private /16 "
+                f"(10.0-10.255, 172.16-172.31 or 192.168)"
+            )
 
     @property
     def ranks_per_node(self) -> int:

@@ -2,8 +2,10 @@
 
 Rates are bits per second internally (what ``tc`` takes). Accepted spellings: ``400mbit``,
 ``1.6gbit``, ``200000kbit``, ``5e8bit``, ``50MB/s``, ``1GB/s`` (bytes per second, SI), ``unshaped``
-(no shaping on that level). Note that ``tc`` itself reads ``mbps`` as *megabytes* per second; to
-avoid that trap the ``*bps`` spellings are refused here.
+(no shaping on that level; also ``none``, ``off`` or ``0``). Note that ``tc`` itself reads ``mbps``
+as *megabytes* per second; to avoid that trap the ``*bps`` spellings are refused here. An empty or
+blank value (an unset shell variable), digits other than ASCII 0-9, and a space inside the number
+(``2 00mbit``) are refused naming the flag: "no limit" is said explicitly.
 
 Default rates keep Frontier's per-device ratios (docs/design.md §3.5: GCD pair 200 GB/s, GPU-GPU in a node
 50 GB/s, one 25 GB/s NIC per MI250X) scaled by 1/1000, which puts the inter-node link at
@@ -38,29 +40,58 @@ class RateError(ValueError):
     pass
 
 
-def parse_rate(text: str | float | int | None) -> int | None:
-    """Bits per second, or None for ``unshaped`` / ``none`` / ``0``."""
+RATE_EXAMPLES = "a rate such as 200mbit, 1.6gbit, 25MB/s, or 'unshaped' (no limit)"
+LATENCY_EXAMPLES = "a one-way delay such as 50us, 1ms or 0 (none)"
+UNSHAPED = ("unshaped", "none", "off", "0")  # the explicit ways to say "no limit"
+_NUMBER = r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)"
+_SPACED = re.compile(r"[0-9.e][ \t]+[0-9.]|[0-9.][ \t]+e[0-9]")  # "2 00mbit", "1. 5ms", "5 e8bit"
+
+
+def _checked_text(text, name: str, expect: str) -> str:
+    """``text`` lower-cased and stripped, or RateError naming ``name``: empty or blank (an unset
+    shell variable is not "no limit"), not ASCII (digits other than 0-9, a no-break space), or a space
+    inside the number (``2 00mbit`` is not 200mbit). A space between number and unit is fine."""
+    from megatron_topo.cli import ascii_number
+    from megatron_topo.error_lines import brief
+
+    s = str(text)
+    if not s.strip(" \t\r\n"):
+        raise RateError(f"{name} '{brief(s, 40)}' is empty; expected {expect}")
+    if not ascii_number(s):
+        raise RateError(f"{name} '{brief(s, 40)}' is not written in ASCII (digits 0-9); expected {expect}")
+    s = s.strip(" \t\r\n").lower()
+    if _SPACED.search(s):
+        raise RateError(f"{name} '{brief(text, 40)}' holds a space inside the number; expected {expect}")
+    return s
+
+
+def parse_rate(text: str | float | int | None, name: str = "rate") -> int | None:
+    """Bits per second, or None for ``unshaped`` / ``none`` / ``off`` / ``0`` (said explicitly: an
+    empty or blank value is refused, naming ``name``, the flag it came from)."""
+    from megatron_topo.error_lines import brief
+
     if text is None:
         return None
     if isinstance(text, (int, float)):
         return None if text <= 0 else int(text)
-    s = str(text).strip().lower().replace(" ", "")
-    if s in ("", "unshaped", "none", "off", "0"):
+    s = _checked_text(text, name, RATE_EXAMPLES)
+    if s in UNSHAPED:
         return None
+    shown = f"{name} '{brief(text, 40)}'"
     if s.endswith("bps"):
-        raise RateError(f"rate '{text}': write bits as 'mbit' or bytes as 'MB/s' ('mbps' is ambiguous)")
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)([a-z/]*)", s)
+        raise RateError(f"{shown}: write bits as 'mbit' or bytes as 'MB/s' ('mbps' is ambiguous)")
+    m = re.fullmatch(_NUMBER + r"[ \t]*([a-z/]*)", s)
     if not m:
-        raise RateError(f"rate '{text}' is not a rate; examples: 200mbit, 1.6gbit, 25MB/s, unshaped")
+        raise RateError(f"{shown} is not a rate; expected {RATE_EXAMPLES}")
     num, unit = float(m.group(1)), m.group(2) or "bit"
     if unit in _UNITS_BIT:
         bps = num * _UNITS_BIT[unit]
     elif unit in _UNITS_BYTE:
         bps = num * _UNITS_BYTE[unit]
     else:
-        raise RateError(f"rate '{text}': unknown unit '{unit}'; use bit, kbit, mbit, gbit or B/s, KB/s, MB/s, GB/s")
+        raise RateError(f"{shown}: unknown unit '{unit}'; use bit, kbit, mbit, gbit or B/s, KB/s, MB/s, GB/s")
     if not math.isfinite(bps) or bps < 8000:
-        raise RateError(f"rate '{text}' is below 8 kbit/s or not finite")
+        raise RateError(f"{shown} is below 8 kbit/s or not finite")
     return int(bps)
 
 
@@ -73,24 +104,37 @@ def format_rate(bps: int | None) -> str:
     return f"{bps}bit"
 
 
-def parse_latency_us(text: str | float | None) -> float:
-    """Microseconds from ``50us``, ``1ms``, ``0.2ms`` or a bare number of microseconds."""
+def parse_latency_us(text: str | float | None, name: str = "latency") -> float:
+    """Microseconds from ``50us``, ``1ms``, ``0.2ms`` or a bare number of microseconds; an empty
+    or blank value is refused naming ``name`` (``0`` says "no delay")."""
+    from megatron_topo.error_lines import brief
+
     if text is None:
         return 0.0
-    s = str(text).strip().lower()
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+)(us|ms|s)?", s)
+    s = _checked_text(text, name, LATENCY_EXAMPLES)
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)[ \t]*(us|ms|s)?", s)
     if not m:
-        raise RateError(f"latency '{text}' is not a duration; examples: 50us, 1ms")
-    v = float(m.group(1))
-    return v * {"us": 1.0, None: 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+        raise RateError(f"{name} '{brief(text, 40)}' is not a duration; expected {LATENCY_EXAMPLES}")
+    v = float(m.group(1)) * {"us": 1.0, None: 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+    if not v <= MAX_LATENCY_US:
+        raise RateError(f"{name} '{brief(text, 40)}' exceeds {MAX_LATENCY_US / 1e6:g} s (netem's delay, one way)")
+    return v
 
 
-def parse_latency_pair(text: str | None) -> tuple[float, float]:
+MAX_LATENCY_US = 60e6  # a minute one way: far past any network's; a larger value is a typo
+
+
+def parse_latency_pair(text: str | None, name: str = "--latency") -> tuple[float, float]:
     """``--latency INTER[,INTRA]``: (inter-node, intra-node) one-way delays in microseconds; one
-    value sets the inter-node delay only. More than two values is refused (a third was dropped)."""
+    value sets the inter-node delay only. An empty value or item, and more than two values, are
+    refused (a third was dropped)."""
+    from megatron_topo.cli import comma_items
+    from megatron_topo.error_lines import brief
+
     if text is None:
         return 0.0, 0.0
-    parts = str(text).split(",")
+    parts = comma_items(text, name, "INTER[,INTRA] delays such as 50us,10us", error=RateError)
     if len(parts) > 2:
-        raise RateError(f"latency '{text}' gives {len(parts)} values; give INTER[,INTRA] (at most two, e.g. 50us,10us)")
-    return parse_latency_us(parts[0]), parse_latency_us(parts[1]) if len(parts) > 1 else 0.0
+        raise RateError(f"{name} '{brief(text, 40)}' gives {len(parts)} values; give INTER[,INTRA] (at most two, e.g. 50us,10us)")
+    names = (f"{name} (inter-node)", f"{name} (intra-node)")
+    return parse_latency_us(parts[0], names[0]), parse_latency_us(parts[1], names[1]) if len(parts) > 1 else 0.0
