@@ -96,3 +96,25 @@ def brief(text, limit: int = 60) -> str:
     return (
         f"{_UNSAFE.sub(_escape, s[:limit])}... ({len(s):,} characters)" if len(s) > limit else _UNSAFE.sub(_escape, s)
     )
+
+
+_RANK_PREFIX = re.compile(r"^(?:\[(?:rank|r|default)?[0-9]+\]:?\s*)+")  # torchrun's --tee / emulate_cluster's prefixes
+_EXC_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*")
+
+
+def child_error(stderr: str, what: str = "no error line") -> str:
+    """The cause of a child process's failure from its stderr, for a tool's own ``error:`` line: the
+    child's first ``error:`` line (without the ``error:`` and a launcher's rank prefix), else the
+    last exception line of a traceback, else the last line that is not a launcher's decoration (a
+    row of ``=`` or ``-``, torchrun's ``ChildFailedError`` summary), else ``what``. Never torchrun's
+    separator line in place of the cause."""
+    lines = [_RANK_PREFIX.sub("", ln).strip() for ln in str(stderr).splitlines()]
+    lines = [ln for ln in lines if ln]
+    for ln in lines:
+        if ln.startswith("error: "):
+            return ln[len("error: ") :]
+    # torchrun's failure summary (a row of '=', "train.py FAILED", Root Cause ...) comes last: not the cause
+    first_rule = next((i for i, ln in enumerate(lines) if re.fullmatch(r"[=\-]{8,}", ln)), len(lines))
+    useful = [ln for ln in lines[:first_rule] if re.search(r"[A-Za-z0-9]", ln)]
+    exc = [ln for ln in useful if _EXC_LINE.match(ln) and "ChildFailedError" not in ln]
+    return (exc or useful or [what])[-1]

@@ -30,7 +30,7 @@ import subprocess
 import sys
 
 from megatron_topo.cli import OneLineParser, bounded
-from megatron_topo.error_lines import clean, emit
+from megatron_topo.error_lines import child_error, clean, emit, first_line
 from megatron_topo.tool_outputs import (
     OutputError,
     check_file,
@@ -91,15 +91,13 @@ def read_curve(metrics: str) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def run(out: str, name: str, steps: int, ranks: int, reuse: bool = False) -> list[dict]:
-    log = os.path.join(out, name)
-    metrics = os.path.join(log, "metrics.jsonl")
-    if reuse and os.path.isfile(metrics):
-        recs = read_curve(metrics)
-        if recs and recs[-1]["step"] == steps:
-            print(f"{name}: reusing {metrics} ({steps} steps)", flush=True)
-            return recs
-    sets = [
+CONFIGS = ("configs/tiny.yml", "configs/topo.yml", "configs/local_cpu.yml")  # relative to ROOT
+MAX_RANKS = 64  # local processes
+
+
+def variant_sets(name: str, steps: int, log: str) -> list[str]:
+    """The ``--set`` overrides of a variant's training run."""
+    return [
         f"train_iters={steps}",
         f"log_dir={log}",
         "save=null",
@@ -108,25 +106,66 @@ def run(out: str, name: str, steps: int, ranks: int, reuse: bool = False) -> lis
         "progress_bar=false",
         *VARIANTS[name],
     ]
+
+
+def check_runnable(out: str, variants, steps: int, ranks: int) -> None:
+    """Refuse (ValueError, one line) flags the variants' runs would refuse, before any run starts: each
+    variant's config loads with these --steps, and its topology and plan hold on ``ranks`` local ranks
+    (what train.py checks first; the valid rank counts named when they do not)."""
+    from megatron_topo.analysis import autoplan
+    from megatron_topo.config import load_config
+    from megatron_topo.topology import topology_from_config
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)  # the configs' relative paths, as the runs see them (cwd=ROOT)
+    try:
+        cfgs = {}
+        for v in variants:
+            try:
+                cfgs[v] = load_config(list(CONFIGS), variant_sets(v, steps, os.path.join(out, v)))
+            except ValueError as e:  # ConfigError: e.g. --steps past train_iters' bound
+                raise ValueError(f"--steps {steps}: variant {v}'s config is refused: {first_line(e)}") from None
+    finally:
+        os.chdir(cwd)
+
+    def why(n: int) -> str:
+        for v, cfg in cfgs.items():
+            try:
+                autoplan.resolve(cfg, topology_from_config(cfg.topology, n, n))
+            except ValueError as e:
+                return f"variant {v}: {first_line(e)}"
+        return ""
+
+    reason = why(ranks)
+    if reason:
+        ok = [n for n in range(1, MAX_RANKS + 1) if not why(n)]
+        shown = ", ".join(map(str, ok[:8])) + (f", ... {ok[-1]}" if len(ok) > 8 else "") if ok else "none"
+        raise ValueError(f"--ranks {ranks} cannot run {reason}; valid --ranks: {shown}")
+
+
+def run(out: str, name: str, steps: int, ranks: int, reuse: bool = False) -> list[dict]:
+    log = os.path.join(out, name)
+    metrics = os.path.join(log, "metrics.jsonl")
+    if reuse and os.path.isfile(metrics):
+        recs = read_curve(metrics)
+        if recs and recs[-1]["step"] == steps:
+            print(f"{name}: reusing {metrics} ({steps} steps)", flush=True)
+            return recs
     cmd = [
         os.path.join(os.path.dirname(sys.executable), "torchrun"),
         "--standalone",
         "--nproc_per_node",
         str(ranks),
         "train.py",
-        "configs/tiny.yml",
-        "configs/topo.yml",
-        "configs/local_cpu.yml",
+        *CONFIGS,
     ]
-    for s in sets:
+    for s in variant_sets(name, steps, log):
         cmd += ["--set", s]
     if os.path.lexists(metrics):  # this tool's own earlier run (check_out): a link goes, not its target
         os.remove(metrics)
     r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(
-            clean(f"error: variant {name} failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
-        )
+    if r.returncode != 0:  # the ranks' own error line, not torchrun's summary around it
+        raise SystemExit(clean(f"error: variant {name} failed (exit {r.returncode}): {child_error(r.stderr)}"))
     recs = read_curve(metrics)
     if len(recs) < 3:
         raise SystemExit(clean(f"error: variant {name}: {metrics} holds {len(recs)} loss records, not the 3 needed"))
@@ -137,7 +176,7 @@ def main(argv=None) -> int:
     ap = OneLineParser(prog="bench_convergence.py", description=__doc__.splitlines()[0])
     # --steps: a benchmark runs as long as asked (no upper bound, docs/reliability.md)
     ap.add_argument("--steps", type=bounded(int, 30, why="three logged windows"), default=1000)
-    ap.add_argument("--ranks", type=bounded(int, 1, 64, why="local processes"), default=8)
+    ap.add_argument("--ranks", type=bounded(int, 1, MAX_RANKS, why="local processes"), default=8)
     ap.add_argument(
         "--out",
         default=os.path.join(ROOT, "runs", "bench_convergence"),
@@ -152,7 +191,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         check_out(a.out, a.variants)
-    except OutputError as e:
+        check_runnable(a.out, a.variants, a.steps, a.ranks)
+    except (OutputError, ValueError) as e:
         print(clean(f"error: {e}"), file=sys.stderr)
         return 2
     claim_folder(a.out, TOOL)

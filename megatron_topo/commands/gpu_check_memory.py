@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+from megatron_topo.error_lines import child_error
+
 
 def dry_run_projection(configs: list[str], sets: list[str], world: int, rank: int) -> dict:
     """The dry run of the check's own config (a separate process: it makes its own process group)."""
@@ -31,7 +33,7 @@ def dry_run_projection(configs: list[str], sets: list[str], world: int, rank: in
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
-        raise RuntimeError((out.stderr.strip().splitlines() or ["dry run failed"])[-1])
+        raise RuntimeError(child_error(out.stderr, "dry run failed"))  # its error line, not a warning after it
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

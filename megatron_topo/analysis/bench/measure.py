@@ -13,6 +13,7 @@ from typing import Optional
 
 from megatron_topo.analysis import formulas
 from megatron_topo.analysis.emulation import Cluster, ClusterSpec, launch, summarize
+from megatron_topo.error_lines import child_error
 
 from .runs import LEVELS, LOG_DIR, ROOT, RunDef, formula_bytes
 
@@ -53,6 +54,15 @@ def read_kernel_times(directory: str, steps: int) -> dict:
         "quant_s_max": max(per_rank) if per_rank else 0.0,
         "quant_ranks": len(per_rank),
     }
+
+
+def _head(path: str, cap: int = 1 << 20) -> str:
+    """The first ``cap`` bytes of a run's own launch.log (the ranks' error lines come early)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(cap).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
@@ -105,7 +115,8 @@ def run_one(rd: RunDef, a, shaped: bool, run_dir: str) -> dict:
         }
     )
     if res.returncode or len(recs) < a.steps:
-        row["error"] = f"exit {res.returncode}, {len(recs)} of {a.steps} steps logged; see {run_dir}/launch.log"
+        cause = f": {child_error(_head(os.path.join(run_dir, 'launch.log')))}" if res.returncode else ""
+        row["error"] = f"exit {res.returncode}, {len(recs)} of {a.steps} steps logged{cause}; see {run_dir}/launch.log"
         return row
     timed = [r["step_time_s"] for r in recs if r["step"] > a.warmup]
     last = recs[-1]
