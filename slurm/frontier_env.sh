@@ -43,6 +43,12 @@ case "$WORK_DIR" in /*) ;; *) WORK_DIR="$CHAIN_SUBMIT_DIR/$WORK_DIR";; esac  # r
                                              # aws-ofi-rccl (ROCm 6) [LLNL]; "none": no module, PLUGIN_DIR only
 : "${PLUGIN_DIR:=$HOME/aws-ofi-rccl/lib}"    # else: lib/ of your own plugin build (librccl-net.so)
 PORT_GIVEN="${MASTER_PORT:+1}"               # a MASTER_PORT you export is kept (and carried to resubmissions)
+slurm_count() {  # NAME VALUE: a count Slurm sets, ASCII digits (bash arithmetic would evaluate a name or expression)
+    case "$2" in ''|*[!0-9]*|0?*|???????????????????*)
+        echo "slurm: error: $1='$(printf '%.40s' "$2" | tr -c '[:print:]' '?')' is not a number in ASCII digits 0-9 (Slurm sets it; submit with sbatch)" >&2
+        exit 2;; esac
+}
+[ -z "${SLURM_JOB_ID:-}" ] || slurm_count SLURM_JOB_ID "$SLURM_JOB_ID"
 : "${MASTER_PORT:=$((10000 + ${SLURM_JOB_ID:-0} % 20000))}"  # else one per job: two jobs on a node never collide
 # ================================================================================================
 set -euo pipefail
@@ -54,6 +60,7 @@ if [ ! -d "$(dirname "$WORK_DIR")" ] || ! mkdir -p "$WORK_DIR" 2>/dev/null || [ 
 fi
 USER_NAME="${USER:-$(id -un)}"
 NODES="${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}"
+slurm_count SLURM_NNODES "$NODES"
 
 # ---- software environment
 if [ "$SITE" = frontier ]; then
@@ -158,6 +165,7 @@ if [ "$SITE" = frontier ]; then
 else
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
     per="${SLURM_NTASKS_PER_NODE:-2}"; per="${per%%(*}"; per="${per%%,*}"
+    slurm_count SLURM_NTASKS_PER_NODE "$per"
     RANKS_PER_NODE="$per"
     SRUN_SITE_OPTS=(--cpus-per-task=1)
 fi
