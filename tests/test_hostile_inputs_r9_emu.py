@@ -245,3 +245,23 @@ def test_srun_task_job_wide_error_from_task_0_only_and_valid_values_exported(tmp
     assert _task({**GOOD, "SLURM_PROCID": "3", "SLURM_LOCALID": "1"}, tmp_path)[:2] == (0, "3 4 1 2\n")
     per_node = {**GOOD, "SLURM_NTASKS": "16", "SLURM_NTASKS_PER_NODE": "8(x2)", "SLURM_PROCID": "9"}
     assert _task(per_node, tmp_path)[:2] == (0, "9 16 0 8\n")
+
+
+# ------------------------------------------------------------------------------ D1: the batch scripts
+from .test_slurm import fake_slurm  # noqa: E402, F401  (the fake sbatch/srun/scontrol of test_slurm.py)
+
+
+@pytest.mark.parametrize(
+    "how, needle",
+    [
+        ({"sbatch_args": ("--nodes=abc",)}, "slurm: error: SLURM_NNODES='abc' is not a number in ASCII digits 0-9"),
+        ({"extra_env": {"FAKE_JOB_ID": "a[$(touch pwned)]"}}, "slurm: error: SLURM_JOB_ID='a[$(touch pwned)]' is not"),
+        ({"extra_env": {"FAKE_JOB_ID": "٣"}}, "slurm: error: SLURM_JOB_ID='"),
+    ],
+)
+def test_batch_script_refuses_malformed_slurm_counts(how, needle, fake_slurm, tmp_path):  # noqa: F811
+    r = fake_slurm["submit"]("frontier_20b.sh", cwd=str(tmp_path), **how)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert "unbound variable" not in r.stderr and "Traceback" not in r.stderr
+    assert not os.path.exists(os.path.join(fake_slurm["log"], "srun_args"))  # nothing launched
+    assert not (tmp_path / "pwned").exists() and not os.path.exists(os.path.join(fake_slurm["log"], "spool", "pwned"))
