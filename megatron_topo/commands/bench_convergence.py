@@ -9,7 +9,9 @@ Variants (zero_topo overrides on configs/topo.yml):
   topo_ef      + error feedback on the INT4 reduction
   topo_q       + INT8 cross-node combine and INT8 post-step gather (combine_bits/publish_bits 8)
   topo_q_ef    + error feedback on both
-Prints a table (final loss = mean of the last 3 logged windows, ratio to exact), writes
+--ranks and --steps are checked against every variant's config before anything starts (its topology,
+2 GPUs x 2 GCDs per node, takes a multiple of 4 ranks); a failed run is reported with its ranks' own
+error line. Prints a table (final loss = mean of the last 3 logged windows, ratio to exact), writes
 DIR/results.json (with ``"tool": "bench_convergence"``) and DIR/loss.png. About 1 min per 100 steps
 per variant on 2 cores.
 

@@ -12,7 +12,7 @@ LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR (rank 0's address), MASTER_PORT, GLOO_
 OMP_NUM_THREADS=1 set; output lines are prefixed with the rank. Ranks on one package talk over
 the namespace's loopback (unshaped unless --intra-gpu), packages of one node over veth links
 shaped to --intra-node, packages of different nodes to --inter-node (one NIC per package, each
-direction). Rates: 200mbit, 1.6gbit, 25MB/s or 'unshaped'. Defaults are Frontier's
+direction). Rates: 200mbit, 1.6gbit, 25MB/s or 'unshaped' (an empty value is refused). Defaults are Frontier's
 200 : 50 : 25 GB/s per device scaled by 1/1000 (loopback left unshaped); ``--profile nvlink``
 keeps the NIC and leaves every link inside a node unshaped, like NVLink/NVSwitch nodes. Every namespace, link
 and qdisc is removed on exit, on failure and on Ctrl-C. For megatron_topo's train.py, pass the

@@ -135,6 +135,8 @@ def parse_latency_pair(text: str | None, name: str = "--latency") -> tuple[float
         return 0.0, 0.0
     parts = comma_items(text, name, "INTER[,INTRA] delays such as 50us,10us", error=RateError)
     if len(parts) > 2:
-        raise RateError(f"{name} '{brief(text, 40)}' gives {len(parts)} values; give INTER[,INTRA] (at most two, e.g. 50us,10us)")
+        raise RateError(
+            f"{name} '{brief(text, 40)}' gives {len(parts)} values; give INTER[,INTRA] (at most two, e.g. 50us,10us)"
+        )
     names = (f"{name} (inter-node)", f"{name} (intra-node)")
     return parse_latency_us(parts[0], names[0]), parse_latency_us(parts[1], names[1]) if len(parts) > 1 else 0.0
