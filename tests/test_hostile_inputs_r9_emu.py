@@ -265,3 +265,13 @@ def test_batch_script_refuses_malformed_slurm_counts(how, needle, fake_slurm, tm
     assert "unbound variable" not in r.stderr and "Traceback" not in r.stderr
     assert not os.path.exists(os.path.join(fake_slurm["log"], "srun_args"))  # nothing launched
     assert not (tmp_path / "pwned").exists() and not os.path.exists(os.path.join(fake_slurm["log"], "spool", "pwned"))
+
+
+# ------------------------------------------------------------------------------ F5's family: sizes with a unit
+@pytest.mark.parametrize("text", ["", " ", "\t", "5GB\u00a0", "\u00a05GB", "٥GB", "５GB", "5\u2007GB", "5 00MB"])
+def test_convert_to_hf_max_shard_size_refuses_blank_non_ascii_and_spaced(text):
+    from megatron_topo.model.hf import parse_size
+
+    with pytest.raises(ValueError, match=r"is empty; expected a size|not written in ASCII|is not a size"):
+        parse_size(text)
+    assert parse_size(" 500 MiB ") == 500 * 2**20  # spaces around, and between number and unit, are fine

@@ -133,10 +133,20 @@ _SIZE_UNITS = {
 
 
 def parse_size(text) -> int:
-    """``5GB`` (10**9, as transformers' ``max_shard_size``), ``500MiB``, ``1e9`` or a byte count."""
+    """``5GB`` (10**9, as transformers' ``max_shard_size``), ``500MiB``, ``1e9`` or a byte count. An
+    empty or blank value, digits other than ASCII 0-9 and Unicode spaces (a no-break space) are
+    refused, as for the emulator's rates."""
     import re
 
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    from megatron_topo.cli import ascii_number
+    from megatron_topo.error_lines import brief
+
+    expect = "a size such as 5GB, 500MB, 2GiB or a number of bytes"
+    if not str(text).strip(" \t\r\n"):
+        raise ValueError(f"'{brief(str(text), 40)}' is empty; expected {expect}")
+    if not ascii_number(text):
+        raise ValueError(f"'{brief(str(text), 40)}' is not written in ASCII (digits 0-9); expected {expect}")
+    m = re.fullmatch(r"[ \t]*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)[ \t]*([A-Za-z]*)[ \t]*", str(text))
     unit = m.group(2).upper() if m else None
     if not m or unit not in _SIZE_UNITS or not 1 <= float(m.group(1)) * _SIZE_UNITS[unit] < 1 << 60:
         raise ValueError(f"{text!r} is not a size (e.g. 5GB, 500MB, 2GiB or a number of bytes)")
