@@ -109,6 +109,23 @@ def test_bench_sharding_refuses_the_rate_also_in_a_dry_run(flag, kind, tmp_path,
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--model-set", "hidden_size=abc"], "hidden_size: expected an integer, got str 'abc'"),
+        (["--model", "nope.yml"], "config file not found: nope.yml"),
+        (["--strategies", "topo", "--model-set", "num_attention_heads=3"], "num_attention_heads"),
+    ],
+)
+def test_bench_sharding_checks_every_runs_config_before_building_a_cluster(argv, needle, tmp_path, no_cluster, capfd):
+    """F7's family: a run its ranks would refuse is refused before any cluster, also in a dry run."""
+    out = tmp_path / "bs"
+    assert call(BS.main, ["--dry-run", "--out", str(out), *argv]) == 2
+    line = one_error_line(capfd)
+    assert line.startswith("error: [main] ") and "would be refused by its ranks" in line and needle in line, line
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------ F7: bench_convergence
 TORCHRUN_STDERR = """\
 W1127 22:01:02.123000 4242 torch/distributed/run.py:766] *****************************************

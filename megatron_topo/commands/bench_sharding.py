@@ -38,7 +38,9 @@ checked before anything runs (--dry-run and --pool too; megatron_topo.tool_outpu
 when it is not a folder, is or lies inside a checkpoint, an HF export or a run's log folder, or
 holds files but is not bench_sharding's own (its tool.json, written when it claims a new or empty
 folder, or the meta.json of an earlier round); a report name there that is a link, a FIFO or a
-folder, and a --pool round's own files, are refused too. The CPU is shared: numbers are as noisy as the
+folder, and a --pool round's own files, are refused too. Every run's config (--model, --model-set,
+--steps, --accumulation ...), topology and plan are checked before any cluster is built (--dry-run
+too): a run its ranks would refuse is one line naming it, and nothing runs. The CPU is shared: numbers are as noisy as the
 machine is busy (meta.json records the load average before and after).
 """
 
@@ -172,6 +174,30 @@ def build_parser():
     return ap
 
 
+def check_runs(defs) -> None:
+    """ValueError (one line naming the run) when a run's config (--model, --model-set, --steps,
+    --accumulation ...) does not load or its topology or plan is refused: what the run's ranks
+    would find first, found here before any cluster is built. Runs that differ only in their log
+    folder or cluster rates are checked once."""
+    from megatron_topo.analysis.bench.runs import run_plan
+    from megatron_topo.error_lines import first_line
+
+    seen = set()
+    for series, rd in defs:
+        sets = tuple(x for x in rd.sets if not x.startswith("log_dir"))
+        key = (rd.kind, rd.strategy, tuple(rd.configs), sets, rd.nodes, rd.gpus_per_node, rd.gcds_per_gpu)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            run_plan(rd)
+        except (ValueError, OSError) as e:
+            raise ValueError(
+                f"[{series}] {rd.strategy} on {rd.nodes}x{rd.gpus_per_node}x{rd.gcds_per_gpu} would be refused by "
+                f"its ranks: {first_line(e)}; nothing was run"
+            ) from None
+
+
 def main(argv=None) -> int:
     """Run the series (or print them, or pool earlier runs); exit 0 when every row ran."""
     a = build_parser().parse_args(argv)
@@ -205,6 +231,11 @@ def main(argv=None) -> int:
                 plan.append(("scaling", s, n, a.scaling_gpus_per_node, a.scaling_gcds_per_gpu))
     defs = [(series, run_def(s, a, n, g, c, LOG_DIR)) for series, s, n, g, c in plan]
     accum = accum_defs(a) if "accum" in a.series else []
+    try:  # every run's config, topology and plan, before any cluster is built (--dry-run too)
+        check_runs([*defs, *((f"accum {cl} k={k}", rd) for k, _s, cl, _ca, rd in accum)])
+    except ValueError as e:
+        print(clean(f"error: {e}"), file=sys.stderr)
+        return 2
     if a.dry_run:
         for series, rd in defs:
             print(
