@@ -40,8 +40,8 @@ holds files but is not bench_sharding's own (its tool.json, written when it clai
 folder, or the meta.json of an earlier round); a report name there that is a link, a FIFO or a
 folder, and a --pool round's own files, are refused too. Every run's config (--model, --model-set,
 --steps, --accumulation ...), topology and plan are checked before any cluster is built (--dry-run
-too): a run its ranks would refuse is one line naming it, and nothing runs. The CPU is shared: numbers are as noisy as the
-machine is busy (meta.json records the load average before and after).
+too): a run its ranks would refuse is one line naming it, and nothing runs. The CPU is shared:
+numbers are as noisy as the machine is busy (meta.json records the load average before and after).
 """
 
 from __future__ import annotations
