@@ -47,6 +47,7 @@ def _fsdp_job(tmp_path, *sets: str) -> list[tuple[int, str, str]]:
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     argv = ["tools/fsdp_baseline.py", "configs/tiny.yml", "configs/local_cpu.yml", "--set", "train_iters=2"]
+    argv += ["--set", "save=null"]  # tiny.yml saves; fsdp_baseline writes no checkpoint (fsdp_keys)
     argv += ["--set", f"log_dir={tmp_path / 'logs'}", "--set", f"data_cache_dir={tmp_path / 'cache'}"]
     argv += ["--set", "builtin_corpus_bytes=100000", *[x for s in sets for x in ("--set", s)]]
     port = _port()

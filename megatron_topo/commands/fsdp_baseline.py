@@ -34,10 +34,13 @@ import torch.distributed as dist
 
 from megatron_topo import metrics as M
 from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.commands.fsdp_keys import refusal, unimplemented
 from megatron_topo.config import ConfigError, check_run_outputs, load_config
+from megatron_topo.config.output import note_lines
 from megatron_topo.lifecycle import leave_rank
 from megatron_topo.model import build_model
-from megatron_topo.topology import Topology, launcher_env, topology_from_config
+from megatron_topo.safe_files import excerpt
+from megatron_topo.topology import JobWideError, Topology, launcher_env, topology_from_config
 from megatron_topo.training import Batches, learning_rate, loss_fn, seed_everything
 from megatron_topo.zero_topo.volumes import ring_bytes
 
@@ -144,6 +147,48 @@ def param_groups(model, weight_decay: float):
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C: one line from rank 0 (torchrun gives every rank the SIGINT), exit 130
+        if not _quiet_rank():
+            print("error: interrupted; metrics.jsonl holds the steps logged so far", file=sys.stderr)
+        return _leave(130)
+
+
+def _leave(rc: int) -> int:
+    """End the run: a rank of several leaves through lifecycle.leave_rank (no interpreter teardown);
+    one process destroys its own group and returns ``rc``."""
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() > 1:
+            leave_rank(rc)
+        dist.destroy_process_group()
+    return rc
+
+
+def _quiet_rank() -> bool:
+    """Every rank reaches the same verdict from the same files and environment: rank 0 says it."""
+    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0"
+
+
+MAX_THREADS = 4096
+
+
+def omp_threads(env=None) -> int:
+    """OMP_NUM_THREADS (default 1): a whole number of threads in ASCII digits, 1..MAX_THREADS."""
+    env = os.environ if env is None else env
+    text = env.get("OMP_NUM_THREADS")
+    if text is None:
+        return 1
+    t = text.strip()
+    if not (t.isascii() and t.isdigit() and len(t) <= 6 and 1 <= int(t) <= MAX_THREADS):
+        raise ConfigError(
+            f"OMP_NUM_THREADS={excerpt(text, 24)!r} is not a number of threads; valid: a whole number "
+            f"1..{MAX_THREADS} in ASCII digits (or unset: 1)"
+        )
+    return int(t)
+
+
+def _main(argv=None) -> int:
     ap = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, job_tool=True)
     ap.add_argument("configs", nargs="+")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -151,22 +196,31 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:  # everything that can refuse the run, before any rank joins a process group
         cfg = load_config(args.configs, args.overrides)
+        keys = unimplemented(cfg)  # a key it would ignore: refused, never a silent fresh start
+        if keys:
+            raise ConfigError(refusal(keys))
         check_run_outputs(cfg)  # log_dir and its metrics.jsonl: as train.py's, not over others' files
         env = launcher_env()
         world, rank = env["world_size"], env["rank"]
         topo = topology_from_config(cfg.topology, world, env["local_world_size"])
+        threads = omp_threads()
+        if world > 1:
+            for var in ("MASTER_ADDR", "MASTER_PORT"):
+                if not os.environ.get(var):
+                    raise JobWideError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
     except ConfigError as e:
         # every rank reaches the same verdict from the same files and environment: rank 0 says it
-        quiet = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0"
-        return 2 if quiet else fail(e)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group(
-            "gloo",
-            rank=rank,
-            world_size=world,
-            timeout=datetime.timedelta(seconds=cfg.distributed.collective_timeout_s),
-        )
+        return 2 if _quiet_rank() else fail(e)
+    torch.set_num_threads(threads)
+    if rank == 0:
+        for line in note_lines(cfg):  # train.py's start-of-run notes (keys set but without effect)
+            print(line, file=sys.stderr)
+    timeout = datetime.timedelta(seconds=cfg.distributed.collective_timeout_s)
+    if not dist.is_initialized():
+        if world > 1:
+            dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+        else:  # one process without a launcher runs as one rank, as train.py does: a group of its own
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     t, lg = cfg.train, cfg.logging
     log = print if rank == 0 else (lambda *a, **k: None)
     seed_everything(t.seed)
@@ -256,9 +310,7 @@ def main(argv=None) -> int:
     writer.close()
     log(f"done: step {step}, metrics: {os.path.join(lg.log_dir, 'metrics.jsonl')}")
     rc = 0 if all(math.isfinite(float(x)) for x in [vec[0]]) else 1
-    if world > 1:
-        leave_rank(rc)  # its groups destroyed, no interpreter teardown (lifecycle.leave_rank)
-    return rc
+    return _leave(rc)
 
 
 if __name__ == "__main__":
