@@ -161,6 +161,9 @@ def schema_keys(cfg: Config):
 
 
 _DEFAULTS: dict = {}
+# blocks absent by default (None): the machine description (train.py's memory check and preset auto)
+# and DeepSpeed's zero_optimization (a ZeRO stage for the engine)
+_OPTIONAL_BLOCKS = ("system", "zero_optimization")
 
 
 def _default(key: str):
@@ -188,6 +191,10 @@ def unimplemented(cfg: Config) -> list[str]:
     for key, value in schema_keys(cfg):
         sec = key.split(".")[0]
         if sec in WHOLE_SECTIONS or implemented(key):
+            continue
+        if sec in _OPTIONAL_BLOCKS and getattr(cfg, sec) is not None:  # a block given: named once
+            if sec not in out:
+                out.append(sec)
             continue
         if key in INERT:
             untouched = value == _default(key) and not _given(cfg, _shown(key)) and key not in CHECKED_AT_DEFAULT
