@@ -18,6 +18,14 @@ collective FSDP issues with the same ring formulas and level attribution as zero
 ``Comm`` (scalar norm all-reduces go to ``comm_bytes_control``). log_dir is checked as train.py's
 (config.check_run_outputs: no checkpoint, HF export or other save folder, no linked metrics.jsonl)
 and an earlier run's metrics.jsonl there is moved aside to ``metrics.jsonl.N``, never appended to.
+
+It trains only: a key of train.py's config that it does not implement (load, save and its keys,
+finetune_from, auto_resume, an evaluation a step reaches, valid/test_data_paths, tensorboard_dir,
+profiling, trace_collectives, the zero_topo plan, a system or zero_optimization block, fp16, which
+train.py runs with a loss scaler) is refused in one line before any rank starts (``fsdp_keys``),
+never silently ignored. One process without launcher variables runs as one rank (a gloo group of
+its own), as train.py does. OMP_NUM_THREADS (default 1) must be a whole number 1..4096. Ctrl-C:
+``error: interrupted; ...`` from rank 0, exit 130.
 """
 
 from __future__ import annotations
