@@ -154,7 +154,7 @@ def test_fsdp_baseline_ctrl_c_is_one_line_exit_130(fs_dir):
     env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     p = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "tools", "fsdp_baseline.py"), "cfg.yml", "--set", "log_dir=nl"]
-        + ["--set", "train_iters=100000"],
+        + ["--set", "train_iters=2000"],
         cwd=fs_dir,
         env=env,
         stdout=subprocess.PIPE,
@@ -173,3 +173,46 @@ def test_fsdp_baseline_ctrl_c_is_one_line_exit_130(fs_dir):
     lines = [x for x in err.splitlines() if x.strip() and not x.startswith("note: ")]
     assert p.returncode == 130, err[-2000:]
     assert lines == ["error: interrupted; metrics.jsonl holds the steps logged so far"], err[-2000:]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp_baseline_ctrl_c_two_ranks_one_line(fs_dir):
+    """A Ctrl-C reaches the ranks one after another (0.5 s apart here): rank 0 prints the one line,
+    rank 1, whose collective failed when rank 0 left, exits 130 silently (no gloo traceback)."""
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+        env.update(PYTHONPATH=ROOT, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", RANK=str(r), WORLD_SIZE="2")
+        env.update(LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, os.path.join(ROOT, "tools", "fsdp_baseline.py"), "cfg.yml", "--set", "log_dir=nl"]
+                + ["--set", "train_iters=2000"],
+                cwd=fs_dir,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            )
+        )
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        line = procs[0].stdout.readline()
+        if line.startswith("step 2:") or not line:
+            break
+    procs[0].send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    procs[1].send_signal(signal.SIGINT)
+    outs = [p.communicate(timeout=60) for p in procs]
+    errs = [[x for x in e.splitlines() if x.strip() and not x.startswith("note: ")] for _, e in outs]
+    assert [p.returncode for p in procs] == [130, 130], [e[-1500:] for _, e in outs]
+    assert errs == [["error: interrupted; metrics.jsonl holds the steps logged so far"], []], errs

@@ -34,6 +34,7 @@ import argparse
 import datetime
 import math
 import os
+import signal
 import sys
 import time
 
@@ -155,12 +156,46 @@ def param_groups(model, weight_decay: float):
 
 
 def main(argv=None) -> int:
+    got = []  # SIGINT received: a collective the other ranks left while this rank waited fails after it
+
+    def on_sigint(signum, frame):
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    prev = signal.getsignal(signal.SIGINT)
+    if prev is signal.default_int_handler:  # Python's handler (a terminal); an ignored SIGINT stays ignored
+        signal.signal(signal.SIGINT, on_sigint)
     try:
         return _main(argv)
-    except KeyboardInterrupt:  # Ctrl-C: one line from rank 0 (torchrun gives every rank the SIGINT), exit 130
-        if not _quiet_rank():
-            print("error: interrupted; metrics.jsonl holds the steps logged so far", file=sys.stderr)
-        return _leave(130)
+    except Exception:
+        if not got and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            _await_sigint(got)  # a Ctrl-C that reached another rank first ends this rank's collective
+        if not got:
+            raise
+        return _interrupted()
+    except KeyboardInterrupt:  # Ctrl-C: one line from rank 0 (a terminal gives every rank the SIGINT), exit 130
+        return _interrupted()
+    finally:
+        if prev is signal.default_int_handler:
+            signal.signal(signal.SIGINT, prev)
+
+
+def _await_sigint(got: list, seconds: float = 2.0) -> None:
+    """A rank whose collective failed because a peer left: wait up to ``seconds`` for the SIGINT that a
+    Ctrl-C gives every rank of the job (delivered to the ranks one after another), so that rank
+    leaves as interrupted, without the collective's traceback; another failure is raised as before."""
+    end = time.monotonic() + seconds
+    try:
+        while not got and time.monotonic() < end:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass
+
+
+def _interrupted() -> int:
+    if not _quiet_rank():
+        print("error: interrupted; metrics.jsonl holds the steps logged so far", file=sys.stderr)
+    return _leave(130)
 
 
 def _leave(rc: int) -> int:
