@@ -138,6 +138,26 @@ def test_fsdp_baseline_omp_num_threads_one_line(value, fs_dir, capfd, monkeypatc
     assert not (fs_dir / "nl").exists()
 
 
+@pytest.mark.parametrize("value", ["abc", "", "-1", "1.5"])
+def test_fsdp_baseline_script_omp_num_threads_is_the_only_line(value, fs_dir):
+    """tools/fsdp_baseline.py checks OMP_NUM_THREADS before torch loads OpenMP, whose runtime would
+    print its own 'libgomp: Invalid value ...' line first."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS=value)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "fsdp_baseline.py"), "cfg.yml", "--set", "log_dir=nl"],
+        cwd=fs_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith("error: OMP_NUM_THREADS=") and "1..4096" in lines[0], lines
+    assert not (fs_dir / "nl").exists()
+
+
 @pytest.mark.parametrize("mode", ["full", "hsdp"])
 def test_fsdp_baseline_runs_as_one_rank_without_launcher_variables(mode, fs_dir, capfd):
     rc = _main(["cfg.yml", "--set", "log_dir=nl", "--mode", mode])

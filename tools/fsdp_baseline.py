@@ -5,7 +5,12 @@ sharded by ``torch.distributed.fsdp.fully_shard`` instead of the zero_topo engin
 Launcher for :mod:`megatron_topo.commands.fsdp_baseline` (``--help`` lists the options).
 """
 
-from megatron_topo.commands.fsdp_baseline import main
+from megatron_topo.commands.fsdp_env import check_before_torch
 
 if __name__ == "__main__":
+    # OMP_NUM_THREADS before torch loads OpenMP (libgomp prints its own complaint about a bad value)
+    if check_before_torch():
+        raise SystemExit(2)
+    from megatron_topo.commands.fsdp_baseline import main
+
     raise SystemExit(main())

@@ -43,12 +43,12 @@ import torch.distributed as dist
 
 from megatron_topo import metrics as M
 from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.commands.fsdp_env import omp_threads, quiet_rank
 from megatron_topo.commands.fsdp_keys import refusal, unimplemented
 from megatron_topo.config import ConfigError, check_run_outputs, load_config
 from megatron_topo.config.output import note_lines
 from megatron_topo.lifecycle import leave_rank
 from megatron_topo.model import build_model
-from megatron_topo.safe_files import excerpt
 from megatron_topo.topology import JobWideError, Topology, launcher_env, topology_from_config
 from megatron_topo.training import Batches, learning_rate, loss_fn, seed_everything
 from megatron_topo.zero_topo.volumes import ring_bytes
@@ -193,7 +193,7 @@ def _await_sigint(got: list, seconds: float = 2.0) -> None:
 
 
 def _interrupted() -> int:
-    if not _quiet_rank():
+    if not quiet_rank():
         print("error: interrupted; metrics.jsonl holds the steps logged so far", file=sys.stderr)
     return _leave(130)
 
@@ -206,29 +206,6 @@ def _leave(rc: int) -> int:
             leave_rank(rc)
         dist.destroy_process_group()
     return rc
-
-
-def _quiet_rank() -> bool:
-    """Every rank reaches the same verdict from the same files and environment: rank 0 says it."""
-    return os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) != "0"
-
-
-MAX_THREADS = 4096
-
-
-def omp_threads(env=None) -> int:
-    """OMP_NUM_THREADS (default 1): a whole number of threads in ASCII digits, 1..MAX_THREADS."""
-    env = os.environ if env is None else env
-    text = env.get("OMP_NUM_THREADS")
-    if text is None:
-        return 1
-    t = text.strip()
-    if not (t.isascii() and t.isdigit() and len(t) <= 6 and 1 <= int(t) <= MAX_THREADS):
-        raise ConfigError(
-            f"OMP_NUM_THREADS={excerpt(text, 24)!r} is not a number of threads; valid: a whole number "
-            f"1..{MAX_THREADS} in ASCII digits (or unset: 1)"
-        )
-    return int(t)
 
 
 def _main(argv=None) -> int:
@@ -253,7 +230,7 @@ def _main(argv=None) -> int:
                     raise JobWideError(f"{var} is not set; launch with torchrun, srun (see slurm/) or set it")
     except ConfigError as e:
         # every rank reaches the same verdict from the same files and environment: rank 0 says it
-        return 2 if _quiet_rank() else fail(e)
+        return 2 if quiet_rank() else fail(e)
     torch.set_num_threads(threads)
     if rank == 0:
         for line in note_lines(cfg):  # train.py's start-of-run notes (keys set but without effect)
