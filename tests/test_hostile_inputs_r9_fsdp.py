@@ -44,7 +44,7 @@ def _main(argv):
         (["finetune_from=hf"], ["finetune_from"]),
         (["load=ck", "finetune=true", "no_load_optim=true"], ["load", "finetune", "no_load_optim"]),
         (["eval_interval=1", "eval_iters=1", "split=50,50,0"], ["eval_interval", "eval_iters"]),
-        (["train_data_paths=[data/toy]", "valid_data_paths=[data/toy]"], ["valid_data_paths"]),
+        (["train_data_paths=[data/toy]", "valid_data_paths=[data/toy]", "eval_interval=1"], ["valid_data_paths"]),
         (["tensorboard_dir=tb"], ["tensorboard_dir"]),
         (["profile=true", "profile_step_start=0", "profile_step_stop=1"], ["profile", "profile_step_start"]),
         (["distributed.trace_collectives=tr"], ["distributed.trace_collectives"]),
@@ -79,6 +79,8 @@ def test_fsdp_baseline_accepts_what_bench_sharding_passes_and_what_changes_nothi
     assert unimplemented(cfg) == []
     cfg = load_config(["cfg.yml"], ["checkpoint_factor=1", "keep_last=3", "eval_interval=50", "finetune=true"])
     assert unimplemented(cfg) == []
+    cfg = load_config(["cfg.yml"], ["train_data_paths=[data/toy]", "valid_data_paths=[data/toy]", "eval_interval=0"])
+    assert unimplemented(cfg) == []  # validation data that no evaluation reads (train.py reads none either)
 
 
 def _other_value(v):

@@ -79,11 +79,15 @@ def _given(cfg: Config, key: str) -> bool:
     return key in (getattr(cfg, "origin", None) or {})
 
 
+def _eval_reached(cfg: Config) -> bool:
+    """Whether a step of the run reaches eval_interval (train.py evaluates there)."""
+    return 0 < cfg.logging.eval_interval <= cfg.train.train_iters
+
+
 def _eval_on(cfg: Config) -> bool:
     """Whether the config asks for an evaluation that a step reaches (train.py's default interval,
     not asked for, is not an evaluation the comparison run was meant to make)."""
-    lg = cfg.logging
-    return _given(cfg, "eval_interval") and 0 < lg.eval_interval <= cfg.train.train_iters
+    return _given(cfg, "eval_interval") and _eval_reached(cfg)
 
 
 def _loading(cfg: Config) -> bool:
@@ -110,8 +114,9 @@ INERT: dict[str, Callable[[Config, object], bool]] = {
     # evaluation: none (eval_interval 0, or beyond train_iters: no step reaches it)
     "logging.eval_interval": lambda c, v: not _eval_on(c),
     "logging.eval_iters": lambda c, v: not _eval_on(c),
-    "data.valid_data_paths": lambda c, v: v is None,
-    "data.test_data_paths": lambda c, v: v is None,
+    # validation data given while a step reaches eval_interval (given or train.py's default): an evaluation asked for
+    "data.valid_data_paths": lambda c, v: v is None or not _eval_reached(c),
+    "data.test_data_paths": lambda c, v: v is None or not _eval_reached(c),
     "logging.tensorboard_dir": lambda c, v: v is None,
     "logging.progress_bar": lambda c, v: not v or not _given(c, "progress_bar"),  # no bar: a line per logged step
     "logging.profile": lambda c, v: not v,
