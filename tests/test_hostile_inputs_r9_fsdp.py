@@ -160,6 +160,25 @@ def test_fsdp_baseline_script_omp_num_threads_is_the_only_line(value, fs_dir):
     assert not (fs_dir / "nl").exists()
 
 
+@pytest.mark.parametrize(
+    "sets,needle",
+    [
+        (["log_dir=cfg.yml"], "error: log_dir cfg.yml exists and is not a directory; point log_dir at a directory"),
+        (["log_dir=cfg.yml/sub"], "error: log_dir cfg.yml/sub: cfg.yml exists and is not a directory"),
+        (["log_dir=nl", "data_cache_dir=cfg.yml"], "error: data_cache_dir cfg.yml exists and is not a directory"),
+        (["log_dir=nl", "data_path=nope"], "error: nope.idx: file not found"),
+        (["log_dir=nl", "vocab_size=8"], "error: data/toy: token id"),
+    ],
+)
+def test_fsdp_baseline_bad_data_or_output_folder_one_line(sets, needle, fs_dir, capfd):
+    """Found once the single process ran (its traceback was hidden behind F3's): one line, exit 2."""
+    before = (fs_dir / "cfg.yml").read_text()
+    rc = _main(["cfg.yml", *[x for s in sets for x in ("--set", s)]])
+    line = one_error_line(capfd)
+    assert rc == 2 and line.startswith(needle), line
+    assert (fs_dir / "cfg.yml").read_text() == before
+
+
 @pytest.mark.parametrize("mode", ["full", "hsdp"])
 def test_fsdp_baseline_runs_as_one_rank_without_launcher_variables(mode, fs_dir, capfd):
     rc = _main(["cfg.yml", "--set", "log_dir=nl", "--mode", mode])
@@ -238,3 +257,28 @@ def test_fsdp_baseline_ctrl_c_two_ranks_one_line(fs_dir):
     errs = [[x for x in e.splitlines() if x.strip() and not x.startswith("note: ")] for _, e in outs]
     assert [p.returncode for p in procs] == [130, 130], [e[-1500:] for _, e in outs]
     assert errs == [["error: interrupted; metrics.jsonl holds the steps logged so far"], []], errs
+
+
+def test_fsdp_baseline_data_error_two_ranks_one_line(fs_dir):
+    """A data error every rank finds (token ids beyond vocab_size): rank 0's line only, exit 2 on both."""
+    port = _free_port()
+    procs = []
+    for r in range(2):
+        env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+        env.update(PYTHONPATH=ROOT, OMP_NUM_THREADS="1", RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r))
+        env.update(LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, os.path.join(ROOT, "tools", "fsdp_baseline.py"), "cfg.yml"]
+                + ["--set", "log_dir=nl", "--set", "vocab_size=8"],
+                cwd=fs_dir,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=120) for p in procs]
+    errs = [[x for x in e.splitlines() if x.strip() and not x.startswith("note: ")] for _, e in outs]
+    assert [p.returncode for p in procs] == [2, 2], [e[-1500:] for _, e in outs]
+    assert len(errs[0]) == 1 and errs[0][0].startswith("error: data/toy: token id") and errs[1] == [], errs

@@ -47,6 +47,7 @@ from megatron_topo.commands.fsdp_env import omp_threads, quiet_rank
 from megatron_topo.commands.fsdp_keys import refusal, unimplemented
 from megatron_topo.config import ConfigError, check_run_outputs, load_config
 from megatron_topo.config.output import note_lines
+from megatron_topo.data.errors import DataError
 from megatron_topo.lifecycle import leave_rank
 from megatron_topo.model import build_model
 from megatron_topo.topology import JobWideError, Topology, launcher_env, topology_from_config
@@ -167,17 +168,48 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGINT, on_sigint)
     try:
         return _main(argv)
-    except Exception:
-        if not got and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    except DataError as e:  # every rank reads the same data and reaches the same verdict: rank 0 says it
+        return _leave(2 if quiet_rank() else fail(e))
+    except OSError as e:  # an output folder or file of this rank, found bad once the run started
+        return _leave(fail(e))
+    except Exception as e:
+        group = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if not got and group:
             _await_sigint(got)  # a Ctrl-C that reached another rank first ends this rank's collective
-        if not got:
-            raise
-        return _interrupted()
+        if got:
+            return _interrupted()
+        if group and any(m in str(e) for m in PEER_LEFT):  # another rank left; its own line says why
+            if not quiet_rank():  # rank 0 says so once; the launcher reports a rank that died without a word
+                print(
+                    f"error: another rank left the job mid-run ({_peer_reason(e)}); its output says why",
+                    file=sys.stderr,
+                )
+            return _leave(1)
+        raise
     except KeyboardInterrupt:  # Ctrl-C: one line from rank 0 (a terminal gives every rank the SIGINT), exit 130
         return _interrupted()
     finally:
         if prev is signal.default_int_handler:
             signal.signal(signal.SIGINT, prev)
+
+
+# how gloo reports a collective whose peer process is gone
+PEER_LEFT = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _peer_reason(e: BaseException) -> str:
+    return next(f"gloo: {m}" for m in PEER_LEFT if m in str(e))
+
+
+def _folder_problem(key: str, path: str):
+    """A ConfigError when a part of ``path`` (an output folder of key ``key``) exists but is not a folder."""
+    p = os.path.abspath(path)
+    while p and not os.path.lexists(p):
+        p = os.path.dirname(p)
+    if p and not os.path.isdir(p):
+        where = f"{key} {path}" if p == os.path.abspath(path) else f"{key} {path}: {os.path.relpath(p)}"
+        return ConfigError(f"{where} exists and is not a directory; point {key} at a directory")
+    return None
 
 
 def _await_sigint(got: list, seconds: float = 2.0) -> None:
@@ -219,6 +251,10 @@ def _main(argv=None) -> int:
         keys = unimplemented(cfg)  # a key it would ignore: refused, never a silent fresh start
         if keys:
             raise ConfigError(refusal(keys))
+        for key, path in (("log_dir", cfg.logging.log_dir), ("data_cache_dir", cfg.data.data_cache_dir)):
+            problem = path and _folder_problem(key, path)
+            if problem:
+                raise problem
         check_run_outputs(cfg)  # log_dir and its metrics.jsonl: as train.py's, not over others' files
         env = launcher_env()
         world, rank = env["world_size"], env["rank"]
