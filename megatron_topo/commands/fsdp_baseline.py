@@ -25,7 +25,9 @@ profiling, trace_collectives, the zero_topo plan, a system or zero_optimization 
 train.py runs with a loss scaler) is refused in one line before any rank starts (``fsdp_keys``),
 never silently ignored. One process without launcher variables runs as one rank (a gloo group of
 its own), as train.py does. OMP_NUM_THREADS (default 1) must be a whole number 1..4096. Ctrl-C:
-``error: interrupted; ...`` from rank 0, exit 130.
+``error: interrupted; ...`` from rank 0, exit 130. A data error (every rank reads the same data) is
+rank 0's one line, exit 2; a rank whose collective fails because another rank left exits 1, rank 0
+saying so in one line.
 """
 
 from __future__ import annotations
