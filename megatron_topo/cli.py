@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 from .error_lines import LINE_CAP, clean, emit, problem_lines
 
@@ -87,6 +88,45 @@ def fail(e: BaseException, path: str = "", status: int = 2) -> int:
     for line in lines:
         emit("error", line)
     return status
+
+
+def path_arg(text: str) -> str:
+    """An argparse ``type=`` for a file or folder path: an empty or blank value (``--json ''``, an
+    unset shell variable) is refused naming the flag, never read as "no file", the current folder or
+    a file called " "."""
+    from .error_lines import brief
+
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError(f"'{brief(text, 40)}' is {'blank' if text else 'empty'}; give a path")
+    return text
+
+
+INTERRUPTED = "error: interrupted; nothing written"  # as preprocess_data and bench_data said first
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command Ctrl-C stopped
+
+
+def interruptible(main):
+    """The wrapper of every command's ``main`` (tools/*.py, train.py and the ``megatron-topo-*``
+    entry points all call it): Ctrl-C (KeyboardInterrupt, also while ``main``'s own imports run) is
+    one line, :data:`INTERRUPTED`, and exit status 130, no traceback; a rank other than 0 of a job
+    says nothing (the whole job got the Ctrl-C; rank 0 says it). The tools' outputs are written
+    under temporary names and renamed (atomic.py), so an interrupted tool leaves nothing half-written."""
+    import functools
+
+    @functools.wraps(main)
+    def run(argv=None) -> int:
+        try:
+            return main(argv)
+        except KeyboardInterrupt:
+            if not other_rank_of_job():
+                try:
+                    print(INTERRUPTED, file=sys.stderr, flush=True)
+                except (KeyboardInterrupt, OSError):  # a second Ctrl-C, a closed terminal: the status says it
+                    pass
+            return INTERRUPTED_STATUS
+
+    run.interruptible = True
+    return run
 
 
 def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:

@@ -46,6 +46,13 @@ def clean(line: str, cap: int = LINE_CAP) -> str:
     return s[:head] + note + s[len(s) - (keep - head) :]
 
 
+def escaped(text) -> str:
+    """``text`` with every control character escaped, at any length: for a file name or a user's
+    value echoed on stdout (a table row, ``wrote PATH``), where a raw escape sequence could rewrite
+    the terminal as in an error line, but nothing is cut."""
+    return _UNSAFE.sub(_escape, text if isinstance(text, str) else str(text))
+
+
 def emit(prefix: str, text, file=None, flush: bool = False) -> None:
     """Print ``PREFIX: TEXT`` as one clean line: a line separator inside ``text`` is escaped, not
     split at (several problems are several calls, :func:`problem_lines`)."""

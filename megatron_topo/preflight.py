@@ -120,7 +120,7 @@ def ranks_on_this_host() -> int:
     """Ranks sharing this host's memory (the launcher's LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE)."""
     for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         v = os.environ.get(var, "").split("(")[0].split(",")[0]
-        if v.isdigit() and int(v) > 0:
+        if v.isascii() and v.isdigit() and int(v) > 0:  # '²' is a digit to isdigit, not to int()
             return int(v)
     return 1
 

@@ -52,6 +52,8 @@ def _lease_from_env() -> tuple[float, Optional[str]]:
     a number of seconds from 1 to a week, the error line ``acquire`` gives (300 s meanwhile)."""
     raw = os.environ.get(LEASE_ENV, "300")
     try:
+        if not raw.strip(" \t\r\n").isascii():  # ASCII digits only: float() also reads '٣' and '３'
+            raise ValueError(raw)
         v = float(raw)
     except ValueError:
         v = float("nan")

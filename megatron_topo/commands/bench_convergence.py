@@ -31,8 +31,8 @@ import os
 import subprocess
 import sys
 
-from megatron_topo.cli import OneLineParser, bounded
-from megatron_topo.error_lines import child_error, clean, emit, first_line
+from megatron_topo.cli import OneLineParser, bounded, interruptible, path_arg
+from megatron_topo.error_lines import child_error, clean, emit, escaped, first_line
 from megatron_topo.tool_outputs import (
     OutputError,
     check_file,
@@ -174,6 +174,7 @@ def run(out: str, name: str, steps: int, ranks: int, reuse: bool = False) -> lis
     return recs
 
 
+@interruptible
 def main(argv=None) -> int:
     ap = OneLineParser(prog="bench_convergence.py", description=__doc__.splitlines()[0])
     # --steps: a benchmark runs as long as asked (no upper bound, docs/reliability.md)
@@ -181,6 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=bounded(int, 1, MAX_RANKS, why="local processes"), default=8)
     ap.add_argument(
         "--out",
+        type=path_arg,
         default=os.path.join(ROOT, "runs", "bench_convergence"),
         help="results folder: new, empty or an earlier --out of bench_convergence (its variants' runs are replaced)",
     )
@@ -224,7 +226,7 @@ def main(argv=None) -> int:
     ax.legend()
     fig.tight_layout()
     save_figure(fig, os.path.join(a.out, "loss.png"), TOOL, dpi=120)
-    print(f"results: {os.path.join(a.out, 'results.json')}, {os.path.join(a.out, 'loss.png')}")
+    print(escaped(f"results: {os.path.join(a.out, 'results.json')}, {os.path.join(a.out, 'loss.png')}"))
     return 0
 
 

@@ -19,13 +19,13 @@ import signal
 import sys
 import tempfile
 
-from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.cli import OneLineParser, bounded, interruptible, path_arg
 from megatron_topo.commands.preprocess_data import Terminated
 from megatron_topo.data import DataError
 from megatron_topo.data.builtin import stdlib_files
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, escaped
 from megatron_topo.tool_outputs import OutputError, check_file, write_result
 
 TOOL = "bench_data"
@@ -68,6 +68,7 @@ MIN_BPE_VOCAB = 512  # the byte alphabet, special tokens and some merges
 MAX_BPE_VOCAB = 1 << 20  # as train_tokenizer.py's bpe bound (a benchmark's tokenizer)
 
 
+@interruptible
 def main(argv=None) -> int:
     """SIGTERM/SIGHUP unwind like Ctrl-C (preprocess_data's handlers): the worker pool is shut down
     and the generated corpus removed; a SIGKILL leaves no worker either (they die with their
@@ -79,7 +80,9 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("--input", nargs="+", default=None, help="corpus files (default: generated stdlib .jsonl.zst)")
+    p.add_argument(
+        "--input", type=path_arg, nargs="+", default=None, help="corpus files (default: generated stdlib .jsonl.zst)"
+    )
     p.add_argument(
         "--mb",
         type=bounded(float, 0, MAX_MB, lo_open=True, unit="MB"),
@@ -94,13 +97,14 @@ def _main(argv=None) -> int:
         default=[1, 2],
     )
     p.add_argument("--tokenizer-type", default=None, help="bench this tokenizer only (default: ByteLevel and BPE)")
-    p.add_argument("--vocab-file", default=None)
+    p.add_argument("--vocab-file", type=path_arg, default=None)
     p.add_argument("--bpe-vocab-size", type=bounded(int, MIN_BPE_VOCAB, MAX_BPE_VOCAB), default=8192)
     p.add_argument(  # a benchmark runs as long as asked: no upper bound (docs/reliability.md)
         "--repeat", type=bounded(int, 1), default=1, help="runs per setting; the fastest is reported"
     )
     p.add_argument(
         "--json",
+        type=path_arg,
         default="runs/bench_data.json",
         help="where to write the results (a new file or an earlier result of bench_data, which is replaced)",
     )
@@ -177,7 +181,7 @@ def _main(argv=None) -> int:
     except OSError as e:
         print(clean(f"error: --json {args.json}: {e.strerror or e}; nothing written"), file=sys.stderr)
         return 1
-    print(f"wrote {args.json}")
+    print(escaped(f"wrote {args.json}"))
     return 0
 
 

@@ -33,8 +33,8 @@ import time
 
 import torch
 
-from megatron_topo.cli import OneLineParser, bounded
-from megatron_topo.error_lines import clean
+from megatron_topo.cli import OneLineParser, bounded, interruptible, number, path_arg
+from megatron_topo.error_lines import clean, escaped
 from megatron_topo.tool_outputs import OutputError, check_file, write_result
 from megatron_topo.zero_topo import kernels
 
@@ -119,6 +119,7 @@ def cases(x: torch.Tensor, block_size: int):
 MAX_MIB = 16384  # 16 GiB per fp32 tensor: the input, its copy and the outputs fit an 80 GB GPU
 
 
+@interruptible
 def main(argv=None) -> int:
     ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -130,11 +131,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--json",
+        type=path_arg,
         metavar="OUT",
         help="write the results as JSON to this path (a new file or an earlier result of bench_kernels)",
     )
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda when available, else cpu")
-    ap.add_argument("--block-size", type=int, default=2048)
+    ap.add_argument("--block-size", type=number(int), default=2048)
     # --repeats/--rounds: a benchmark runs as long as asked (no upper bound, docs/reliability.md)
     ap.add_argument("--repeats", type=bounded(int, 1), default=10)
     ap.add_argument("--warmup", type=bounded(int, 0, 10_000), default=2)
@@ -298,7 +300,7 @@ def main(argv=None) -> int:
         except OSError as e:
             print(clean(f"error: --json {args.json}: {e.strerror or e}; nothing written"), file=sys.stderr)
             return 1
-        print(f"wrote {args.json}")
+        print(escaped(f"wrote {args.json}"))
     return 0
 
 

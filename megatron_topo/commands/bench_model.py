@@ -37,9 +37,9 @@ from contextlib import nullcontext
 import torch
 
 from megatron_topo.analysis.bench.model_paths import OPT_IMPL, Ours, Plain
-from megatron_topo.cli import OneLineParser, bounded, schema_bounded
+from megatron_topo.cli import OneLineParser, bounded, interruptible, path_arg, schema_bounded
 from megatron_topo.config import ConfigError, ModelConfig, TrainConfig, load_config
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, escaped
 from megatron_topo.metrics import flops_per_iteration
 from megatron_topo.tool_outputs import OutputError, check_file, write_result
 
@@ -52,7 +52,9 @@ MAX_THREADS = 4096
 def parse_args(argv=None):
     """bench_model's options."""
     p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", nargs="+", default=None, metavar="YML", help="model YAML(s); flags below override")
+    p.add_argument(
+        "--config", type=path_arg, nargs="+", default=None, metavar="YML", help="model YAML(s); flags below override"
+    )
     for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
         p.add_argument(f"--{key.replace('_', '-')}", type=schema_bounded(ModelConfig, key), default=None)
     p.add_argument("--checkpoint-activations", action="store_true", default=None)
@@ -99,6 +101,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=schema_bounded(TrainConfig, "seed"), default=1234)
     p.add_argument(
         "--json",
+        type=path_arg,
         default=None,
         metavar="OUT",
         help="write the results as JSON (a new file or an earlier result of bench_model, which is replaced)",
@@ -249,6 +252,7 @@ def profile(paths, batches, steps):
     return report
 
 
+@interruptible
 def main(argv=None) -> int:
     """Warm up, time both paths interleaved, print the table and the verdict, write --json."""
     args = parse_args(argv)
@@ -388,5 +392,5 @@ def main(argv=None) -> int:
                 file=sys.stderr,
             )
             return 1
-        print(f"wrote {args.json}")
+        print(escaped(f"wrote {args.json}"))
     return 0 if all(math.isfinite(v) for v in med.values()) else 1

@@ -75,9 +75,9 @@ from megatron_topo.analysis.emulation import (
 from megatron_topo.analysis.emulation import cluster_spec as CS
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
-from megatron_topo.cli import OneLineParser, bounded, schema_bounded
+from megatron_topo.cli import OneLineParser, bounded, interruptible, path_arg, schema_bounded
 from megatron_topo.config import TrainConfig
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, escaped
 from megatron_topo.safe_files import read_small_text
 from megatron_topo.tool_outputs import OutputError, check_file, check_folder, claim_folder
 
@@ -98,7 +98,7 @@ def build_parser():
     ap.add_argument("--nodes", type=NODES, default=2)
     ap.add_argument("--gpus-per-node", type=GPUS, default=2)
     ap.add_argument("--gcds-per-gpu", type=GCDS, default=2)
-    ap.add_argument("--model", default="configs/tiny.yml", help="model YAML (relative to the repo root)")
+    ap.add_argument("--model", type=path_arg, default="configs/tiny.yml", help="model YAML (relative to the repo root)")
     ap.add_argument(
         "--model-set",
         nargs="*",
@@ -117,6 +117,7 @@ def build_parser():
     )
     ap.add_argument(
         "--out",
+        type=path_arg,
         default="runs/bench_sharding",
         help="results folder: new, empty or an earlier --out of bench_sharding (its reports are replaced)",
     )
@@ -130,6 +131,7 @@ def build_parser():
     )
     ap.add_argument(
         "--cpu-fit",
+        type=path_arg,
         metavar="DIR",
         default=None,
         help="accumulation series without unshaped runs: the auto runs rank with the CPU constants an "
@@ -165,6 +167,7 @@ def build_parser():
     ap.add_argument("--dry-run", action="store_true", help="print the runs and exit")
     ap.add_argument(
         "--pool",
+        type=path_arg,
         nargs="+",
         default=None,
         metavar="DIR",
@@ -198,6 +201,7 @@ def check_runs(defs) -> None:
             ) from None
 
 
+@interruptible
 def main(argv=None) -> int:
     """Run the series (or print them, or pool earlier runs); exit 0 when every row ran."""
     a = build_parser().parse_args(argv)
@@ -313,7 +317,7 @@ def main(argv=None) -> int:
         return 128 + e.signum
     finally:
         restore_signal_handlers(old)
-    print(f"{prog}: wrote {out}/results.json, results.md, results.png")
+    print(escaped(f"{prog}: wrote {out}/results.json, results.md, results.png"))
     with open(os.path.join(out, "results.md")) as f:
         print(f.read())
     return 0 if all(r.get("ok") for r in rows) else 1
@@ -377,5 +381,5 @@ def pool(a, out: str) -> int:
         meta["cpu_fit_note"] = "the pooled runs fitted different CPU constants; the first run's are shown"
     claim_folder(out, TOOL)
     write_reports(out, merged, meta)
-    print(f"bench_sharding: pooled {len(runs)} runs into {out}/results.json, results.md")
+    print(escaped(f"bench_sharding: pooled {len(runs)} runs into {out}/results.json, results.md"))
     return 0 if all(r.get("ok") for r in merged) else 1

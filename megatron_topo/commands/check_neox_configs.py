@@ -15,8 +15,8 @@ import io
 import os
 import sys
 
-from megatron_topo.cli import OneLineParser
-from megatron_topo.error_lines import clean, first_line
+from megatron_topo.cli import OneLineParser, interruptible, number, path_arg
+from megatron_topo.error_lines import clean, escaped, first_line
 
 
 def check_file(path: str, vocab_size: int, world_size: int) -> list[str]:
@@ -38,6 +38,7 @@ def _short(line: str, path: str) -> str:
     return line.replace(f"{path}: ", "").replace("|", "/")
 
 
+@interruptible
 def main(argv=None) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     ap = OneLineParser(
@@ -45,14 +46,14 @@ def main(argv=None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage_line="python tools/check_neox_configs.py CONFIGS_DIR [--vocab-size N] [--world-size W]",
     )
-    ap.add_argument("folder", help="a GPT-NeoX checkout's configs/ folder (every *.yml under it)")
+    ap.add_argument("folder", type=path_arg, help="a GPT-NeoX checkout's configs/ folder (every *.yml under it)")
     ap.add_argument(
         "--vocab-size",
-        type=int,
+        type=number(int),
         default=50304,
         help="vocab_size supplied to every file (default 50304: GPT-NeoX-20B's tokenizer padded)",
     )
-    ap.add_argument("--world-size", type=int, default=8, help="ranks of the dry run (default 8)")
+    ap.add_argument("--world-size", type=number(int), default=8, help="ranks of the dry run (default 8)")
     args = ap.parse_args(argv)
     from megatron_topo.commands.train import DRY_RUN_MAX_WORLD
 
@@ -72,9 +73,10 @@ def main(argv=None) -> int:
     for path in files:
         problems = check_file(path, args.vocab_size, args.world_size)
         passed += not problems
-        rel = os.path.relpath(path, args.folder)
+        rel = os.path.relpath(path, args.folder).replace("|", "\\|")  # a '|' in a name is no column
         why = "<br>".join(_short(p, path) for p in problems)
-        print(f"| `{rel}` | {'refused' if problems else 'passes'} | {why} |", flush=True)
+        # a file name or a reason holding ESC or a line break is shown escaped: one row, no terminal control
+        print(escaped(f"| `{rel}` | {'refused' if problems else 'passes'} | {why} |"), flush=True)
     print(
         f"\n{passed} of {len(files)} files pass (dry run, unchanged, vocab_size={args.vocab_size}, "
         f"world size {args.world_size})"

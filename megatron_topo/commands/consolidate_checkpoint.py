@@ -28,15 +28,20 @@ import json
 import os
 import sys
 
-from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.cli import OneLineParser, fail, interruptible, path_arg
+from megatron_topo.error_lines import escaped
 
 FORMAT = "megatron_topo.consolidated/1"
 
 
 def parse_args(argv=None):
     p = OneLineParser(prog="consolidate_checkpoint.py", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
-    p.add_argument("--output", required=True, metavar="FILE", help="FILE.pt, or FILE.safetensors (+ FILE.optim.pt)")
+    p.add_argument(
+        "--checkpoint", type=path_arg, required=True, metavar="DIR", help="save directory or global_stepN directory"
+    )
+    p.add_argument(
+        "--output", type=path_arg, required=True, metavar="FILE", help="FILE.pt, or FILE.safetensors (+ FILE.optim.pt)"
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output file")
     p.add_argument(
         "--load-unverified",
@@ -147,6 +152,7 @@ def consolidate(checkpoint: str, output: str, force: bool = False, unverified: b
     return outs
 
 
+@interruptible
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside
@@ -157,7 +163,7 @@ def main(argv=None) -> int:
     except (CheckpointError, OSError) as e:
         return fail(e, args.output)
     for o in outs:
-        print(f"wrote {o}")
+        print(escaped(f"wrote {o}"))
     return 0
 
 

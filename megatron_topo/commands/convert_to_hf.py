@@ -41,7 +41,7 @@ import os
 import shutil
 import sys
 
-from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.cli import OneLineParser, fail, interruptible, path_arg
 from megatron_topo.commands.convert_to_hf_folders import (  # noqa: F401 (tests and tools use them from here)
     EXPORT_NAMES,
     MARKER,
@@ -52,15 +52,19 @@ from megatron_topo.commands.convert_to_hf_folders import (  # noqa: F401 (tests 
     temporary_name,
     write_marker,
 )
-from megatron_topo.error_lines import clean, first_line
+from megatron_topo.error_lines import clean, escaped, first_line
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def parse_args(argv=None):
     p = OneLineParser(prog="convert_to_hf.py", description=__doc__.splitlines()[0])
-    p.add_argument("--checkpoint", required=True, metavar="DIR", help="save directory or global_stepN directory")
-    p.add_argument("--output", required=True, metavar="DIR", help="HuggingFace model directory to create")
+    p.add_argument(
+        "--checkpoint", type=path_arg, required=True, metavar="DIR", help="save directory or global_stepN directory"
+    )
+    p.add_argument(
+        "--output", type=path_arg, required=True, metavar="DIR", help="HuggingFace model directory to create"
+    )
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="stored precision (default fp32)")
     p.add_argument(
         "--force",
@@ -75,8 +79,10 @@ def parse_args(argv=None):
         "(saved before file records existed): the bytes are not verified",
     )
     p.add_argument("--tokenizer-type", default=None, help="override the checkpoint's data.tokenizer_type")
-    p.add_argument("--vocab-file", default=None, help="override data.vocab_file (e.g. the file moved)")
-    p.add_argument("--merge-file", default=None, help="override data.merge_file (GPT2BPETokenizer merges.txt)")
+    p.add_argument("--vocab-file", type=path_arg, default=None, help="override data.vocab_file (e.g. the file moved)")
+    p.add_argument(
+        "--merge-file", type=path_arg, default=None, help="override data.merge_file (GPT2BPETokenizer merges.txt)"
+    )
     p.add_argument(
         "--max-shard-size",
         default="5GB",
@@ -269,6 +275,7 @@ def _tokenizer(st, mcfg, overrides: dict):
         return None, None, first_line(e)
 
 
+@interruptible
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_topo.zero_topo.checkpoint import CheckpointError
@@ -290,7 +297,7 @@ def main(argv=None) -> int:
         )
     except (CheckpointError, OSError) as e:
         return fail(e, args.output)
-    print(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}")
+    print(escaped(f"wrote {out}: {', '.join(sorted(os.listdir(out)))}"))
     return 0
 
 

@@ -47,7 +47,7 @@ from megatron_topo.analysis.emulation import (
 from megatron_topo.analysis.emulation import cluster_spec as CS
 from megatron_topo.analysis.emulation import rates as R
 from megatron_topo.analysis.emulation.launch import install_signal_handlers, restore_signal_handlers
-from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.cli import OneLineParser, bounded, interruptible, path_arg
 from megatron_topo.error_lines import clean
 from megatron_topo.tool_outputs import OutputError, check_file, write_result
 
@@ -97,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--master-port", type=bounded(int, 1, 65535, why="a TCP port"), default=29500)
     ap.add_argument(
         "--stats-json",
+        type=path_arg,
         default=None,
         metavar="FILE",
         help="write the run's statistics here (a new file or an earlier stats file of this tool)",
@@ -142,6 +143,7 @@ def spec_from_args(a) -> ClusterSpec:
     )
 
 
+@interruptible
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     prog = "emulate_cluster"

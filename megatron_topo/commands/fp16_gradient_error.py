@@ -24,7 +24,7 @@ import sys
 
 import torch
 
-from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.cli import OneLineParser, bounded, interruptible
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
 
@@ -67,6 +67,7 @@ MAX_WORLD = 1024  # the largest reduction simulated: its gradients alone take 1,
 MAX_MICRO_BATCH = 64
 
 
+@interruptible
 def main(argv=None) -> int:
     ap = OneLineParser(prog="fp16_gradient_error.py", description=__doc__.splitlines()[0])
     ap.add_argument(

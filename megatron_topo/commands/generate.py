@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import sys
 
-from megatron_topo.cli import OneLineParser, ascii_number, comma_items, fail, number
+from megatron_topo.cli import OneLineParser, ascii_number, comma_items, fail, interruptible, number, path_arg
 from megatron_topo.commands.generate_load import GenerateError, build_tokenizer_or_none, check_device, load_model
 from megatron_topo.error_lines import brief, first_line
 
@@ -32,6 +32,7 @@ def parse_args(argv=None):
     p = OneLineParser(prog="generate.py", description=__doc__.splitlines()[0])
     p.add_argument(
         "configs",
+        type=path_arg,
         nargs="*",
         metavar="CONFIG.yml",
         help="GPT-NeoX config files with the text-generation keys (text_gen_type, maximum_tokens, "
@@ -39,7 +40,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (with CONFIG.yml)")
     p.add_argument("--force", action="store_true", help="replace a sample_output_file this tool did not write")
-    p.add_argument("--checkpoint", metavar="DIR", help="save directory or global_stepN directory")
+    p.add_argument("--checkpoint", type=path_arg, metavar="DIR", help="save directory or global_stepN directory")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", metavar="TEXT", help="prompt text (needs the config's tokenizer)")
     src.add_argument("--prompt-ids", metavar="I,J,K", help="prompt as comma-separated token ids")
@@ -152,6 +153,7 @@ def check_args(args) -> None:
     check_device(args.device)
 
 
+@interruptible
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.configs:

@@ -23,7 +23,7 @@ import sys
 import time
 
 from megatron_topo.cli import fail
-from megatron_topo.error_lines import clean, first_line
+from megatron_topo.error_lines import clean, escaped, first_line
 
 FIELDS = ("context", "text", "length", "finished", "message", "duration_seconds")
 MAX_INPUT_BYTES = 64 << 20
@@ -243,5 +243,5 @@ def main(args, err) -> int:
     if out is None:
         sys.stdout.write(lines)
         return 0
-    print(f"wrote {len(prompts)} sample(s) ({g.text_gen_type}) to {out}")
+    print(escaped(f"wrote {len(prompts)} sample(s) ({g.text_gen_type}) to {out}"))
     return 0

@@ -28,6 +28,7 @@ prints the table so far and exits 1), not waited out. ``--small`` shrinks the la
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +36,7 @@ import threading
 import time
 from typing import Optional
 
-from ..cli import OneLineParser, fail
+from ..cli import OneLineParser, fail, interruptible, number, path_arg
 from ..config import ConfigError
 from .gpu_check_memory import dry_run_projection, memory_row
 
@@ -52,13 +53,13 @@ LAYER_20B = 12 * 6144**2 + 13 * 6144  # parameters of one GPT-NeoX-20B layer: th
 
 def parse_args(argv=None):
     p = OneLineParser(prog="gpu_check.py", description=__doc__.splitlines()[0], job_tool=True)
-    p.add_argument("configs", nargs="+", help="the job's config files (model, preset, system)")
+    p.add_argument("configs", type=path_arg, nargs="+", help="the job's config files (model, preset, system)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    p.add_argument("--layers", type=int, default=2, help="transformer layers of the training-step check")
+    p.add_argument("--layers", type=number(int), default=2, help="transformer layers of the training-step check")
     p.add_argument("--small", action="store_true", help="small layers and kernels (a CPU run)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a check may take before it is a hang")
-    p.add_argument("--max-delay-ms", type=float, default=20.0, help="random delay before each collective")
-    p.add_argument("--spawn", type=int, default=0, metavar="N", help="start N local ranks (CPU, gloo)")
+    p.add_argument("--timeout", type=number(float), default=300.0, help="seconds a check may take before it is a hang")
+    p.add_argument("--max-delay-ms", type=number(float), default=20.0, help="random delay before each collective")
+    p.add_argument("--spawn", type=number(int), default=0, metavar="N", help="start N local ranks (CPU, gloo)")
     p.add_argument("--no-dry-run", action="store_true", help="skip the dry run's projection (memory row)")
     args = p.parse_args(argv)
     import math
@@ -111,12 +112,23 @@ def spawn(args, argv: list[str]) -> int:
         )
     deadline = time.monotonic() + args.timeout * 8
     codes = []
-    for p in procs:
-        try:
-            codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append(1)
+    try:
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(1)
+    except KeyboardInterrupt:  # Ctrl-C reached the local ranks too (one process group): rank 0 says it, once
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return 130
     return max(codes)
 
 
@@ -160,6 +172,7 @@ def render(rows) -> str:
     return "\n".join(lines)
 
 
+@interruptible
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)

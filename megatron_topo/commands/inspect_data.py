@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.cli import OneLineParser, bounded, interruptible, path_arg
 from megatron_topo.config import MAX_VOCAB
 from megatron_topo.data import DataError, MMapIndexedDataset, build_tokenizer
 from megatron_topo.data.build import check_token_range
@@ -48,15 +48,16 @@ def unused_args(args) -> list:
     return unused_tokenizer_args(args.tokenizer_type, args.vocab_file)
 
 
+@interruptible
 def main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("prefix", help="dataset prefix (PREFIX.bin/.idx; a .bin or .idx path also works)")
+    p.add_argument("prefix", type=path_arg, help="dataset prefix (PREFIX.bin/.idx; a .bin or .idx path also works)")
     p.add_argument(
         "--doc", type=bounded(int, 0, MAX_DOC), default=None, help="print document N's token ids as a JSON list"
     )
     p.add_argument("--stats", action="store_true", help="print counts as JSON (the default without --doc)")
     p.add_argument("--tokenizer-type", default=None, help="with --doc: also print the detokenized text")
-    p.add_argument("--vocab-file", default=None)
+    p.add_argument("--vocab-file", type=path_arg, default=None)
     p.add_argument(
         "--vocab-size",
         type=bounded(int, 1, MAX_VOCAB),

@@ -29,9 +29,9 @@ import torch
 import torch.distributed as dist
 
 from megatron_topo.analysis.perf_sources import fit_ring
-from megatron_topo.cli import OneLineParser, ascii_number, bounded, comma_items, fail
+from megatron_topo.cli import OneLineParser, ascii_number, bounded, comma_items, fail, interruptible, path_arg
 from megatron_topo.config import ConfigError, load_config
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, escaped
 from megatron_topo.lifecycle import leave_rank
 from megatron_topo.tool_outputs import OutputError, check_file, check_folder, write_result
 from megatron_topo.topology import launcher_env
@@ -55,9 +55,10 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=bounded(int, 1, MAX_ITERS), default=10, help="timed calls per size")
     p.add_argument("--warmup", type=bounded(int, 0, MAX_WARMUP), default=3, help="untimed calls first")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--system", help="a YAML with a distributed: block (backend/device); default: auto")
+    p.add_argument("--system", type=path_arg, help="a YAML with a distributed: block (backend/device); default: auto")
     p.add_argument(
         "--out",
+        type=path_arg,
         default="runs/collectives",
         help="directory for collectives.json (replaced only when it is an earlier result of this tool)",
     )
@@ -205,6 +206,7 @@ def write_json(r: dict, out_dir: str) -> str:
     return path
 
 
+@interruptible
 def main(argv=None) -> int:
     args = parse_args(argv)
     rc = _measure_and_report(args)
@@ -231,7 +233,7 @@ def _measure_and_report(args) -> int:
         r = measure(args)
         if r["rank"] == 0:
             print(render(r))
-            print(f"wrote {write_json(r, args.out)}")
+            print(escaped(f"wrote {write_json(r, args.out)}"))
     except (ConfigError, ValueError, OSError) as e:
         return fail(e)  # error: lines, as every tool's
     return 0

@@ -25,7 +25,7 @@ import sys
 from megatron_topo import preflight
 from megatron_topo.analysis import autoplan
 from megatron_topo.analysis import perf_model as pm
-from megatron_topo.cli import OneLineParser, bounded, fail
+from megatron_topo.cli import OneLineParser, bounded, fail, interruptible, path_arg
 from megatron_topo.config import ConfigError, load_config
 from megatron_topo.model import unit_numels
 from megatron_topo.zero_topo.sharding import PRESETS
@@ -36,8 +36,8 @@ MAX_NODES = 100_000  # larger than any machine; the legal-plan search walks the 
 
 def parse_args(argv=None):
     p = OneLineParser(prog="plan.py", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="model YAML (configs/20B.yml)")
-    p.add_argument("--system", required=True, help="system YAML (configs/frontier.yml)")
+    p.add_argument("--model", type=path_arg, required=True, help="model YAML (configs/20B.yml)")
+    p.add_argument("--system", type=path_arg, required=True, help="system YAML (configs/frontier.yml)")
     p.add_argument("--nodes", required=True, type=bounded(int, 1, MAX_NODES), help="number of nodes")
     p.add_argument(
         "--convention",
@@ -285,6 +285,7 @@ def args_top(r: dict) -> int:
     return r.get("top", 10)
 
 
+@interruptible
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:

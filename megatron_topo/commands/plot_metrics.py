@@ -21,8 +21,8 @@ import sys
 import warnings
 
 from megatron_topo.atomic import atomic_path
-from megatron_topo.cli import OneLineParser, fail
-from megatron_topo.error_lines import clean
+from megatron_topo.cli import OneLineParser, fail, interruptible, number, path_arg
+from megatron_topo.error_lines import clean, escaped
 from megatron_topo.metrics import drop_superseded, is_step, metrics_path, read_metrics
 from megatron_topo.safe_files import why_not_a_file
 
@@ -41,10 +41,12 @@ class PlotError(Exception):
 
 def parse_args(argv=None):
     p = OneLineParser(prog="plot_metrics.py", description=__doc__.splitlines()[0])
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories (each with metrics.jsonl)")
-    p.add_argument("--out", required=True, metavar="FILE.png", help="output image (PNG)")
+    p.add_argument(
+        "runs", type=path_arg, nargs="+", metavar="RUN_DIR", help="run directories (each with metrics.jsonl)"
+    )
+    p.add_argument("--out", type=path_arg, required=True, metavar="FILE.png", help="output image (PNG)")
     p.add_argument("--labels", nargs="+", default=None, help="legend labels, one per RUN_DIR")
-    p.add_argument("--smooth", type=int, default=1, metavar="N", help="trailing moving average over N points")
+    p.add_argument("--smooth", type=number(int), default=1, metavar="N", help="trailing moving average over N points")
     p.add_argument(
         "--metrics",
         nargs="+",
@@ -294,13 +296,14 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None, force
     return out
 
 
+@interruptible
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         out = plot(args.runs, args.out, args.labels, args.smooth, args.metrics, args.title, args.force)
     except PlotError as e:
         return fail(e)
-    print(f"wrote {out}")
+    print(escaped(f"wrote {out}"))
     return 0
 
 

@@ -38,7 +38,7 @@ import sys
 from megatron_topo.analysis import perf_model as pm
 from megatron_topo.analysis import perf_sources as sources
 from megatron_topo.analysis.emulation import predict as emu
-from megatron_topo.cli import OneLineParser, ascii_number, comma_items, fail
+from megatron_topo.cli import OneLineParser, ascii_number, comma_items, fail, interruptible, path_arg
 from megatron_topo.commands.predict_perf_emulated import (
     BENCH_KEYS,
     EMULATED_STRATEGIES,
@@ -78,11 +78,14 @@ __all__ = [
 
 def parse_args(argv=None):
     p = OneLineParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", help="model YAML (configs/20B.yml)")
-    p.add_argument("--system", help="system YAML (configs/frontier.yml; configs/emulated_cpu.yml with --emulated)")
+    p.add_argument("--model", type=path_arg, help="model YAML (configs/20B.yml)")
+    p.add_argument(
+        "--system", type=path_arg, help="system YAML (configs/frontier.yml; configs/emulated_cpu.yml with --emulated)"
+    )
     p.add_argument("--gcds", help="comma-separated GCD (rank) counts, e.g. 8,16,384")
     p.add_argument(
         "--emulated",
+        type=path_arg,
         metavar="RESULTS_JSON",
         help="predict a tools/bench_sharding.py run on the emulated cluster and compare",
     )
@@ -132,7 +135,7 @@ def parse_args(argv=None):
         help="config override, e.g. --set system.latency_inter_node_us=50",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    p.add_argument("--plot", metavar="FILE.png", help="also draw TFLOPS/GCD against GCDs")
+    p.add_argument("--plot", type=path_arg, metavar="FILE.png", help="also draw TFLOPS/GCD against GCDs")
     return p.parse_args(argv)
 
 
@@ -212,6 +215,7 @@ def run(args) -> dict:
     }
 
 
+@interruptible
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:

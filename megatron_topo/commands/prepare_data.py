@@ -18,18 +18,19 @@ import os
 import sys
 import time
 
-from megatron_topo.cli import OneLineParser, fail
+from megatron_topo.cli import OneLineParser, fail, interruptible, number, path_arg
 from megatron_topo.error_lines import clean
 
 
+@interruptible
 def main(argv=None) -> int:
     ap = OneLineParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage_line="python tools/prepare_data.py CONFIG.yml [MORE.yml ...] --world-size N [--set KEY=VALUE ...]",
     )
-    ap.add_argument("configs", nargs="+", help="YAML files merged in order (as for train.py)")
-    ap.add_argument("--world-size", type=int, required=True, help="ranks of the run the caches are for")
+    ap.add_argument("configs", type=path_arg, nargs="+", help="YAML files merged in order (as for train.py)")
+    ap.add_argument("--world-size", type=number(int), required=True, help="ranks of the run the caches are for")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     from megatron_topo.topology import MAX_WORLD_SIZE

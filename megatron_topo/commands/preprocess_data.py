@@ -25,12 +25,12 @@ import os
 import signal
 import sys
 
-from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.cli import OneLineParser, bounded, interruptible, path_arg
 from megatron_topo.data import TOKENIZERS, DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import preprocess
 from megatron_topo.data.tokenizer import MERGE_FILE_IGNORED, unused_tokenizer_args
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, escaped
 
 MAX_COUNT = 10**15  # documents (a progress total, a log interval): more than any corpus holds
 MAX_WORKERS = max(64, 4 * (os.cpu_count() or 1))  # as data.preprocess allows
@@ -48,6 +48,7 @@ def parse_args(argv=None):
     p = OneLineParser(prog="preprocess_data.py", description=__doc__.splitlines()[0], error_status=1)
     p.add_argument(
         "--input",
+        type=path_arg,
         nargs="+",
         default=[],
         help="files/directories, also comma-separated: .jsonl[.zst|.gz|.xz], .parquet, .arrow, "
@@ -58,13 +59,15 @@ def parse_args(argv=None):
     p.add_argument(
         "--vocab-file",
         "--vocab",
+        type=path_arg,
         dest="vocab_file",
         default=None,
         help="tokenizer.json (HFTokenizer), .model (SPMTokenizer), vocab.json (GPT2BPETokenizer)",
     )
-    p.add_argument("--merge-file", default=None, help="merges.txt (GPT2BPETokenizer, HFGPT2Tokenizer)")
+    p.add_argument("--merge-file", type=path_arg, default=None, help="merges.txt (GPT2BPETokenizer, HFGPT2Tokenizer)")
     p.add_argument(
         "--tokenizer-model",
+        type=path_arg,
         default=None,
         help="Megatron's name for the tokenizer file (same as --vocab-file for SPM/HF models)",
     )
@@ -119,7 +122,7 @@ def parse_args(argv=None):
     )
     hf.add_argument("--hf-data-files", nargs="+", default=None, help="data_files for a builder")
     hf.add_argument("--hf-revision", default=None, help="hub revision (branch, tag or commit)")
-    hf.add_argument("--hf-cache-dir", default=None, help="datasets cache (non-streaming loads)")
+    hf.add_argument("--hf-cache-dir", type=path_arg, default=None, help="datasets cache (non-streaming loads)")
     stream = hf.add_mutually_exclusive_group()
     stream.add_argument(
         "--hf-streaming",
@@ -194,6 +197,7 @@ def unwinding_stop_signals(fn, argv=None) -> int:
             signal.signal(sig, handler)
 
 
+@interruptible
 def main(argv=None) -> int:
     return unwinding_stop_signals(_main, argv)
 
@@ -251,7 +255,7 @@ def _main(argv=None) -> int:
         print(clean("error: interrupted; no output written"), file=sys.stderr)
         return 130
     for key, prefix in stats.outputs.items():
-        print(f"wrote {prefix}.bin/.idx ({key})")
+        print(escaped(f"wrote {prefix}.bin/.idx ({key})"))
     print(
         f"{stats.documents} documents, {stats.tokens} tokens ({stats.dtype}), "
         f"{stats.input_bytes / 1e6:.1f} MB in {stats.seconds:.1f} s: {stats.mb_per_s:.2f} MB/s, "

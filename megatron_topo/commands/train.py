@@ -12,10 +12,11 @@ import argparse
 import os
 import sys
 
-from megatron_topo.cli import OneLineParser, other_rank_of_job
-from megatron_topo.error_lines import clean, emit, problem_lines
+from megatron_topo.cli import OneLineParser, interruptible, number, other_rank_of_job, path_arg
+from megatron_topo.error_lines import clean, emit, escaped, problem_lines
 
 
+@interruptible
 def main(argv=None) -> int:
     if "--list-keys" in (sys.argv[1:] if argv is None else argv):
         from megatron_topo.config import describe_keys
@@ -28,7 +29,7 @@ def main(argv=None) -> int:
         usage_line="python train.py CONFIG.yml [MORE.yml ...] [--set KEY=VALUE ...]",
         job_tool=True,
     )
-    ap.add_argument("configs", nargs="+", help="YAML files merged in order")
+    ap.add_argument("configs", type=path_arg, nargs="+", help="YAML files merged in order")
     ap.add_argument(
         "--set",
         dest="overrides",
@@ -45,11 +46,13 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--world-size",
-        type=int,
+        type=number(int),
         default=None,
         help="with --dry-run: the world to emulate, 1..131,072 (default: the launcher's)",
     )
-    ap.add_argument("--rank", type=int, default=None, help="with --dry-run: the rank to be (default: the launcher's)")
+    ap.add_argument(
+        "--rank", type=number(int), default=None, help="with --dry-run: the rank to be (default: the launcher's)"
+    )
     args = ap.parse_args(argv)
     if (args.world_size is not None or args.rank is not None) and not args.dry_run:
         ap.error("--world-size and --rank go with --dry-run")
@@ -185,8 +188,8 @@ def _train(args, signals) -> int:
             print(f"done: step {trainer.state.step}, loss {last['loss']:.4f}")
         else:
             print(f"done: step {trainer.state.step} (train_iters reached before this run: nothing to train)")
-        print(f"metrics:     {os.path.join(lg.log_dir, 'metrics.jsonl')}")
-        print(f"tensorboard: {lg.tensorboard_dir or os.path.join(lg.log_dir, 'tensorboard')}")
+        print(escaped(f"metrics:     {os.path.join(lg.log_dir, 'metrics.jsonl')}"))
+        print(escaped(f"tensorboard: {lg.tensorboard_dir or os.path.join(lg.log_dir, 'tensorboard')}"))
         if last.get("checkpoint"):
             print(f"checkpoint:  {last['checkpoint']}")
     return 0

@@ -19,11 +19,11 @@ import sys
 import tempfile
 
 from megatron_topo.atomic import atomic_path
-from megatron_topo.cli import OneLineParser, bounded
+from megatron_topo.cli import OneLineParser, bounded, interruptible, number, path_arg
 from megatron_topo.data import DataError
 from megatron_topo.data.errors import error_line
 from megatron_topo.data.preprocess import expand_sources, iter_source_documents
-from megatron_topo.error_lines import clean
+from megatron_topo.error_lines import clean, escaped
 from megatron_topo.safe_outputs import check_output_file, head
 
 MAX_VOCAB = 1 << 24  # 16,777,216 ids: far beyond any tokenizer trained for a model (the 20B's: 50,277)
@@ -134,13 +134,14 @@ def parse_args(argv=None):
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument(
         "--input",
+        type=path_arg,
         nargs="+",
         required=True,
         help=".jsonl[.zst|.gz|.xz], .parquet, .arrow, datasets folders, text files or directories",
     )
     p.add_argument("--model-type", required=True, choices=["bpe", "sentencepiece"])
-    p.add_argument("--vocab-size", type=int, required=True)
-    p.add_argument("--output", required=True, help="tokenizer.json (bpe) or NAME.model (sentencepiece)")
+    p.add_argument("--vocab-size", type=number(int), required=True)
+    p.add_argument("--output", type=path_arg, required=True, help="tokenizer.json (bpe) or NAME.model (sentencepiece)")
     p.add_argument(
         "--spm-model-type", default=None, choices=["unigram", "bpe"], help="sentencepiece: its model (default unigram)"
     )
@@ -162,6 +163,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+@interruptible
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
@@ -224,7 +226,7 @@ def main(argv=None) -> int:
             f"({count[0]} documents) has no more tokens to learn{why}; train on more text for a larger vocabulary"
         )
     size = f"vocab {built:,}" + (f" of {args.vocab_size:,} asked" if built != args.vocab_size else "")
-    print(f"wrote {args.output} ({args.model_type}, {size}, {count[0]} documents)")
+    print(escaped(f"wrote {args.output} ({args.model_type}, {size}, {count[0]} documents)"))
     return 0
 
 

@@ -133,6 +133,9 @@ def _arch_problems(model_cfg) -> list:
     return spec_for(model_cfg).check(model_cfg)
 
 
+_KINDS = ((bool, "bool"), (int, "int"), (float, "float"), (str, "str"), (list, "list"), (bytes, "bytes"))
+
+
 def load_config(paths: list[str], overrides: Optional[list[str]] = None, require: bool = True) -> Config:
     """Merge config files in order (YAML: GPT-NeoX; ``.json``: a DeepSpeed config, the same
     top-level keys), then ``--set`` overrides (which may replace earlier values). Every problem
@@ -154,6 +157,11 @@ def load_config(paths: list[str], overrides: Optional[list[str]] = None, require
                 f"{p}: the file sets no keys (it is empty or only comments); give the config it was meant to hold"
             )
             unreadable = True  # its keys are unknown: none is called missing (one line)
+            continue
+        if not isinstance(data, dict):  # a list, a string: no keys at all, so none is called missing either
+            kind = next((n for t, n in _KINDS if isinstance(data, t)), type(data).__name__)  # YAML's int is _Int
+            problems.append(f"{p}: the top level must be a mapping of keys, got {kind}")
+            unreadable = True
             continue
         _collect(problems, merge_into, cfg, data, p, origin, problems)
     for expr in overrides or []:

@@ -66,6 +66,8 @@ def parse(spec: str) -> list[Fault]:
                 kw[key] = val
             else:
                 try:
+                    if not val.isascii():  # ASCII digits only: int() also reads '٣' and '３'
+                        raise ValueError(val)
                     kw[key] = int(val)
                 except ValueError:
                     raise ConfigError(f"{ENV}: {key}={excerpt(val)} in {excerpt(item)} is not an integer") from None

@@ -28,6 +28,7 @@ from typing import IO, Optional, Sequence
 
 import torch
 
+from ..cli import interruptible
 from ..error_lines import brief, clean
 
 FILE = "rank_{rank}.jsonl"
@@ -283,19 +284,20 @@ def compare_traces(traces: dict[int, list[dict]], world_size: Optional[int] = No
     return problems
 
 
+@interruptible
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m megatron_topo.zero_topo.trace DIR [--world-size W]``: compare a job's traces;
     prints each problem (exit 1) or one line saying they agree (exit 0)."""
     import sys
 
-    from ..cli import OneLineParser, bounded
+    from ..cli import OneLineParser, bounded, path_arg
     from ..topology import MAX_WORLD_SIZE
 
     ap = OneLineParser(
         prog="python -m megatron_topo.zero_topo.trace",
         description="Compare the collective traces (distributed.trace_collectives) of one job.",
     )
-    ap.add_argument("dir")
+    ap.add_argument("dir", type=path_arg)
     ap.add_argument(
         "--world-size", type=bounded(int, 1, MAX_WORLD_SIZE), default=None, help="report ranks with no trace"
     )

@@ -91,9 +91,8 @@ class KernelTimer:
         os.makedirs(directory, exist_ok=True)
         rank = os.environ.get("RANK", "0")
         path = os.path.join(directory, f"kernel_times.{rank}.{os.getpid()}.json")
-        write_text(
-            path, json.dumps({"rank": int(rank) if rank.isdigit() else rank, "pid": os.getpid(), **self.snapshot()})
-        )
+        number = rank.isascii() and rank.isdigit()  # '²' is a digit to isdigit, not to int()
+        write_text(path, json.dumps({"rank": int(rank) if number else rank, "pid": os.getpid(), **self.snapshot()}))
         return path
 
 
