@@ -294,48 +294,42 @@ def test_empty_path_flags_are_one_line(case, value, w, capfd):
 # ---------------------------------------------------------------- F10: Ctrl-C is one line everywhere
 
 
-def test_every_entry_point_goes_through_cli_run():
-    scripts = sorted(glob.glob(os.path.join(ROOT, "tools", "*.py"))) + [os.path.join(ROOT, "train.py")]
-    assert len(scripts) >= 21
-    not_run = []
-    for path in scripts:
-        if os.path.basename(path) == "fsdp_baseline.py":  # helper fsdp handles its Ctrl-C (issue 29, probe 9 F3/F4)
+def test_every_command_main_is_interruptible():
+    """tools/NAME.py, train.py and the megatron-topo-NAME entry points all call commands.NAME.main."""
+    import importlib
+
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        targets = sorted(tomllib.load(f)["project"]["scripts"].values())
+    assert len(targets) >= 22
+    plain = []
+    for target in targets:
+        module, func = target.split(":")
+        if module == "megatron_topo.commands.fsdp_baseline":  # helper fsdp handles its Ctrl-C (probe 9 F3/F4)
             continue
-        head, _, body = open(path).read().partition('if __name__ == "__main__":')
-        main_branch = body.split("\nelse:")[0]  # run as a script; imported (tests), it offers the command's main
-        if (
-            'raise SystemExit(run("megatron_topo.commands.' not in main_branch
-            or "import" in main_branch + head.split("from megatron_topo.cli import run")[-1]
-        ):
-            not_run.append(os.path.relpath(path, ROOT))
-    for path in sorted(glob.glob(os.path.join(PKG, "**", "*.py"), recursive=True)):
-        src = open(path).read()
-        rel = os.path.relpath(path, ROOT)
-        if rel in ("megatron_topo/launch.py", "megatron_topo/commands/fsdp_baseline.py"):  # torchrun's own; helper fsdp
-            continue
-        if 'if __name__ == "__main__":' in src:
-            tail = src.split('if __name__ == "__main__":', 1)[1]
-            if "run(main)" not in tail:
-                not_run.append(rel)
-    assert not_run == []
+        if not getattr(getattr(importlib.import_module(module), func), "interruptible", False):
+            plain.append(target)
+    assert TRACE.main.interruptible  # python -m megatron_topo.zero_topo.trace
+    assert plain == []
 
 
-def test_cli_run_turns_keyboard_interrupt_into_one_line(capfd, monkeypatch):
+def test_interruptible_turns_keyboard_interrupt_into_one_line(capfd, monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
 
     def main(argv):
         raise KeyboardInterrupt
 
-    assert cli.run(main) == 130
+    assert cli.interruptible(main)(["x"]) == 130
     assert one_error_line(capfd) == "error: interrupted; nothing written"
     # a rank other than 0 of a launched job says nothing: rank 0 says it once for the job
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert cli.run(main) == 130
+    assert cli.interruptible(main)(None) == 130
     assert capfd.readouterr().err == ""
-    assert cli.run(lambda argv: 7) == 7
+    assert cli.interruptible(lambda argv: 7)() == 7
 
 
 CTRLC = {  # the tools probe 9 found printing a traceback (ctrlc9-*): argv that runs for many seconds
@@ -404,12 +398,20 @@ def _torch_loaded(pid: int) -> bool:
         return False
 
 
+# Ctrl-C while main loads torch (these modules load it inside main): consolidate_checkpoint, predict_perf and
+# prepare_data work for a fraction of a second on this world, so a later Ctrl-C finds them done
+IN_MAIN_IMPORTS = (
+    "check_neox_configs",
+    "consolidate_checkpoint",
+    "convert_to_hf",
+    "generate",
+    "gpu_check",
+    "prepare_data",
+)
 WORK_IN_CI = ("bench_kernels", "generate", "plan")  # Ctrl-C in the middle of the work; -m slow: the others below
 WORK_SLOW = ("bench_model", "check_neox_configs", "convert_to_hf", "fp16_gradient_error", "gpu_check")
-# consolidate_checkpoint, predict_perf and prepare_data work for a fraction of a second on this world: their Ctrl-C
-# comes in the imports (a later one finds them done: exit 0, or killed by the signal while the interpreter exits)
 CTRLC_RUNS = (
-    [(t, "imports") for t in sorted(CTRLC)]
+    [(t, "imports") for t in IN_MAIN_IMPORTS]
     + [(t, "work") for t in WORK_IN_CI]
     + [pytest.param(t, "work", marks=pytest.mark.slow) for t in WORK_SLOW]
 )
