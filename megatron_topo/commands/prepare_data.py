@@ -49,7 +49,7 @@ def main(argv=None) -> int:
 
     try:
         cfg = load_config(args.configs, args.overrides)
-        check_cache_dir(cfg)  # not inside a checkpoint or an HF export, no symlinked index/
+        check_cache_dir(cfg, own_folders=())  # a folder; no checkpoint, HF export or run's folder; no linked index/
         n = dataset_num_samples(cfg, args.world_size)
         t0 = time.perf_counter()
         splits = build_datasets(

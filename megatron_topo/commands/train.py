@@ -234,22 +234,24 @@ def take_run_folders(cfg, rt, lock) -> None:
     import torch
 
     from megatron_topo import runlock
+    from megatron_topo.config import ConfigError, check_run_outputs
     from megatron_topo.safe_outputs import cannot_write_in
 
     err = None
     if rt.rank == 0:
         try:
+            check_run_outputs(cfg)  # every output key: its shape, the run's own names, other runs' folders
             for folder, what in runlock.run_folders(cfg):
                 why = cannot_write_in(folder)  # /proc, /sys, a read-only mount: the key named, not an OSError
                 if why:
                     key = "save" if what == "checkpoint.save" else what  # as --set and the YAML name it
                     raise runlock.LockError(f"{key} {folder}: {why}; set {key} to a folder the run can write")
                 lock.acquire(folder, what)
-        except (runlock.LockError, OSError) as e:
+        except (runlock.LockError, ConfigError, OSError) as e:
             lock.release()
             err = (
                 e
-                if isinstance(e, runlock.LockError)
+                if isinstance(e, (runlock.LockError, ConfigError))
                 else runlock.LockError(f"cannot lock the run folder: {e.filename or ''}: {e.strerror or e}")
             )
     if rt.distributed:

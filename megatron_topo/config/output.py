@@ -191,12 +191,18 @@ def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
         )
 
 
-def check_cache_dir(cfg: Config) -> None:
-    """data_cache_dir (default ``data_cache``) is no other artifact's folder and its ``index/`` no
-    symbolic link (train.py and prepare_data.py write the index caches there)."""
+def check_cache_dir(cfg: Config, own_folders=None) -> None:
+    """data_cache_dir (default ``data_cache``) is a folder (not a file), no other artifact's folder
+    nor another run's (``own_folders``: the run's own, default its save and log_dir), and its
+    ``index/`` no symbolic link (train.py and prepare_data.py write the index caches there)."""
     from ..safe_outputs import check_output_folder
     from .options import ConfigError
+    from .run_outputs import check_other_runs, check_shapes, run_outputs
 
+    cache_out = [o for o in run_outputs(cfg) if o.key == "data_cache_dir"]
+    check_shapes(cache_out)
+    own_runs = [cfg.checkpoint.save, cfg.logging.log_dir] if own_folders is None else own_folders
+    check_other_runs(cache_out, own_runs)
     cache = cfg.data.data_cache_dir or "data_cache"  # data/build.py's default
     own = [cfg.checkpoint.save] if cfg.checkpoint.save else []
     derived = [(os.path.join(cache, "index"), "index caches")]
@@ -214,7 +220,9 @@ def check_run_outputs(cfg: Config) -> None:
     from ..safe_files import _kind
     from ..safe_outputs import check_output_folder, checkpoint_step_above
     from .options import ConfigError
+    from .run_outputs import check_all
 
+    check_all(cfg)  # every output: no name of another output, no file where it goes, no other run's folder
     lg = cfg.logging
     check_log_dir(lg.log_dir)
     for key, path in (("tensorboard_dir", lg.tensorboard_dir), ("data_cache_dir", cfg.data.data_cache_dir)):
