@@ -202,11 +202,11 @@ def check_cache_dir(cfg: Config, own_folders=None) -> None:
     cache_out = [o for o in run_outputs(cfg) if o.key == "data_cache_dir"]
     check_shapes(cache_out)
     own_runs = [cfg.checkpoint.save, cfg.logging.log_dir] if own_folders is None else own_folders
-    check_other_runs(cache_out, own_runs)
     cache = cfg.data.data_cache_dir or "data_cache"  # data/build.py's default
     own = [cfg.checkpoint.save] if cfg.checkpoint.save else []
     derived = [(os.path.join(cache, "index"), "index caches")]
     check_output_folder("data_cache_dir", cache, ConfigError, own=own, derived=derived, what="index caches")
+    check_other_runs(cache_out, own_runs)
 
 
 def check_run_outputs(cfg: Config) -> None:
@@ -214,15 +214,20 @@ def check_run_outputs(cfg: Config) -> None:
     FIFO would block, a symlink would write into another file), tensorboard_dir, data_cache_dir and
     save: none is or lies inside a folder another artifact owns (a checkpoint step or another save
     folder, a HuggingFace model folder; the run's own save folder is its own), and the folders the run
-    names itself inside them (``log_dir/tensorboard``, ``data_cache_dir/index``) are no symbolic links."""
+    names itself inside them (``log_dir/tensorboard``, ``data_cache_dir/index``) are no symbolic links.
+    Every output of the run (config/run_outputs.py: also the trace, profile and memory folders): no
+    file where it goes, no name another output of the run writes, no other run's folder (a running
+    job's locked folder, a finished run's log folder)."""
     import stat
 
     from ..safe_files import _kind
     from ..safe_outputs import check_output_folder, checkpoint_step_above
     from .options import ConfigError
-    from .run_outputs import check_all
+    from .run_outputs import check_names, check_other_runs, check_shapes, run_outputs
 
-    check_all(cfg)  # every output: no name of another output, no file where it goes, no other run's folder
+    every = run_outputs(cfg)  # every output folder of the run, with the names each writes
+    check_names(every)  # none is a name another output of the run writes (save's latest, ...)
+    check_shapes(every)  # no file where a folder goes
     lg = cfg.logging
     check_log_dir(lg.log_dir)
     for key, path in (("tensorboard_dir", lg.tensorboard_dir), ("data_cache_dir", cfg.data.data_cache_dir)):
@@ -248,6 +253,7 @@ def check_run_outputs(cfg: Config) -> None:
     for key, path, derived, what in outputs:
         check_output_folder(key, path, ConfigError, own=own, derived=derived, what=what)
     check_cache_dir(cfg)
+    check_other_runs(every, [cfg.checkpoint.save, lg.log_dir])  # a running job's or a finished run's folders
     for name in ("metrics.jsonl", "metrics.jsonl.superseded"):  # appended to (a resume moves records aside)
         metrics = os.path.join(lg.log_dir, name)
         if os.path.islink(metrics):

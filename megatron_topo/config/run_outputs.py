@@ -196,11 +196,3 @@ def check_other_runs(outputs: list[Output], own: list[str]) -> None:
             if parent == p:
                 break
             p = parent
-
-
-def check_all(cfg) -> None:
-    """The three checks above, on every output of the run described by ``cfg``."""
-    outputs = run_outputs(cfg)
-    check_names(outputs)
-    check_shapes(outputs)
-    check_other_runs(outputs, [cfg.checkpoint.save, cfg.logging.log_dir])
