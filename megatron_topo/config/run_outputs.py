@@ -116,11 +116,11 @@ def check_names(outputs: list[Output]) -> None:
             for pattern, phrase in b.names:
                 if not re.fullmatch(pattern, first):
                     continue
-                at = "is" if first == rel else "lies inside"
+                at = "is" if first == rel else f"lies inside {os.path.join(b.path, first)},"
                 raise ConfigError(
-                    f"{_show(a)} {at} {os.path.join(b.path, first)}, the name of {phrase} that {_show(b)} "
-                    f"writes; the run would fail there (or write {a.what} into it): set {a.key} or {b.key} "
-                    f"elsewhere (two outputs of one run may share a folder, not a name)"
+                    f"{_show(a)} {at} the name under which {_show(b)} writes {phrase}; the run would fail "
+                    f"there (or write {a.what} into it): set {a.key} or {b.key} elsewhere "
+                    f"(two outputs of one run may share a folder, not a name)"
                 )
 
 
