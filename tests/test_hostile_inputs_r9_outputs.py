@@ -71,11 +71,15 @@ PROFILE = ("profile=true", "profile_step_start=0", "profile_step_stop=1")
         (("tensorboard_dir=lg/tb",) + PROFILE, "tensorboard_dir"),
     ],
 )
-def test_output_into_a_running_jobs_folder_is_refused(sets, key, world, tmp_path, monkeypatch, capfd):
-    """Run A holds lg locked (it has written nothing else yet): no key of run B reaches into lg."""
+@pytest.mark.parametrize("metrics", [False, True])
+def test_output_into_a_running_jobs_folder_is_refused(metrics, sets, key, world, tmp_path, monkeypatch, capfd):
+    """Run A holds lg locked (it has written nothing else yet, or its metrics.jsonl too): no key of
+    run B reaches into lg, and the line names the running job."""
     d = scratch(world, tmp_path, monkeypatch)
     a = runlock.RunLock(log=lambda m: None)
     a.acquire("lg", "log_dir")
+    if metrics:
+        (d / "lg" / "metrics.jsonl").write_text('{"step": 1, "loss": 4.0}\n')
     try:
         before = snapshot(d)
         rc = _train("log_dir=lgB", *sets)
@@ -92,6 +96,7 @@ def test_output_into_a_running_jobs_folder_is_refused(sets, key, world, tmp_path
         (("tensorboard_dir=done",), "tensorboard_dir"),
         (("data_cache_dir=done",), "data_cache_dir"),
         (("save=done/ck",), "save"),
+        (("save=done",), "save"),
         (("log_dir=done/sub",), "log_dir"),
         (("save=sv", "log_dir=lgB", "tensorboard_dir=done/tb") + PROFILE, "tensorboard_dir"),
     ],
@@ -187,3 +192,17 @@ def test_one_folder_for_every_role_of_one_run_resumes(world, tmp_path, monkeypat
     assert (d / "o1" / "latest").read_text() == "global_step3\n"
     steps = [l for l in (d / "o1" / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
     assert len(steps) == 3
+
+
+def test_resume_saving_into_its_old_log_folder_with_a_new_log_dir(world, tmp_path, monkeypatch, capfd):
+    """save = log_dir = o1, then a resume that moves log_dir to o2: o1 holds the run's checkpoints
+    (and its old metrics.jsonl), so saving there continues the run; another run's tensorboard_dir
+    inside o2 (now a finished run's log folder) is refused."""
+    d = scratch(world, tmp_path, monkeypatch)
+    assert _train("train_iters=1", "save=o1", "log_dir=o1") == 0
+    assert _train("train_iters=2", "save=o1", "log_dir=o2", "auto_resume=true") == 0
+    assert (d / "o1" / "latest").read_text() == "global_step2\n"
+    capfd.readouterr()
+    before = snapshot(d)
+    rc = _train("train_iters=3", "save=o3", "log_dir=o3", "tensorboard_dir=o2/tb")
+    _refused(capfd, rc, before, d, "tensorboard_dir o2/tb", "another run's log folder")

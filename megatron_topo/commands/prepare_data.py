@@ -49,7 +49,9 @@ def main(argv=None) -> int:
 
     try:
         cfg = load_config(args.configs, args.overrides)
-        check_cache_dir(cfg, own_folders=())  # a folder; no checkpoint, HF export or run's folder; no linked index/
+        check_cache_dir(
+            cfg, own_folders=(None, None)
+        )  # a folder; no checkpoint, HF export or run's folder; no linked index/
         n = dataset_num_samples(cfg, args.world_size)
         t0 = time.perf_counter()
         splits = build_datasets(

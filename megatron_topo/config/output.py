@@ -193,7 +193,7 @@ def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
 
 def check_cache_dir(cfg: Config, own_folders=None) -> None:
     """data_cache_dir (default ``data_cache``) is a folder (not a file), no other artifact's folder
-    nor another run's (``own_folders``: the run's own, default its save and log_dir), and its
+    nor another run's (``own_folders``: the run's own (save, log_dir), default cfg's), and its
     ``index/`` no symbolic link (train.py and prepare_data.py write the index caches there)."""
     from ..safe_outputs import check_output_folder
     from .options import ConfigError
@@ -201,12 +201,12 @@ def check_cache_dir(cfg: Config, own_folders=None) -> None:
 
     cache_out = [o for o in run_outputs(cfg) if o.key == "data_cache_dir"]
     check_shapes(cache_out)
-    own_runs = [cfg.checkpoint.save, cfg.logging.log_dir] if own_folders is None else own_folders
+    own_runs = (cfg.checkpoint.save, cfg.logging.log_dir) if own_folders is None else own_folders
     cache = cfg.data.data_cache_dir or "data_cache"  # data/build.py's default
     own = [cfg.checkpoint.save] if cfg.checkpoint.save else []
     derived = [(os.path.join(cache, "index"), "index caches")]
     check_output_folder("data_cache_dir", cache, ConfigError, own=own, derived=derived, what="index caches")
-    check_other_runs(cache_out, own_runs)
+    check_other_runs(cache_out, *own_runs)
 
 
 def check_run_outputs(cfg: Config) -> None:
@@ -253,7 +253,7 @@ def check_run_outputs(cfg: Config) -> None:
     for key, path, derived, what in outputs:
         check_output_folder(key, path, ConfigError, own=own, derived=derived, what=what)
     check_cache_dir(cfg)
-    check_other_runs(every, [cfg.checkpoint.save, lg.log_dir])  # a running job's or a finished run's folders
+    check_other_runs(every, cfg.checkpoint.save, lg.log_dir)  # a running job's or a finished run's folders
     for name in ("metrics.jsonl", "metrics.jsonl.superseded"):  # appended to (a resume moves records aside)
         metrics = os.path.join(lg.log_dir, name)
         if os.path.islink(metrics):

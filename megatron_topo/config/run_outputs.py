@@ -157,35 +157,44 @@ def _written_by_a_run(path: str) -> bool:
         return False
 
 
-def other_run_folder(folder: str) -> Optional[str]:
-    """Why ``folder`` belongs to another run (a phrase), or None: another run's log folder, or a
-    folder a running job holds locked."""
+def other_run_folder(folder: str, locks: bool = True, logs: bool = True) -> Optional[str]:
+    """Why ``folder`` belongs to another run (a phrase), or None: a folder a running job holds
+    locked (``locks``), another run's log folder (``logs``)."""
     from .. import runlock
 
+    lock = os.path.join(folder, runlock.LOCK_NAME)
+    if locks and os.path.lexists(lock):
+        try:
+            owner = runlock._read(lock)
+        except runlock.LockError:
+            owner = None  # not a lock of ours: the lock itself refuses it where a run locks
+        if owner is not None and runlock.stale_reason(owner, lock) is None:
+            return f"a folder of a running job ({runlock.describe(owner)}; lock {lock})"
+    if not logs:
+        return None
     if os.path.isfile(os.path.join(folder, "metrics.jsonl")):
         return "another run's log folder (it holds metrics.jsonl)"
     if os.path.isfile(os.path.join(folder, "config.yml")) and _written_by_a_run(os.path.join(folder, "config.yml")):
         return "another run's log folder (it holds the config.yml a run wrote)"
-    lock = os.path.join(folder, runlock.LOCK_NAME)
-    if os.path.lexists(lock):
-        try:
-            owner = runlock._read(lock)
-        except runlock.LockError:
-            return None  # not a lock of ours: the lock itself refuses it where a run locks
-        if owner is not None and runlock.stale_reason(owner, lock) is None:
-            return f"a folder of a running job ({runlock.describe(owner)}; lock {lock})"
     return None
 
 
-def check_other_runs(outputs: list[Output], own: list[str]) -> None:
-    """No output folder is, or lies inside, another run's folder (:func:`other_run_folder`);
-    ``own``: this run's save and log_dir, which do not count."""
-    mine = {os.path.realpath(f) for f in own if f}
+def check_other_runs(outputs: list[Output], save: Optional[str], log_dir: Optional[str]) -> None:
+    """No output folder is, or lies inside, another run's folder (:func:`other_run_folder`). This
+    run's ``save`` and ``log_dir`` hold its own locks; its log_dir is its own log folder, and so is a
+    save folder that already holds checkpoints (the run continues that series: a resume that moves
+    its log_dir elsewhere still saves there)."""
+    from ..safe_outputs import artifact_kind
+
+    own_locks = {os.path.realpath(f) for f in (save, log_dir) if f}
+    own_logs = {os.path.realpath(log_dir)} if log_dir else set()
+    if save and (artifact_kind(os.path.realpath(save)) or "").startswith("a checkpoint save folder"):
+        own_logs.add(os.path.realpath(save))
     for o in outputs:
         real = os.path.realpath(o.path)
         p = real
         while True:
-            why = None if p in mine else other_run_folder(p)
+            why = other_run_folder(p, locks=p not in own_locks, logs=p not in own_logs)
             if why:
                 at = "is" if p == real else "lies inside"
                 raise ConfigError(
