@@ -190,8 +190,28 @@ def test_one_folder_for_every_role_of_one_run_resumes(world, tmp_path, monkeypat
     assert (d / "o1" / "latest").read_text() == "global_step2\n"
     assert _train("train_iters=3", "load=o1", *roles) == 0
     assert (d / "o1" / "latest").read_text() == "global_step3\n"
-    steps = [l for l in (d / "o1" / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
+    steps = [line for line in (d / "o1" / "metrics.jsonl").read_text().splitlines() if '"loss"' in line]
     assert len(steps) == 3
+
+
+@pytest.mark.parametrize(
+    "roles",
+    [
+        ("save=o1/s", "log_dir=o1"),
+        ("save=o1", "log_dir=o1/l"),
+        ("save=o1/tensorboard", "log_dir=o1"),
+        ("save=o1", "tensorboard_dir=o1", "log_dir=lg"),
+        ("save=o1/s", "data_cache_dir=o1", "log_dir=lg"),
+    ],
+)
+def test_two_roles_in_one_folder_run_twice(roles, world, tmp_path, monkeypatch, capfd):
+    """Two outputs of one run sharing a folder (probe 9's D7 pairs): accepted, and the same config
+    run again resumes (the folders are the run's own)."""
+    scratch(world, tmp_path, monkeypatch)
+    assert _train("train_iters=1", *roles) == 0
+    assert _train("train_iters=2", "auto_resume=true", *roles) == 0
+    save = next(r.split("=", 1)[1] for r in roles if r.startswith("save="))
+    assert open(os.path.join(save, "latest")).read() == "global_step2\n"
 
 
 def test_resume_saving_into_its_old_log_folder_with_a_new_log_dir(world, tmp_path, monkeypatch, capfd):
