@@ -59,7 +59,7 @@ def run_outputs(cfg) -> list[Output]:
             "metrics.jsonl, config.yml and its lock",
             (
                 (r"config\.yml(\.tmp\.[0-9]+)?", "the effective config config.yml"),
-                (r"metrics\.jsonl(\.superseded|\.tmp.*)?", "the metrics file"),
+                (r"metrics\.jsonl(\.[0-9]+|\.superseded|\.tmp.*)?", "the metrics file"),
                 (LOCK, "the run lock"),
             ),
         )
