@@ -171,6 +171,19 @@ def test_file_where_an_output_folder_goes(sets, words, world, tmp_path, monkeypa
     _refused(capfd, rc, before, d, *words)
 
 
+@pytest.mark.parametrize("key", ["tensorboard_dir", "data_cache_dir", "log_dir", "save"])
+def test_dangling_link_where_an_output_folder_goes(key, world, tmp_path, monkeypatch, capfd):
+    d = scratch(world, tmp_path, monkeypatch)
+    (d / "links").mkdir()
+    os.symlink("nowhere", d / "links" / "dangling")
+    before = snapshot(d, skip=("links",))
+    rc = _train(f"{key}=links/dangling")
+    assert rc == 2
+    line = one_error_line(capfd)
+    assert f"{key} links/dangling is a symbolic link (to 'nowhere') that leads nowhere" in line, line
+    assert snapshot(d, skip=("links",)) == before and os.listdir(d / "links") == ["dangling"]
+
+
 def test_prepare_data_cache_dir_is_a_file(world, tmp_path, monkeypatch, capfd):
     d = scratch(world, tmp_path, monkeypatch)
     before = snapshot(d)

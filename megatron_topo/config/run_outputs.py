@@ -23,6 +23,7 @@ import os
 import re
 from typing import NamedTuple, Optional
 
+from ..error_lines import brief
 from .options import ConfigError
 
 LOCK = r"\.megatron_topo\.lock.*"
@@ -129,9 +130,13 @@ def check_shapes(outputs: list[Output]) -> None:
     for o in outputs:
         path = o.path
         if os.path.islink(path) and not os.path.exists(path):
+            try:
+                target = brief(os.readlink(path))
+            except OSError:
+                target = "?"
             raise ConfigError(
-                f"{_show(o)} is a symbolic link that leads nowhere (its target is missing or a loop of links); "
-                f"point {o.key} at a directory"
+                f"{_show(o)} is a symbolic link (to '{target}') that leads nowhere: its target is missing or a "
+                f"loop of links; point {o.key} at a directory"
             )
         if os.path.lexists(path) and not os.path.isdir(path):
             raise ConfigError(f"{_show(o)} exists and is not a directory; point {o.key} at a directory")
