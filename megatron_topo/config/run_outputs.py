@@ -10,7 +10,8 @@ it), its folder, what the run writes there and the names it writes directly insi
   would fail). Two outputs may share a folder (save = log_dir, a resume of the same config works):
   their names differ.
 * :func:`check_shapes`: a file (or a link to one) where the folder goes, or above it, is named with
-  the key: ``tensorboard_dir cfg.yml exists and is not a directory; point it at a directory``.
+  the key: ``tensorboard_dir cfg.yml exists and is not a directory; point tensorboard_dir at a
+  directory``.
 * :func:`check_other_runs`: the folder is not, and does not lie inside, another run's folder: a log
   folder of another run (its ``metrics.jsonl``, or a ``config.yml`` a run wrote) or a folder a
   running job holds locked (``.megatron_topo.lock``, live); this run's own save and log_dir do not
