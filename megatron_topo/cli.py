@@ -17,7 +17,7 @@ class OneLineParser(argparse.ArgumentParser):
     ``usage_line`` replaces the generated usage in that line (``--help`` is unchanged);
     ``error_status`` replaces the exit code. ``job_tool``: a tool that runs as the ranks of a job
     (train, gpu_check, measure_collectives, fsdp_baseline): only rank 0 prints the line, the other
-    ranks exit with the same status (:func:`_other_rank`).
+    ranks exit with the same status (:func:`other_rank_of_job`: also ranks started by hand).
     """
 
     def __init__(self, *args, usage_line: str | None = None, error_status: int = 2, job_tool: bool = False, **kwargs):
@@ -25,7 +25,7 @@ class OneLineParser(argparse.ArgumentParser):
         self.usage_line, self.error_status, self.job_tool = usage_line, error_status, job_tool
 
     def error(self, message):
-        if self.job_tool and _other_rank():  # each rank parses the same argv: rank 0 says it, once per job
+        if self.job_tool and other_rank_of_job():  # each rank parses the same argv: rank 0 says it, once per job
             self.exit(self.error_status)
         usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: ") :]
         head = clean(f"error: {message}")

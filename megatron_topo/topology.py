@@ -8,6 +8,7 @@ is read from the config and the launcher's variables, never from ``torch.cuda.de
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
@@ -87,6 +88,21 @@ class JobWideError(ConfigError):
 
 
 _JOB_WIDE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES")
+
+
+@contextmanager
+def every_rank_finds():
+    """Mark a ConfigError raised inside as job-wide (``job_wide``): an error found from what every
+    rank of the job reads alike (the argv, the config files and ``--set`` options, the job's
+    launcher variables: a bad key, a bad value, a topology that does not fit the world), before any
+    rank meets another. Every rank reaches the same verdict at the same point, so rank 0 prints the
+    line and the other ranks exit with the same status silently (cli.fail, train.report_once via
+    cli.other_rank_of_job); none enters the rendezvous, so none waits for a rank that left."""
+    try:
+        yield
+    except ConfigError as e:
+        e.job_wide = True
+        raise
 
 
 def launcher_env(env: Optional[Mapping[str, str]] = None) -> dict:

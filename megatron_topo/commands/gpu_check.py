@@ -202,12 +202,14 @@ def run_rank(args) -> int:
     import torch.distributed as dist
 
     from ..config import load_config
+    from ..topology import every_rank_finds
     from ..training.runtime import setup_runtime
 
     sets = [f"num_layers={args.layers}", *args.set]
     if args.small:
         sets = [f"{k}={v}" for k, v in SMALL.items()] + sets
-    cfg = load_config(args.configs, sets)
+    with every_rank_finds():  # the same files and --set options on every rank: rank 0 says it
+        cfg = load_config(args.configs, sets)
     rt = setup_runtime(cfg)
     try:
         return _checks(args, cfg, sets, rt)

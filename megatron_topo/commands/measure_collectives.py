@@ -34,7 +34,7 @@ from megatron_topo.config import ConfigError, load_config
 from megatron_topo.error_lines import clean, escaped
 from megatron_topo.lifecycle import leave_rank
 from megatron_topo.tool_outputs import OutputError, check_file, check_folder, write_result
-from megatron_topo.topology import launcher_env
+from megatron_topo.topology import every_rank_finds, launcher_env
 from megatron_topo.training import setup_runtime
 
 OPS = ("all_gather", "reduce_scatter")
@@ -119,8 +119,9 @@ def time_op(op: str, numel: int, world: int, dtype, device, iters: int, warmup: 
 
 
 def measure(args) -> dict:
-    sizes, ops = check(args)
-    cfg = load_config([args.system] if args.system else [], require=False)
+    with every_rank_finds():  # the same flags and --system file on every rank: rank 0 says it
+        sizes, ops = check(args)
+        cfg = load_config([args.system] if args.system else [], require=False)
     rt = setup_runtime(cfg)
     try:
         if not rt.distributed:

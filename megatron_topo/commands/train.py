@@ -111,6 +111,7 @@ def _train(args, signals) -> int:
     from megatron_topo import runlock
     from megatron_topo.config import ConfigError, load_config
     from megatron_topo.data import DataError
+    from megatron_topo.topology import every_rank_finds
     from megatron_topo.training import Trainer, TrainingError, choose_plan, setup_runtime
     from megatron_topo.training.fault_injection import active as active_faults
     from megatron_topo.training.heartbeat import describe_failure
@@ -120,7 +121,8 @@ def _train(args, signals) -> int:
     rt = None
     lock = runlock.RunLock(log=lambda m: print(clean(m), flush=True))
     try:
-        cfg = load_config(args.configs, args.overrides)
+        with every_rank_finds():  # the same files and --set options on every rank: rank 0 says it
+            cfg = load_config(args.configs, args.overrides)
         active_faults()  # a malformed MEGATRON_TOPO_FAULT fails here, not mid-run
         rt = setup_runtime(cfg, stop=lambda: signals.signum)
         take_run_folders(cfg, rt, lock)  # one owner per run folder, before anything is written
@@ -200,24 +202,28 @@ def dry_run(args) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     from megatron_topo import dryrun
     from megatron_topo.config import ConfigError, load_config
-    from megatron_topo.topology import launcher_env, show_int
+    from megatron_topo.topology import JobWideError, every_rank_finds, launcher_env, show_int
 
     try:
-        cfg = load_config(args.configs, args.overrides)
+        with every_rank_finds():
+            cfg = load_config(args.configs, args.overrides)
         env = launcher_env()
         world = args.world_size if args.world_size is not None else env["world_size"]
         rank = args.rank if args.rank is not None else (env["rank"] if args.world_size is None else 0)
         if not 1 <= world <= DRY_RUN_MAX_WORLD:
-            raise ConfigError(
+            raise JobWideError(
                 f"--world-size {show_int(world)} must lie in 1..{DRY_RUN_MAX_WORLD:,} (2**17, more ranks "
                 f"than any machine has; the dry run builds every process group, so its time grows with the world)"
             )
         if not 0 <= rank < world:
-            raise ConfigError(f"--rank {show_int(rank)} is outside the world of {world} ranks; valid 0..{world - 1}")
+            err = JobWideError if args.rank is not None else ConfigError  # --rank: the same argv everywhere
+            raise err(f"--rank {show_int(rank)} is outside the world of {world} ranks; valid 0..{world - 1}")
         local = env["local_world_size"] if args.world_size is None else None
-        return dryrun.main(cfg, world, rank, local, sys.stdout)
+        with every_rank_finds():  # the config's topology and plan: the same verdict on every rank
+            return dryrun.main(cfg, world, rank, local, sys.stdout)
     except (ConfigError, ValueError) as e:
-        print_errors(e)
+        if not (getattr(e, "job_wide", False) and other_rank_of_job()):  # once per job (report_once)
+            print_errors(e)
         return 2
 
 
@@ -278,8 +284,9 @@ def report_once(e, rt) -> None:
     a launcher that kills the remaining ranks (srun --kill-on-bad-exit, torchrun) does not cut
     rank 0's line. Without a store every rank prints."""
     if rt is None or not rt.distributed:
-        # an error about a job-wide launcher variable (MASTER_PORT=29500.0) before the ranks met: every
-        # rank has it, rank 0 prints it (cli.other_rank_of_job)
+        # an error every rank finds before the ranks meet (a job-wide launcher variable such as
+        # MASTER_PORT=29500.0, a bad config key or value, a topology that does not fit the world:
+        # topology.every_rank_finds): every rank has it, rank 0 prints it (cli.other_rank_of_job)
         if e is not None and not (getattr(e, "job_wide", False) and other_rank_of_job()):
             print_errors(e)
         return

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import Config, ConfigError
-from ..topology import JobWideError, Topology, launcher_env, show_int, topology_from_config
+from ..topology import JobWideError, Topology, every_rank_finds, launcher_env, show_int, topology_from_config
 from .heartbeat import Heartbeat
 
 
@@ -45,6 +45,11 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
         raise ConfigError(
             f"launcher environment: RANK={show_int(rank)} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}"
         )
+    # the topology needs only the config and the launcher's variables, which every rank has alike:
+    # checked before any rank meets another, a misfit stops every rank at this point (rank 0 prints
+    # it), where after init_process_group the ranks still connecting waited in gloo for ranks gone
+    with every_rank_finds():
+        topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     dcfg = cfg.distributed
     use_cuda = dcfg.device == "cuda" or (dcfg.device == "auto" and torch.cuda.is_available())
     if dcfg.device == "cuda" and not torch.cuda.is_available():
@@ -89,7 +94,6 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
             timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
             device_id=bound_device(backend, device),
         )
-    topo = topology_from_config(cfg.topology, world, env["local_world_size"])
     heartbeat = Heartbeat.start(rank, world) if distributed else None
     return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)
 
