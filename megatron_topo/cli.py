@@ -26,7 +26,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message):
         if self.job_tool and other_rank_of_job():  # each rank parses the same argv: rank 0 says it, once per job
-            self.exit(self.error_status)
+            self.exit(leave_to_rank_0(self.error_status))
         usage = self.usage_line or " ".join(self.format_usage().split())[len("usage: ") :]
         head = clean(f"error: {message}")
         room = LINE_CAP - 1 - len(head) - len(" (usage: )")  # under the cap, as the tests assert
@@ -72,6 +72,37 @@ def other_rank_of_job() -> bool:
     return has_master and _rank_above_0(r, n)
 
 
+LINGER_S = 20.0  # how long a quiet rank waits for its launcher to end it after rank 0's line
+_LAUNCHERS = (b"torchrun", b"torch.distributed.run", b"torch.distributed.launch", b"slurmstepd")
+
+
+def leave_to_rank_0(status: int) -> int:
+    """``status``, for a rank other than 0 that leaves an error every rank found to rank 0 (it prints
+    nothing). Under a launcher that ends the whole job when its first rank fails (torchrun's agent, an
+    srun step with --kill-on-bad-exit: this process's parent), a quiet rank that left first would get
+    rank 0 killed before it printed its line: such a rank waits, at most LINGER_S, for the launcher
+    to end it once rank 0 has failed; a stop signal ends the wait at once (default action)."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            parent = f.read(4096)
+    except OSError:
+        return status
+    if not any(name in parent for name in _LAUNCHERS):
+        return status
+    import signal
+    import sys
+    import time
+
+    sys.stdout.flush()
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+    except ValueError:  # not the main thread: leave at once
+        return status
+    time.sleep(LINGER_S)
+    return status
+
+
 def fail(e: BaseException, path: str = "", status: int = 2) -> int:
     """Print the one ``error:`` line for an expected failure of a tool and return its exit status:
     an OSError as ``PATH: reason`` (``path`` when the error names no file), anything else as its
@@ -80,7 +111,7 @@ def fail(e: BaseException, path: str = "", status: int = 2) -> int:
     several lines, one ``error:`` line each. An error about a job-wide launcher variable
     (``job_wide``) is printed by rank 0 of the job only (:func:`other_rank_of_job`)."""
     if getattr(e, "job_wide", False) and other_rank_of_job():
-        return status
+        return leave_to_rank_0(status)
     if isinstance(e, OSError):
         lines = [f"{e.filename or path}: {e.strerror or e}"]
     else:

@@ -162,15 +162,17 @@ def test_every_rank_finds_it_rank_0_says_it_once_and_all_leave(job_dir, world, c
     _assert_once(rcs, text, _starts(want, world))
 
 
-def test_under_torchrun_a_topology_error_is_one_line(job_dir):
-    """torchrun (its agent serves the store): rank 0's line once; no rank's traceback (torchrun's
-    own ChildFailedError summary aside, which names the ranks' exit codes)."""
-    argv, want = TRAIN_ERRORS["gpn3"]
+@pytest.mark.parametrize("world, case", [(2, "gpn3"), (4, "unknown-key")], ids=["2-gpn3", "4-unknown-key"])
+def test_under_torchrun_it_is_one_line(job_dir, world, case):
+    """torchrun (its agent serves the store and ends the job at the first failed rank): rank 0's
+    line once, never cut (a quiet rank waits for the agent: cli.leave_to_rank_0); no rank's
+    traceback (torchrun's own ChildFailedError summary aside, which names the ranks' exit codes)."""
+    argv, want = TRAIN_ERRORS[case]
     env = _rank_env(0, 1, 0)
     for k in LAUNCH_VARS:
         env.pop(k, None)
     p = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
         + [os.path.join(ROOT, "train.py"), *argv],
         env=env,
         stdout=subprocess.PIPE,
@@ -180,7 +182,7 @@ def test_under_torchrun_a_topology_error_is_one_line(job_dir):
     )
     (rc,), text = _wait_all([p], "torchrun")
     lines = [ln for ln in text.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 1 and lines[0].startswith(_starts(want, 2)), text[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(_starts(want, world)), text[-3000:]
     assert rc != 0 and "DistNetworkError" not in text and "connectFullMesh" not in text, text[-3000:]
     assert "megatron_topo" not in text, text[-3000:]  # no frame of ours
 

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from megatron_topo.cli import OneLineParser, interruptible, number, other_rank_of_job, path_arg
+from megatron_topo.cli import OneLineParser, interruptible, leave_to_rank_0, number, other_rank_of_job, path_arg
 from megatron_topo.error_lines import clean, emit, escaped, problem_lines
 
 
@@ -222,8 +222,9 @@ def dry_run(args) -> int:
         with every_rank_finds():  # the config's topology and plan: the same verdict on every rank
             return dryrun.main(cfg, world, rank, local, sys.stdout)
     except (ConfigError, ValueError) as e:
-        if not (getattr(e, "job_wide", False) and other_rank_of_job()):  # once per job (report_once)
-            print_errors(e)
+        if getattr(e, "job_wide", False) and other_rank_of_job():  # once per job (report_once)
+            return leave_to_rank_0(2)
+        print_errors(e)
         return 2
 
 
@@ -287,7 +288,9 @@ def report_once(e, rt) -> None:
         # an error every rank finds before the ranks meet (a job-wide launcher variable such as
         # MASTER_PORT=29500.0, a bad config key or value, a topology that does not fit the world:
         # topology.every_rank_finds): every rank has it, rank 0 prints it (cli.other_rank_of_job)
-        if e is not None and not (getattr(e, "job_wide", False) and other_rank_of_job()):
+        if e is not None and getattr(e, "job_wide", False) and other_rank_of_job():
+            leave_to_rank_0(2)
+        elif e is not None:
             print_errors(e)
         return
     import datetime
