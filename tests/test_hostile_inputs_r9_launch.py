@@ -276,6 +276,14 @@ def test_measure_collectives_rank_1_is_silent(job_dir, capfd, monkeypatch, rank)
         assert (err == "") if rank else err.startswith(want) and len(err.splitlines()) == 1, (argv, err)
 
 
+def test_measure_collectives_bad_world_size_is_one_line(job_dir, capfd, monkeypatch):
+    """Before: the line, then a JobWideError traceback from main's second look at WORLD_SIZE."""
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    assert call(measure_collectives.main, ["--out", "mc"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith("error: launcher environment: WORLD_SIZE='abc'") and len(err.splitlines()) == 1, err
+
+
 def test_control_a_rank_that_alone_cannot_reach_rank_0_says_so(job_dir, capfd, monkeypatch):
     """An error of one rank (its own variables, or rank 0 not answering) is still printed by that
     rank: only what every rank finds alike is left to rank 0."""

@@ -211,7 +211,11 @@ def write_json(r: dict, out_dir: str) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     rc = _measure_and_report(args)
-    if launcher_env()["world_size"] > 1:
+    try:
+        several = launcher_env()["world_size"] > 1
+    except ConfigError:  # a bad launcher variable: its line is printed already
+        several = False
+    if several:
         leave_rank(rc)  # one rank of a job: no interpreter teardown (lifecycle.leave_rank)
     return rc
 
