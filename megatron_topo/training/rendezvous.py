@@ -220,11 +220,14 @@ def agree(
         store.set(f"{pre}arrival/{n}", json.dumps({"rank": rank, "diff": diff}))
         _wait_key(store, pre + "verdict", rank, timeout_s + 10.0, stop)  # rank 0 decides within its timeout_s
         verdict = store.get(pre + "verdict").decode()
-        store.add(pre + "seen", 1)
     except RendezvousError:
         raise
     except Exception:
         raise RendezvousError(f"rank {rank}: rank 0 left the rendezvous before the job started") from None
+    try:
+        store.add(pre + "seen", 1)
+    except Exception:  # the verdict is read: rank 0 may leave now
+        pass
     if verdict != "ok":
         raise PeerRefused(verdict)
 
@@ -291,12 +294,13 @@ def _arbitrate(store, pre: str, world: int, timeout_s: float, stop: Callable) ->
             else:
                 time.sleep(POLL_S)
     store.set(pre + "verdict", "ok" if problem is None else problem)
-    if problem is None:
-        return
-    # keep the store up until the ranks that came have read the verdict (at most 3 s)
+    # keep the store up until the ranks that came have read the verdict (at most 3 s): also on "ok",
+    # after which every rank may refuse the same topology, and rank 0 leaving would take the store
     t0 = time.monotonic()
     while store.add(pre + "seen", 0) < read and time.monotonic() - t0 < 3:
         time.sleep(POLL_S)
+    if problem is None:
+        return
     if stopped is not None:
         raise stopped
     raise RendezvousError(problem)

@@ -45,11 +45,15 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
         raise ConfigError(
             f"launcher environment: RANK={show_int(rank)} is outside WORLD_SIZE={world}; valid ranks 0..{world - 1}"
         )
-    # the topology needs only the config and the launcher's variables, which every rank has alike:
-    # checked before any rank meets another, a misfit stops every rank at this point (rank 0 prints
-    # it), where after init_process_group the ranks still connecting waited in gloo for ranks gone
-    with every_rank_finds():
-        topo = topology_from_config(cfg.topology, world, env["local_world_size"])
+
+    def topology() -> Topology:
+        # needs only the config and the launcher's variables: with the ranks agreed on those, a misfit
+        # stops every rank at the same point (rank 0 prints it), before init_process_group; checked
+        # after it, the ranks still connecting waited in gloo for the ranks that had left
+        with every_rank_finds():
+            return topology_from_config(cfg.topology, world, env["local_world_size"])
+
+    topo = None
     dcfg = cfg.distributed
     use_cuda = dcfg.device == "cuda" or (dcfg.device == "auto" and torch.cuda.is_available())
     if dcfg.device == "cuda" and not torch.cuda.is_available():
@@ -85,6 +89,9 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
         store = rendezvous.connect(rank, os.environ["MASTER_ADDR"], int(port), dcfg.rendezvous_timeout_s, stop)
         # before any collective: the ranks agree on the world, the config and the code, or stop with one line
         rendezvous.agree(store, cfg, rank, world, env["local_world_size"], dcfg.rendezvous_timeout_s, stop)
+        # the same world, config and LOCAL_WORLD_SIZE on every rank now: the same topology verdict
+        # (before the rendezvous, a rank with another WORLD_SIZE would have left without naming it)
+        topo = topology()
         store.set_timeout(datetime.timedelta(seconds=dcfg.collective_timeout_s))
         dist.init_process_group(
             backend,
@@ -94,6 +101,8 @@ def setup_runtime(cfg: Config, stop=None) -> Runtime:
             timeout=datetime.timedelta(seconds=dcfg.collective_timeout_s),
             device_id=bound_device(backend, device),
         )
+    if topo is None:
+        topo = topology()
     heartbeat = Heartbeat.start(rank, world) if distributed else None
     return Runtime(rank, world, env["local_rank"], topo, device, distributed, heartbeat)
 
