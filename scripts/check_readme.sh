@@ -6,7 +6,7 @@
 #   bash scripts/check_readme.sh [DIR]      # DIR: where to clone (default: a new temporary folder)
 #
 # The clone's .venv is a link to this checkout's (set up with scripts/setup.sh first), so nothing
-# is downloaded; train.py runs the clone's code. Takes 10-30 minutes on 2 cores (8-rank runs).
+# is downloaded; train.py runs the clone's code (the .venv points back at this checkout at exit). Takes 10-30 minutes on 2 cores (8-rank runs).
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 dir="${1:-$(mktemp -d "${TMPDIR:-/tmp}/megatron_topo-readme.XXXXXX")}"
@@ -14,6 +14,8 @@ dir="${1:-$(mktemp -d "${TMPDIR:-/tmp}/megatron_topo-readme.XXXXXX")}"
 [ ! -e "$dir/repo" ] || { echo "check_readme: error: $dir/repo exists; give an empty folder" >&2; exit 2; }
 git clone -q "$src" "$dir/repo"
 ln -s "$src/.venv" "$dir/repo/.venv"
+# the quick start installs the clone editable into the shared .venv: point it back at this checkout after
+trap '(cd "$src" && bash scripts/setup.sh > /dev/null) || echo "check_readme: warning: run scripts/setup.sh in $src again" >&2' EXIT
 cd "$dir/repo"
 # the commands: block 1's quick start, then the Running block (continuation lines joined)
 mapfile -t cmds < <(

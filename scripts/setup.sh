@@ -20,7 +20,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 stamp=.venv/.project.sha
-want=$(cat pyproject.toml requirements.txt | sha256sum | cut -d' ' -f1)
+# the checkout is part of the stamp: a .venv shared with a clone (scripts/check_readme.sh) is pointed
+# back at this checkout's code, not left importing the clone's
+want=$( (cat pyproject.toml requirements.txt; pwd -P) | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setup: installing megatron_topo editable into .venv (log: .venv/pip-project.log)"
   if ! .venv/bin/python -m pip install --disable-pip-version-check --no-deps --no-build-isolation \
