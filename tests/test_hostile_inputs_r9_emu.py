@@ -45,7 +45,7 @@ def no_cluster(monkeypatch):
         raise AssertionError("an emulated cluster was started")
 
     monkeypatch.setattr(EC, "Cluster", refuse)
-    monkeypatch.setattr(BS, "check_privileges", refuse)
+    monkeypatch.setattr("megatron_topo.commands.bench_sharding_run.check_privileges", refuse)
 
 
 # ------------------------------------------------------------------------------ F5: the parsers
