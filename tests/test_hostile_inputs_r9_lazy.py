@@ -1,0 +1,88 @@
+"""Issue 29, probe 9 F10 (the family: a Ctrl-C while a tool starts): every command's ``main`` is wrapped
+by cli.interruptible (one ``error: interrupted`` line, exit 130, no traceback), so every heavy import
+(torch, and what imports it) must happen inside ``main``, not when tools/X.py or a ``megatron-topo-X``
+entry point imports the command module. Importing any command module that a launcher or an entry point
+imports imports no torch; the torch-importing implementations (``commands/X_run.py`` and the helpers
+below) are imported only inside a ``main``."""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import megatron_topo.commands as commands
+from megatron_topo.cli import INTERRUPTED, INTERRUPTED_STATUS
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEAVY = ("torch", "matplotlib")
+# implementations that import torch at module level: each is imported only inside some main (or by
+# another implementation), never by a launcher or an entry point (asserted below)
+IMPLEMENTATIONS = {"fsdp_keys", "fsdp_train", "gpu_check_cases", "predict_perf_emulated"}
+MODULES = sorted(m.name for m in pkgutil.iter_modules(commands.__path__))
+LIGHT = [m for m in MODULES if m not in IMPLEMENTATIONS and not m.endswith("_run")]
+
+
+def _entry_modules() -> set[str]:
+    """The command modules the pyproject entry points and the tools/*.py launchers import."""
+    texts = [open(os.path.join(REPO, "pyproject.toml")).read()]
+    texts += [open(os.path.join(REPO, "tools", t)).read() for t in os.listdir(os.path.join(REPO, "tools"))]
+    found = set()
+    for text in texts:  # "megatron_topo.commands.plan:main" and "from megatron_topo.commands.plan import main"
+        found |= set(re.findall(r'"megatron_topo\.commands\.(\w+):main"', text))
+        found |= set(re.findall(r"^from megatron_topo\.commands\.(\w+) import", text, re.M))
+    return found
+
+
+def test_every_launcher_and_entry_point_imports_a_light_module():
+    entries = _entry_modules()
+    assert len(entries) >= 20, entries  # the parse above found the launchers
+    assert entries <= set(LIGHT), entries - set(LIGHT)
+
+
+def _heavy_after_import(module: str) -> tuple[str, list[str], str]:
+    code = f"import sys, megatron_topo.commands.{module}; print(*[m for m in {HEAVY!r} if m in sys.modules])"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return module, p.stdout.split(), p.stderr if p.returncode else ""
+
+
+def test_importing_any_command_module_imports_no_torch():
+    """One fresh interpreter per module (a module imported earlier would hide a later one's import)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(_heavy_after_import, LIGHT))
+    assert [(m, err) for m, _, err in results if err] == []
+    assert {m: heavy for m, heavy, _ in results if heavy} == {}
+
+
+@pytest.mark.parametrize(
+    "tool,args",
+    [
+        ("plan", ["--model", "configs/20B.yml", "--system", "configs/frontier.yml", "--nodes", "2"]),
+        ("fp16_gradient_error", ["--worlds", "8", "--micro-batch", "1"]),
+    ],
+)
+def test_a_ctrl_c_while_a_tool_starts_is_one_line_and_130(tool, args, tmp_path):
+    """SIGINT 0.3 s after the start (the launcher is still importing: the tool's heavy imports take
+    over a second): the one line and status 130, no KeyboardInterrupt traceback from the import."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.Popen(
+        [sys.executable, os.path.join(REPO, "tools", f"{tool}.py"), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    assert (p.returncode, err.splitlines()) == (INTERRUPTED_STATUS, [INTERRUPTED]), (out, err)
