@@ -160,6 +160,30 @@ def interruptible(main):
     return run
 
 
+class held_interrupt:
+    """``with held_interrupt(): import torch ...``: a Ctrl-C (SIGINT) during the block is held and raised
+    as KeyboardInterrupt when the block ends (so :func:`interruptible` prints its one line). Importing
+    numpy and torch is not safe to interrupt: a KeyboardInterrupt inside their C-extension setup is lost
+    (the tool then runs on) or becomes ``ImportError: cannot load module more than once per process``.
+    SIGINT is blocked in this (the main) thread for the block only; elsewhere, a no-op."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self.old = None
+        if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
+            self.old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        return self
+
+    def __exit__(self, *exc):
+        import signal
+
+        if self.old is not None:  # a SIGINT held meanwhile is delivered now: KeyboardInterrupt
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.old)
+        return False
+
+
 def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:
     show = lambda v: f"{v:,}" if isinstance(v, int) else f"{v:g}"  # noqa: E731
     if hi is None:

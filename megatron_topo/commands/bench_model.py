@@ -5,12 +5,13 @@ itself, with its heavy imports, is :mod:`megatron_topo.commands.bench_model_run`
 
 from __future__ import annotations
 
-from megatron_topo.cli import interruptible
+from megatron_topo.cli import held_interrupt, interruptible
 
 
 @interruptible
 def main(argv=None) -> int:
-    from megatron_topo.commands.bench_model_run import main as run
+    with held_interrupt():  # a Ctrl-C during torch's import is raised after it
+        from megatron_topo.commands.bench_model_run import main as run
 
     return run(argv)
 
