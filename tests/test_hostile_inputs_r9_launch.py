@@ -268,7 +268,7 @@ def test_rank_1_is_silent_and_rank_0_says_it(job_dir, capfd, monkeypatch, entry,
 @pytest.mark.parametrize("rank", [1, 0])
 def test_measure_collectives_rank_1_is_silent(job_dir, capfd, monkeypatch, rank):
     _as_rank(monkeypatch, rank, 2)
-    monkeypatch.setattr(measure_collectives, "leave_rank", lambda rc: None)  # stay in the test process
+    monkeypatch.setattr("megatron_topo.commands.measure_collectives_run.leave_rank", lambda rc: None)  # stay here
     for argv, want in (
         (["--system", "nope.yml"], "error: config file not found: nope.yml"),
         (["--system", "cfg.yml", "--ops", "bogus"], "error: --ops: 'bogus' is not valid"),
