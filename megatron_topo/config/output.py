@@ -15,6 +15,7 @@ from .idle_keys import idle_key_notes
 from .neox import NEOX_DEFAULT_DIFFERS, NEOX_IMPLEMENTED, REJECTED_KEYS
 from .neox_keys import NEOX_UNSUPPORTED
 from .options import _bounds_text, _check_block, _check_split, _fmt, _type_name
+from .run_outputs import EFFECTIVE_HEADER, written_by_a_run
 from .schema import Config, SystemConfig, _declared, _key_index
 from .schema_generate import generation_settings
 
@@ -147,29 +148,6 @@ def describe_keys() -> str:
     return "\n".join(lines)
 
 
-EFFECTIVE_HEADER = "# effective config written by megatron_topo (train.py); a later run with this log_dir replaces it\n"
-
-
-def _written_by_a_run(path: str) -> bool:
-    """Whether ``path`` is an effective config an earlier run wrote (our header, or, from before the
-    header, exactly the canonical dump of a config with a zero_topo block)."""
-    import yaml
-
-    from ..safe_files import MIB, read_small_text
-
-    try:
-        text = read_small_text(path, 4 * MIB, OSError)
-    except OSError:
-        return False
-    if text.startswith(EFFECTIVE_HEADER):
-        return True
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return False
-    return isinstance(data, dict) and "zero_topo" in data and yaml.safe_dump(data, sort_keys=False) == text
-
-
 def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
     """Before a run writes into ``log_dir``: refuse a log_dir that is or lies inside a checkpoint's
     step folder (its config.yml is the checkpoint's, digest-checked), and a ``config.yml`` there
@@ -184,7 +162,7 @@ def check_log_dir(log_dir: str, name: str = "config.yml") -> None:
             f"config.yml and metrics over the checkpoint's files: set log_dir elsewhere"
         )
     path = os.path.join(log_dir, name)
-    if os.path.lexists(path) and not (os.path.isfile(path) and not os.path.islink(path) and _written_by_a_run(path)):
+    if os.path.lexists(path) and not (os.path.isfile(path) and not os.path.islink(path) and written_by_a_run(path)):
         raise ConfigError(
             f"log_dir {log_dir} holds a {name} that no run wrote (a file of your own?); it is not "
             f"overwritten: move it, or set log_dir to another folder"

@@ -153,14 +153,27 @@ def check_shapes(outputs: list[Output]) -> None:
             raise ConfigError(f"{_show(o)}: {p} is a file, not a directory; point {o.key} at a directory")
 
 
-def _written_by_a_run(path: str) -> bool:
-    from .output import EFFECTIVE_HEADER
+EFFECTIVE_HEADER = "# effective config written by megatron_topo (train.py); a later run with this log_dir replaces it\n"
+
+
+def written_by_a_run(path: str) -> bool:
+    """Whether ``path`` is an effective config an earlier run wrote (our header, or, from before the
+    header, exactly the canonical dump of a config with a zero_topo block)."""
+    import yaml
+
+    from ..safe_files import MIB, read_small_text
 
     try:
-        with open(path, "rb") as f:
-            return f.read(len(EFFECTIVE_HEADER)) == EFFECTIVE_HEADER.encode()
+        text = read_small_text(path, 4 * MIB, OSError)
     except OSError:
         return False
+    if text.startswith(EFFECTIVE_HEADER):
+        return True
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(data, dict) and "zero_topo" in data and yaml.safe_dump(data, sort_keys=False) == text
 
 
 def other_run_folder(folder: str, locks: bool = True, logs: bool = True) -> Optional[str]:
@@ -180,7 +193,7 @@ def other_run_folder(folder: str, locks: bool = True, logs: bool = True) -> Opti
         return None
     if os.path.isfile(os.path.join(folder, "metrics.jsonl")):
         return "another run's log folder (it holds metrics.jsonl)"
-    if os.path.isfile(os.path.join(folder, "config.yml")) and _written_by_a_run(os.path.join(folder, "config.yml")):
+    if os.path.isfile(os.path.join(folder, "config.yml")) and written_by_a_run(os.path.join(folder, "config.yml")):
         return "another run's log folder (it holds the config.yml a run wrote)"
     return None
 
