@@ -136,17 +136,30 @@ INTERRUPTED = "error: interrupted; nothing written"  # as preprocess_data and be
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, what a shell reports for a command Ctrl-C stopped
 
 
-def interruptible(main):
+def interruptible(main=None, *, preload: tuple = ()):
     """The wrapper of every command's ``main`` (tools/*.py, train.py and the ``megatron-topo-*``
     entry points all call it): Ctrl-C (KeyboardInterrupt, also while ``main``'s own imports run) is
     one line, :data:`INTERRUPTED`, and exit status 130, no traceback; a rank other than 0 of a job
     says nothing (the whole job got the Ctrl-C; rank 0 says it). The tools' outputs are written
-    under temporary names and renamed (atomic.py), so an interrupted tool leaves nothing half-written."""
+    under temporary names and renamed (atomic.py), so an interrupted tool leaves nothing half-written.
+
+    ``@interruptible(preload=("torch",))``: the packages the command will import (numpy, torch,
+    matplotlib) are imported first, under :class:`held_interrupt`: a Ctrl-C inside their compiled
+    setup would otherwise be lost (the tool runs on) or become an ImportError traceback."""
     import functools
+
+    if main is None:
+        return lambda m: interruptible(m, preload=preload)
 
     @functools.wraps(main)
     def run(argv=None) -> int:
         try:
+            if preload:
+                import importlib
+
+                with held_interrupt():  # a Ctrl-C meanwhile is raised when the imports are done
+                    for name in preload:
+                        importlib.import_module(name)
             return main(argv)
         except KeyboardInterrupt:
             if not other_rank_of_job():

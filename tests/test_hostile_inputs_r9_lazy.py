@@ -103,3 +103,53 @@ def test_a_ctrl_c_during_torchs_import_is_neither_lost_nor_an_import_error():
         got = list(pool.map(lambda d: (round(d, 2), *_interrupt("fp16_gradient_error", d)), delays))
     wrong = [(d, status, err[-200:]) for d, status, _, err in got if (status, err) != (130, INTERRUPTED + "\n")]
     assert wrong == []
+
+
+# commands that import torch inside main (not through a light entry + X_run): they preload it under
+# the hold (cli.interruptible(preload=...)); each runs well past the delays below on the hostile world
+PRELOADED = {
+    "consolidate_checkpoint": ["--checkpoint", "ck", "--output", "o.pt"],
+    "generate": ["--checkpoint", "ck", "--prompt-ids", "1,2", "--max-new-tokens", "2"],
+    "gpu_check": ["cfg.yml", "--small"],
+}
+
+
+@pytest.fixture(scope="module")
+def hostile_world(tmp_path_factory):
+    from tests.cli_cases import build_hostile_world
+
+    return build_hostile_world(tmp_path_factory.mktemp("r9lazy"))
+
+
+def test_a_ctrl_c_while_torch_loads_inside_main_is_neither_lost_nor_a_traceback(hostile_world):
+    """consolidate_checkpoint, generate and gpu_check import torch inside main: without the preload a
+    Ctrl-C during that import was lost (probe 9's recheck: consolidate at 0.8 s and gpu_check ran on
+    and exited 0) or a traceback. Ctrl-C at 0.2 .. 0.6 s: the one line and 130 each time."""
+    import shutil
+
+    def one(job):
+        tool, delay = job
+        d = hostile_world.parent / f"{tool}-{delay}"
+        shutil.copytree(hostile_world, d)
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+        p = subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "tools", f"{tool}.py"), *PRELOADED[tool]],
+            cwd=d,
+            env=dict(env, OMP_NUM_THREADS="1", PYTHONPATH=REPO),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+        time.sleep(delay)
+        running = p.poll() is None
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=120)
+        return tool, delay, running, p.returncode, err[-300:]
+
+    jobs = [(t, d) for t in sorted(PRELOADED) for d in (0.2, 0.4, 0.6)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        got = list(pool.map(one, jobs))
+    assert all(running for _, _, running, _, _ in got), got  # each Ctrl-C reached a tool still starting
+    wrong = [g for g in got if (g[3], g[4]) != (INTERRUPTED_STATUS, INTERRUPTED + "\n")]
+    assert wrong == []

@@ -68,7 +68,7 @@ MIN_BPE_VOCAB = 512  # the byte alphabet, special tokens and some merges
 MAX_BPE_VOCAB = 1 << 20  # as train_tokenizer.py's bpe bound (a benchmark's tokenizer)
 
 
-@interruptible
+@interruptible(preload=("numpy",))
 def main(argv=None) -> int:
     """SIGTERM/SIGHUP unwind like Ctrl-C (preprocess_data's handlers): the worker pool is shut down
     and the generated corpus removed; a SIGKILL leaves no worker either (they die with their

@@ -38,7 +38,7 @@ def _short(line: str, path: str) -> str:
     return line.replace(f"{path}: ", "").replace("|", "/")
 
 
-@interruptible
+@interruptible(preload=("numpy",))
 def main(argv=None) -> int:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     ap = OneLineParser(

@@ -152,7 +152,7 @@ def consolidate(checkpoint: str, output: str, force: bool = False, unverified: b
     return outs
 
 
-@interruptible
+@interruptible(preload=("torch",))
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_topo.zero_topo.checkpoint import CheckpointError, check_output_outside

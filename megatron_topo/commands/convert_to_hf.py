@@ -275,7 +275,7 @@ def _tokenizer(st, mcfg, overrides: dict):
         return None, None, first_line(e)
 
 
-@interruptible
+@interruptible(preload=("torch",))
 def main(argv=None) -> int:
     args = parse_args(argv)
     from megatron_topo.zero_topo.checkpoint import CheckpointError

@@ -7,12 +7,15 @@ bad value as it loads (the error line is then the only line)."""
 
 from __future__ import annotations
 
+from megatron_topo.cli import held_interrupt, interruptible
 from megatron_topo.commands.fsdp_env import check_before_torch
 
 
+@interruptible
 def main(argv=None) -> int:
     if check_before_torch():
         return 2
-    from megatron_topo.commands.fsdp_train import main as run
+    with held_interrupt():  # a Ctrl-C during torch's import is raised after it (cli.interruptible's line)
+        from megatron_topo.commands.fsdp_train import main as run
 
     return run(argv)

@@ -153,7 +153,7 @@ def check_args(args) -> None:
     check_device(args.device)
 
 
-@interruptible
+@interruptible(preload=("torch",))
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.configs:

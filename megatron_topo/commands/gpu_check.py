@@ -172,7 +172,7 @@ def render(rows) -> str:
     return "\n".join(lines)
 
 
-@interruptible
+@interruptible(preload=("torch",))
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)

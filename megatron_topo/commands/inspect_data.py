@@ -48,7 +48,7 @@ def unused_args(args) -> list:
     return unused_tokenizer_args(args.tokenizer_type, args.vocab_file)
 
 
-@interruptible
+@interruptible(preload=("numpy",))
 def main(argv=None) -> int:
     p = OneLineParser(description=__doc__.splitlines()[0])
     p.add_argument("prefix", type=path_arg, help="dataset prefix (PREFIX.bin/.idx; a .bin or .idx path also works)")

@@ -296,7 +296,7 @@ def plot(run_dirs, out, labels=None, smooth_n=1, metrics=None, title=None, force
     return out
 
 
-@interruptible
+@interruptible(preload=("numpy", "matplotlib"))
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:

@@ -22,7 +22,7 @@ from megatron_topo.cli import OneLineParser, fail, interruptible, number, path_a
 from megatron_topo.error_lines import clean
 
 
-@interruptible
+@interruptible(preload=("numpy",))
 def main(argv=None) -> int:
     ap = OneLineParser(
         description=__doc__,

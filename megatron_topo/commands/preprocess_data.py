@@ -197,7 +197,7 @@ def unwinding_stop_signals(fn, argv=None) -> int:
             signal.signal(sig, handler)
 
 
-@interruptible
+@interruptible(preload=("numpy",))
 def main(argv=None) -> int:
     return unwinding_stop_signals(_main, argv)
 

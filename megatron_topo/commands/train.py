@@ -16,7 +16,7 @@ from megatron_topo.cli import OneLineParser, interruptible, leave_to_rank_0, num
 from megatron_topo.error_lines import clean, emit, escaped, problem_lines
 
 
-@interruptible
+@interruptible(preload=("torch",))
 def main(argv=None) -> int:
     if "--list-keys" in (sys.argv[1:] if argv is None else argv):
         from megatron_topo.config import describe_keys

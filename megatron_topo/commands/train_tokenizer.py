@@ -163,7 +163,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-@interruptible
+@interruptible(preload=("numpy",))
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
