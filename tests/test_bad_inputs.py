@@ -363,7 +363,7 @@ CASES = [
         {},
         None,
         2,
-        "checkpoint.save cfg.yml exists and is not a directory",
+        "save cfg.yml exists and is not a directory",
     ),
     # ---- CLI
     ("cli-no-arguments", "CLI", T, [], {}, None, 2, "the following arguments are required: configs"),
