@@ -176,6 +176,16 @@ def written_by_a_run(path: str) -> bool:
     return isinstance(data, dict) and "zero_topo" in data and yaml.safe_dump(data, sort_keys=False) == text
 
 
+def _has_run_header(path: str) -> bool:
+    """Whether ``path`` starts with the header a run writes on its effective config. (A checkpoint's
+    step folder keeps a header-less copy: the header alone marks a run's log folder.)"""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(EFFECTIVE_HEADER)) == EFFECTIVE_HEADER.encode()
+    except OSError:
+        return False
+
+
 def other_run_folder(folder: str, locks: bool = True, logs: bool = True) -> Optional[str]:
     """Why ``folder`` belongs to another run (a phrase), or None: a folder a running job holds
     locked (``locks``), another run's log folder (``logs``)."""
@@ -193,7 +203,7 @@ def other_run_folder(folder: str, locks: bool = True, logs: bool = True) -> Opti
         return None
     if os.path.isfile(os.path.join(folder, "metrics.jsonl")):
         return "another run's log folder (it holds metrics.jsonl)"
-    if os.path.isfile(os.path.join(folder, "config.yml")) and written_by_a_run(os.path.join(folder, "config.yml")):
+    if os.path.isfile(os.path.join(folder, "config.yml")) and _has_run_header(os.path.join(folder, "config.yml")):
         return "another run's log folder (it holds the config.yml a run wrote)"
     return None
 
