@@ -173,6 +173,27 @@ def interruptible(main=None, *, preload: tuple = ()):
     return run
 
 
+def light_entry(implementation: str):
+    """``main, __getattr__`` of a command module that imports nothing heavy: ``main`` is
+    :func:`interruptible` and imports ``implementation`` (the tool, with its torch imports) under
+    :class:`held_interrupt` before running its ``main``; the module's other names (its helpers, for
+    tests) are the implementation's. A dunder is not (the import system asks for ``__path__`` and
+    others: they must import nothing)."""
+    import importlib
+
+    def main(argv=None) -> int:
+        return importlib.import_module(implementation).main(argv)
+
+    main.__name__ = main.__qualname__ = "main"
+
+    def __getattr__(name: str):
+        if name.startswith("__"):
+            raise AttributeError(f"module {implementation.removesuffix('_run')!r} has no attribute {name!r}")
+        return getattr(importlib.import_module(implementation), name)
+
+    return interruptible(main, preload=(implementation,)), __getattr__
+
+
 class held_interrupt:
     """``with held_interrupt(): import torch ...``: a Ctrl-C (SIGINT) during the block is held and raised
     as KeyboardInterrupt when the block ends (so :func:`interruptible` prints its one line). Importing
